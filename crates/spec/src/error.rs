@@ -1,0 +1,69 @@
+//! Errors of spec parsing and validation.
+
+use thiserror::Error;
+
+/// Everything that can be wrong with a cluster spec. Each message names the
+/// offending field or VM so the user can fix the file.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum SpecError {
+    /// The TOML itself or its shape is wrong (unknown field, wrong type, ...).
+    #[error("{0}")]
+    Toml(String),
+    /// The spec defines no VM.
+    #[error("the spec defines no VM: add at least one [[vm]] table")]
+    NoVms,
+    /// More VMs than vmcsnap can address on its /24.
+    #[error("the spec defines {0} VMs; at most {max} are supported", max = crate::MAX_VMS)]
+    TooManyVms(usize),
+    /// A cluster or VM name that is not usable in file and socket names.
+    #[error("invalid {what} name {name:?}: use 1-{max} characters of a-z, 0-9 and '-', starting with a letter")]
+    BadName {
+        /// "cluster" or "VM".
+        what: &'static str,
+        /// The rejected name.
+        name: String,
+        /// The maximum length.
+        max: usize,
+    },
+    /// Two VMs share a name.
+    #[error("duplicate VM name {0:?}: every [[vm]] needs its own name")]
+    DuplicateVm(String),
+    /// A VM has less memory than the guest needs.
+    #[error("VM {vm:?}: memory_mib = {got} is below the guest's minimum of {min} MiB")]
+    MemoryTooSmall {
+        /// The VM.
+        vm: String,
+        /// What the spec says.
+        got: u64,
+        /// The minimum.
+        min: u64,
+    },
+    /// A numeric field out of its range.
+    #[error("VM {vm:?}: {field} = {got} is out of range ({range})")]
+    OutOfRange {
+        /// The VM.
+        vm: String,
+        /// The field.
+        field: &'static str,
+        /// What the spec says.
+        got: u64,
+        /// The allowed range, for the message.
+        range: &'static str,
+    },
+    /// A workload refers to `{ip:NAME}` of a VM that is not in the spec.
+    #[error("VM {vm:?}: workload refers to {{ip:{target}}} but the spec has no VM named {target:?}")]
+    UnknownWorkloadVm {
+        /// The VM whose workload is wrong.
+        vm: String,
+        /// The missing name.
+        target: String,
+    },
+    /// A workload has a `{...}` placeholder vmcsnap does not know.
+    #[error("VM {vm:?}: unknown placeholder {placeholder:?} in workload (known: {{ip:NAME}}, {{name}})")]
+    UnknownPlaceholder {
+        /// The VM whose workload is wrong.
+        vm: String,
+        /// The placeholder text.
+        placeholder: String,
+    },
+}
