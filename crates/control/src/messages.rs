@@ -1,0 +1,128 @@
+//! Requests, replies and the typed results of each request.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// What the CLI asks of the agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// Is the agent alive? Result: `{"pid": N}`.
+    Ping,
+    /// Boot a cluster. Result: [`UpResult`].
+    Up {
+        /// Absolute path of the spec (for messages and relative paths).
+        spec_path: PathBuf,
+        /// The spec's text, as read by the CLI.
+        spec_toml: String,
+    },
+    /// State of the cluster. Result: [`StatusResult`].
+    Status,
+    /// A VM's serial console output. Result: [`ConsoleResult`].
+    Console {
+        /// The VM.
+        vm: String,
+        /// Return at most this many bytes from the end (0 = everything).
+        tail_bytes: u64,
+    },
+    /// Tear the cluster down. Result: `{"cluster": NAME}`.
+    Down,
+    /// Stop the agent (refused while a cluster is up).
+    Shutdown,
+}
+
+/// One line the agent sends back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Reply {
+    /// A human progress line of a long operation.
+    Progress {
+        /// The line.
+        message: String,
+    },
+    /// The request succeeded.
+    Done {
+        /// The request's result.
+        result: Value,
+    },
+    /// The request failed; the message says what to do.
+    Failed {
+        /// The whole cause chain, one line.
+        error: String,
+    },
+}
+
+/// One VM after `up`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmUp {
+    /// VM name.
+    pub name: String,
+    /// QEMU's process id.
+    pub pid: u32,
+    /// QEMU start to the guest's ready marker, in milliseconds.
+    pub boot_ms: u64,
+    /// The accelerator in use (`kvm` or `tcg`).
+    pub accel: String,
+    /// The VM's address, `A.B.C.D/NN`.
+    pub ip: String,
+    /// The VM's MAC address.
+    pub mac: String,
+}
+
+/// Result of `up`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpResult {
+    /// Cluster name.
+    pub cluster: String,
+    /// Every VM, in spec order.
+    pub vms: Vec<VmUp>,
+}
+
+/// One VM in `status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmStatus {
+    /// VM name.
+    pub name: String,
+    /// QEMU's process id.
+    pub pid: u32,
+    /// QEMU's run state (`running`, `paused`, ...) or `exited`.
+    pub state: String,
+    /// The VM's address.
+    pub ip: String,
+    /// The VM's MAC address.
+    pub mac: String,
+    /// Guest RAM in MiB.
+    pub memory_mib: u64,
+    /// Seconds since QEMU started.
+    pub uptime_s: f64,
+    /// The switch port of its NIC.
+    pub port: String,
+}
+
+/// Result of `status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusResult {
+    /// Cluster name, or `None` when no cluster is up.
+    pub cluster: Option<String>,
+    /// Accelerator in use.
+    pub accel: Option<String>,
+    /// The agent's pid.
+    pub agent_pid: u32,
+    /// Every VM.
+    pub vms: Vec<VmStatus>,
+    /// Switch counters (`vmcsnap_switch::SwitchStats` as JSON).
+    pub switch: Value,
+}
+
+/// Result of `console`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConsoleResult {
+    /// The VM.
+    pub vm: String,
+    /// Path of the full console log on the agent's host.
+    pub path: PathBuf,
+    /// The (tail of the) console text.
+    pub text: String,
+}

@@ -1,0 +1,163 @@
+//! Line framing, and the client side of one call.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::{Reply, Request};
+
+/// Longest accepted line (a console tail or status fits easily).
+pub const MAX_LINE: usize = 16 << 20;
+
+/// Errors of the control channel.
+#[derive(Debug, Error)]
+pub enum ControlError {
+    /// No agent listens on the socket.
+    #[error("no vmcsnap agent at {path}: {source} (start one with `vmcsnap up SPEC` or `vmcsnap agent start`)")]
+    NoAgent {
+        /// The socket.
+        path: PathBuf,
+        /// Why connecting failed.
+        source: std::io::Error,
+    },
+    /// The channel broke.
+    #[error("control channel I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// A line that is not a valid message.
+    #[error("control protocol error: {0}")]
+    Protocol(String),
+    /// The agent closed the connection without a final reply.
+    #[error("the agent closed the connection before answering (did it crash? see its log in the run directory)")]
+    Hangup,
+    /// The agent ran the request and it failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+fn read_line(r: &mut impl BufRead) -> Result<Option<Vec<u8>>, ControlError> {
+    let mut buf = Vec::new();
+    let n = r.take(MAX_LINE as u64 + 1).read_until(b'\n', &mut buf)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.len() > MAX_LINE {
+        return Err(ControlError::Protocol(format!("line longer than {MAX_LINE} bytes")));
+    }
+    if buf.last() != Some(&b'\n') {
+        return Err(ControlError::Hangup);
+    }
+    Ok(Some(buf))
+}
+
+/// Reads the one request of a connection (agent side).
+pub fn read_request(r: &mut impl BufRead) -> Result<Request, ControlError> {
+    let line = read_line(r)?.ok_or(ControlError::Hangup)?;
+    serde_json::from_slice(&line).map_err(|e| ControlError::Protocol(format!("bad request: {e}")))
+}
+
+/// Writes one reply line (agent side).
+pub fn write_reply(w: &mut impl Write, reply: &Reply) -> Result<(), ControlError> {
+    let mut line = serde_json::to_vec(reply).expect("replies serialise");
+    line.push(b'\n');
+    w.write_all(&line)?;
+    w.flush()?;
+    Ok(())
+}
+
+/// Sends `request` to the agent at `socket`, passes progress lines to
+/// `progress`, and returns the result (or the agent's error).
+pub fn call(
+    socket: &Path,
+    request: &Request,
+    timeout: Option<Duration>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Value, ControlError> {
+    let mut stream =
+        UnixStream::connect(socket).map_err(|e| ControlError::NoAgent { path: socket.to_path_buf(), source: e })?;
+    stream.set_read_timeout(timeout)?;
+    let mut line = serde_json::to_vec(request).expect("requests serialise");
+    line.push(b'\n');
+    stream.write_all(&line)?;
+    let mut reader = BufReader::new(stream);
+    loop {
+        let line = read_line(&mut reader)?.ok_or(ControlError::Hangup)?;
+        let reply: Reply =
+            serde_json::from_slice(&line).map_err(|e| ControlError::Protocol(format!("bad reply: {e}")))?;
+        match reply {
+            Reply::Progress { message } => progress(&message),
+            Reply::Done { result } => return Ok(result),
+            Reply::Failed { error } => return Err(ControlError::Failed(error)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixListener;
+
+    use super::*;
+
+    #[test]
+    fn request_round_trip_and_unknown_op_rejected() {
+        let req = Request::Console { vm: "a".into(), tail_bytes: 10 };
+        let text = serde_json::to_string(&req).unwrap();
+        assert_eq!(text, r#"{"op":"console","vm":"a","tail_bytes":10}"#);
+        let back = read_request(&mut format!("{text}\n").as_bytes()).unwrap();
+        assert_eq!(back, req);
+        let e = read_request(&mut &b"{\"op\":\"explode\"}\n"[..]).unwrap_err();
+        assert!(e.to_string().contains("bad request"), "{e}");
+    }
+
+    #[test]
+    fn call_streams_progress_then_result() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.sock");
+        let l = UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            assert_eq!(read_request(&mut r).unwrap(), Request::Status);
+            let mut w = s;
+            write_reply(&mut w, &Reply::Progress { message: "booting".into() }).unwrap();
+            write_reply(&mut w, &Reply::Done { result: serde_json::json!({"x": 1}) }).unwrap();
+        });
+        let mut seen = vec![];
+        let v = call(&path, &Request::Status, None, &mut |m| seen.push(m.to_string())).unwrap();
+        assert_eq!(seen, vec!["booting"]);
+        assert_eq!(v["x"], 1);
+    }
+
+    #[test]
+    fn failure_and_hangup_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.sock");
+        let l = UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            write_reply(&mut &s, &Reply::Failed { error: "bad spec".into() }).unwrap();
+            let (s, _) = l.accept().unwrap();
+            drop(s);
+        });
+        let e = call(&path, &Request::Down, None, &mut |_| {}).unwrap_err();
+        assert_eq!(e.to_string(), "bad spec");
+        let e = call(&path, &Request::Down, None, &mut |_| {}).unwrap_err();
+        assert!(matches!(e, ControlError::Hangup | ControlError::Io(_)), "{e}");
+    }
+
+    #[test]
+    fn missing_agent_says_how_to_start_one() {
+        let e = call(Path::new("/nonexistent/agent.sock"), &Request::Ping, None, &mut |_| {}).unwrap_err();
+        assert!(e.to_string().contains("vmcsnap up"), "{e}");
+    }
+
+    #[test]
+    fn oversized_line_is_rejected_without_buffering_forever() {
+        let big = vec![b'x'; MAX_LINE + 10];
+        let e = read_request(&mut &big[..]).unwrap_err();
+        assert!(e.to_string().contains("longer than"), "{e}");
+    }
+}
