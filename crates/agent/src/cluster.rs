@@ -1,0 +1,231 @@
+//! Booting and tearing down a cluster.
+//!
+//! `up` is all-or-nothing: if any step fails (a missing program, a VM that
+//! exits or never prints its ready marker), everything already started is
+//! torn down before the error is returned, so a failed `up` leaves no QEMU
+//! process, socket or shared-memory file behind.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use vmcsnap_control::{StatusResult, UpResult, VmStatus, VmUp};
+use vmcsnap_spec::{ClusterSpec, VmAddress};
+use vmcsnap_switch::{PortId, Switch, SwitchHandle};
+
+use crate::accel::{self, Resolved};
+use crate::qemu::{self, QemuConfig};
+use crate::vm::Vm;
+use crate::{log, AgentError, RunDir};
+
+/// A VM of the cluster with its place on the network.
+pub struct Member {
+    /// The QEMU process.
+    pub vm: Vm,
+    /// Address and MAC.
+    pub address: VmAddress,
+    /// Its switch port.
+    pub port: PortId,
+    /// Its data disk.
+    pub disk: PathBuf,
+}
+
+/// A running cluster.
+pub struct Cluster {
+    /// The spec it was booted from.
+    pub spec: ClusterSpec,
+    /// The accelerator in use.
+    pub accel: Resolved,
+    /// The VMs, in spec order.
+    pub members: Vec<Member>,
+    /// The switch.
+    pub switch: SwitchHandle,
+    run: RunDir,
+}
+
+impl Cluster {
+    /// Boots every VM of `spec` and returns once all are ready.
+    pub fn up(run: &RunDir, spec: ClusterSpec, progress: &mut dyn FnMut(&str)) -> Result<Cluster, AgentError> {
+        let qemu_bin = qemu::find_qemu()?;
+        qemu::find_qemu_img()?;
+        let (accel, note) = accel::resolve(spec.cluster.accel)?;
+        if let Some(note) = note {
+            log(&note);
+            progress(&note);
+        }
+        let assets = vmcsnap_guest::ensure_assets(&vmcsnap_guest::default_cache_root(), progress)?;
+
+        let cluster_dir = run.cluster_dir();
+        if cluster_dir.exists() {
+            // Left over from an earlier cluster of this run directory: only
+            // logs remain there after a clean `down`.
+            std::fs::remove_dir_all(&cluster_dir).map_err(AgentError::io("removing", &cluster_dir))?;
+        }
+        let switch = Switch::start()?;
+        let mut cluster = Cluster { spec: spec.clone(), accel, members: Vec::new(), switch, run: run.clone() };
+        match cluster.boot(&qemu_bin, &assets, progress) {
+            Ok(()) => Ok(cluster),
+            Err(e) => {
+                log(format!("up failed, tearing down: {e}"));
+                cluster.teardown();
+                Err(e)
+            }
+        }
+    }
+
+    fn boot(
+        &mut self,
+        qemu_bin: &std::path::Path,
+        assets: &vmcsnap_guest::GuestAssets,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<(), AgentError> {
+        let spec = self.spec.clone();
+        let addresses = spec.addressing();
+        for (vm_spec, address) in spec.vm.iter().zip(addresses) {
+            let dir = self.run.vm_dir(&vm_spec.name);
+            std::fs::create_dir_all(&dir).map_err(AgentError::io("creating", &dir))?;
+            let disk = dir.join("data.qcow2");
+            progress(&format!("{}: creating {} MiB data disk", vm_spec.name, vm_spec.disk_mib));
+            vmcsnap_guest::make_data_disk(&disk, vm_spec.disk_mib, &vm_spec.name)?;
+            let port_socket = dir.join("port.sock");
+            let port = self.switch.add_port(&vm_spec.name, &port_socket)?;
+            let ram_file = self.run.shm_path(&spec.cluster.name, &vm_spec.name);
+            let _ = std::fs::remove_file(&ram_file);
+            let workload = spec.expand_workload(&vm_spec.name).map_err(|source| AgentError::Spec {
+                path: "spec".into(),
+                source,
+            })?;
+            let config = QemuConfig {
+                name: vm_spec.name.clone(),
+                accel: self.accel,
+                memory_mib: vm_spec.memory_mib,
+                vcpus: vm_spec.vcpus,
+                ram_file,
+                kernel: assets.kernel.clone(),
+                initrd: assets.initrd.clone(),
+                cmdline: vmcsnap_guest::kernel_cmdline(&vm_spec.name, &address.cidr(), &workload),
+                console_log: dir.join("console.log"),
+                qmp_socket: dir.join("qmp.sock"),
+                disk: disk.clone(),
+                port_socket,
+                mac: address.mac_string(),
+            };
+            let vm = Vm::spawn(qemu_bin, config, dir.join("qemu.log"))?;
+            log(format!("VM {}: started QEMU pid {} ({})", vm.name, vm.pid, self.accel.name()));
+            self.members.push(Member { vm, address, port, disk });
+        }
+        progress(&format!("booting {} VMs ({})", self.members.len(), self.accel.name()));
+        let timeout = Duration::from_secs(spec.cluster.boot_timeout_s);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut waiting = 0;
+            for m in &mut self.members {
+                let was = m.vm.boot_ms.is_some();
+                if m.vm.poll_ready(vmcsnap_guest::READY_MARKER)? {
+                    if !was {
+                        let ms = m.vm.boot_ms.unwrap_or(0);
+                        log(format!("VM {}: ready after {ms} ms", m.vm.name));
+                        progress(&format!("{}: ready after {ms} ms", m.vm.name));
+                    }
+                } else {
+                    waiting += 1;
+                }
+            }
+            if waiting == 0 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let m = self.members.iter().find(|m| m.vm.boot_ms.is_none()).expect("one is waiting");
+                return Err(AgentError::BootTimeout {
+                    vm: m.vm.name.clone(),
+                    secs: timeout.as_secs(),
+                    console: last_lines(&m.vm.console_tail(4000), 15),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for m in &mut self.members {
+            m.vm.qmp()?;
+        }
+        Ok(())
+    }
+
+    /// What `up` reports.
+    pub fn up_result(&self) -> UpResult {
+        UpResult {
+            cluster: self.spec.cluster.name.clone(),
+            vms: self
+                .members
+                .iter()
+                .map(|m| VmUp {
+                    name: m.vm.name.clone(),
+                    pid: m.vm.pid,
+                    boot_ms: m.vm.boot_ms.unwrap_or(0),
+                    accel: self.accel.name().to_string(),
+                    ip: m.address.cidr(),
+                    mac: m.address.mac_string(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Per-VM state and the switch's counters.
+    pub fn status(&mut self) -> StatusResult {
+        let vms = self
+            .members
+            .iter_mut()
+            .map(|m| VmStatus {
+                name: m.vm.name.clone(),
+                pid: m.vm.pid,
+                state: m.vm.run_state(),
+                ip: m.address.cidr(),
+                mac: m.address.mac_string(),
+                memory_mib: m.vm.config.memory_mib,
+                uptime_s: m.vm.started.elapsed().as_secs_f64(),
+                port: m.vm.name.clone(),
+            })
+            .collect();
+        let switch = self.switch.stats().map(|s| serde_json::to_value(s).expect("stats serialise"));
+        StatusResult {
+            cluster: Some(self.spec.cluster.name.clone()),
+            accel: Some(self.accel.name().to_string()),
+            agent_pid: std::process::id(),
+            vms,
+            switch: switch.unwrap_or(serde_json::Value::Null),
+        }
+    }
+
+    /// The member named `vm`.
+    pub fn member_mut(&mut self, vm: &str) -> Result<&mut Member, AgentError> {
+        self.members.iter_mut().find(|m| m.vm.name == vm).ok_or_else(|| AgentError::NoSuchVm(vm.to_string()))
+    }
+
+    /// Stops every QEMU, the switch, and removes sockets, RAM files and
+    /// disks. Console and QEMU logs stay in the cluster directory until the
+    /// next `up`. Never fails; problems are logged.
+    pub fn teardown(&mut self) {
+        for m in &mut self.members {
+            m.vm.shutdown();
+        }
+        self.switch.stop();
+        for m in &self.members {
+            for p in [&m.vm.config.ram_file, &m.vm.config.qmp_socket, &m.vm.config.port_socket, &m.disk] {
+                if let Err(e) = std::fs::remove_file(p) {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        log(format!("teardown: cannot remove {}: {e}", p.display()));
+                    }
+                }
+            }
+        }
+        // Shared-memory files of VMs that never got as far as a member.
+        for v in &self.spec.vm {
+            let _ = std::fs::remove_file(self.run.shm_path(&self.spec.cluster.name, &v.name));
+        }
+        self.members.clear();
+    }
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.len().saturating_sub(n);
+    lines[start..].iter().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n")
+}

@@ -1,0 +1,90 @@
+//! Errors of the agent.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// Everything the agent can fail at. Messages say what to do.
+#[derive(Debug, Error)]
+pub enum AgentError {
+    /// The spec is invalid.
+    #[error("{path}: {source}")]
+    Spec {
+        /// The spec file.
+        path: PathBuf,
+        /// What is wrong.
+        source: vmcsnap_spec::SpecError,
+    },
+    /// A required program is missing.
+    #[error("{program} not found: install the Debian package {package} (apt-get install {package})")]
+    MissingProgram {
+        /// The program.
+        program: String,
+        /// The Debian package providing it.
+        package: &'static str,
+    },
+    /// KVM was requested but cannot be used.
+    #[error("accel = \"kvm\" but {0}; use accel = \"tcg\" or \"auto\"")]
+    KvmUnusable(String),
+    /// A cluster is already up.
+    #[error("cluster {0:?} is already up in this run directory; run `vmcsnap down` first")]
+    AlreadyUp(String),
+    /// No cluster is up.
+    #[error("no cluster is up; start one with `vmcsnap up SPEC`")]
+    NoCluster,
+    /// No VM of that name.
+    #[error("no VM named {0:?} in the running cluster (see `vmcsnap status`)")]
+    NoSuchVm(String),
+    /// QEMU failed to start or died during boot.
+    #[error("VM {vm:?}: QEMU exited during boot ({status}); its output:\n{output}")]
+    QemuExited {
+        /// The VM.
+        vm: String,
+        /// Exit status text.
+        status: String,
+        /// Tail of QEMU's stderr and the console.
+        output: String,
+    },
+    /// The guest never printed its ready marker.
+    #[error("VM {vm:?} did not reach its ready marker within {secs} s; last console lines:\n{console}")]
+    BootTimeout {
+        /// The VM.
+        vm: String,
+        /// The timeout.
+        secs: u64,
+        /// Tail of its console.
+        console: String,
+    },
+    /// Building or finding the guest assets failed.
+    #[error("guest assets: {0}")]
+    Guest(#[from] vmcsnap_guest::GuestError),
+    /// The switch failed.
+    #[error("switch: {0}")]
+    Switch(#[from] vmcsnap_switch::SwitchError),
+    /// QMP failed.
+    #[error("VM {vm:?}: {source}")]
+    Qmp {
+        /// The VM.
+        vm: String,
+        /// The QMP error.
+        source: vmcsnap_qmp::QmpError,
+    },
+    /// A file operation failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+impl AgentError {
+    /// Wraps an I/O error with the path it concerns.
+    pub fn io(what: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> AgentError {
+        let path = path.into();
+        move |source| AgentError::Io { what, path, source }
+    }
+}

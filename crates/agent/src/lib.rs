@@ -1,0 +1,35 @@
+//! The per-host vmcsnap agent.
+//!
+//! One agent per run directory owns everything of a running cluster: the
+//! QEMU processes, their QMP sockets, their console logs, their data disks,
+//! the shared-memory files holding guest RAM, and the switch every NIC is
+//! plugged into. The CLI talks to it over `<run-dir>/agent.sock` with the
+//! protocol of `vmcsnap-control`.
+//!
+//! ```text
+//!  vmcsnap CLI ──agent.sock──▶ agent ─┬─ QMP ──▶ qemu (vm a) ─┐ netdev stream
+//!                                     ├─ QMP ──▶ qemu (vm b) ─┤ (unix sockets)
+//!                                     └─ switch ◀─────────────┘
+//! ```
+//!
+//! Modules: [`paths`] (where every file lives), [`accel`] (KVM or TCG),
+//! [`qemu`] (the QEMU command line), [`vm`] (one QEMU process), [`cluster`]
+//! (boot and tear down a cluster), [`server`] (the control socket).
+
+pub mod accel;
+pub mod cluster;
+mod error;
+pub mod paths;
+pub mod qemu;
+pub mod server;
+pub mod vm;
+
+pub use error::AgentError;
+pub use paths::RunDir;
+pub use server::{serve, AgentOptions};
+
+/// Writes one timestamped line to the agent's log (its stderr).
+pub fn log(msg: impl AsRef<str>) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    eprintln!("[{}.{:03}] {}", now.as_secs(), now.subsec_millis(), msg.as_ref());
+}

@@ -1,0 +1,108 @@
+//! Where the agent keeps its files.
+//!
+//! ```text
+//! <run-dir>/                       mode 0700
+//!   agent.sock                     control socket, mode 0600
+//!   agent.log                      the agent's log (when started by the CLI)
+//!   agent.pid
+//!   cluster/<vm>/qmp.sock          QMP of the VM's QEMU
+//!   cluster/<vm>/port.sock         the VM's switch port (QEMU connects here)
+//!   cluster/<vm>/console.log       serial console
+//!   cluster/<vm>/qemu.log          QEMU's own stdout/stderr
+//!   cluster/<vm>/data.qcow2        the VM's data disk
+//! /dev/shm/vmcsnap-<tag>-<cluster>-<vm>   guest RAM (tag: hash of run-dir)
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+/// The run directory of one agent.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    root: PathBuf,
+}
+
+impl RunDir {
+    /// Wraps `root` (made absolute if it is not).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        let root = root.into();
+        let root = if root.is_absolute() {
+            root
+        } else {
+            std::env::current_dir().map(|d| d.join(&root)).unwrap_or(root)
+        };
+        RunDir { root }
+    }
+
+    /// The default: `$VMCSNAP_RUN_DIR`, else `/run/vmcsnap` for root, else
+    /// `$XDG_RUNTIME_DIR/vmcsnap`, else `/tmp/vmcsnap-<uid>`.
+    pub fn default_root() -> PathBuf {
+        if let Some(d) = std::env::var_os("VMCSNAP_RUN_DIR") {
+            return PathBuf::from(d);
+        }
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        if uid == 0 {
+            return PathBuf::from("/run/vmcsnap");
+        }
+        if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+            return PathBuf::from(d).join("vmcsnap");
+        }
+        PathBuf::from(format!("/tmp/vmcsnap-{uid}"))
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    /// The control socket.
+    pub fn agent_socket(&self) -> PathBuf {
+        self.root.join("agent.sock")
+    }
+    /// The agent's log file.
+    pub fn agent_log(&self) -> PathBuf {
+        self.root.join("agent.log")
+    }
+    /// The agent's pid file.
+    pub fn agent_pid(&self) -> PathBuf {
+        self.root.join("agent.pid")
+    }
+    /// The directory of the running cluster.
+    pub fn cluster_dir(&self) -> PathBuf {
+        self.root.join("cluster")
+    }
+    /// The directory of one VM.
+    pub fn vm_dir(&self, vm: &str) -> PathBuf {
+        self.cluster_dir().join(vm)
+    }
+    /// The shared-memory file of a VM's RAM.
+    pub fn shm_path(&self, cluster: &str, vm: &str) -> PathBuf {
+        PathBuf::from(format!("/dev/shm/vmcsnap-{}-{cluster}-{vm}", self.tag()))
+    }
+    /// A short hash of the run directory, so agents in different run
+    /// directories (parallel tests) never share a file name in /dev/shm.
+    pub fn tag(&self) -> String {
+        let h = Sha256::digest(self.root.as_os_str().as_encoded_bytes());
+        h[..4].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shm_names_differ_between_run_dirs() {
+        let a = RunDir::new("/tmp/a");
+        let b = RunDir::new("/tmp/b");
+        assert_ne!(a.shm_path("c", "v"), b.shm_path("c", "v"));
+        assert!(a.shm_path("c", "v").starts_with("/dev/shm"));
+        assert_eq!(a.vm_dir("v"), PathBuf::from("/tmp/a/cluster/v"));
+    }
+
+    #[test]
+    fn relative_roots_become_absolute() {
+        assert!(RunDir::new("rel").root().is_absolute());
+    }
+}

@@ -1,0 +1,172 @@
+//! The QEMU command line of a vmcsnap VM.
+//!
+//! Every VM is a `microvm` with ACPI (the Debian cloud kernel finds its
+//! virtio-mmio devices through ACPI), guest RAM in a shared file under
+//! /dev/shm (`memory-backend-file,share=on`: background snapshots, postcopy
+//! restore and warm restart all rely on it), one virtio-blk data disk in
+//! qcow2 named by a blockdev node, and one virtio-net NIC whose backend is
+//! `-netdev stream` connected as a client to the VM's switch port.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use crate::accel::Resolved;
+use crate::AgentError;
+
+/// The blockdev node name of a VM's data disk (QMP commands refer to it).
+pub const DISK_NODE: &str = "disk0";
+/// The netdev id of a VM's NIC.
+pub const NETDEV_ID: &str = "net0";
+
+/// Everything that decides a VM's QEMU command line.
+#[derive(Debug, Clone)]
+pub struct QemuConfig {
+    /// `-name` of the process.
+    pub name: String,
+    /// Accelerator.
+    pub accel: Resolved,
+    /// RAM in MiB.
+    pub memory_mib: u64,
+    /// vCPUs.
+    pub vcpus: u64,
+    /// Shared file holding guest RAM.
+    pub ram_file: PathBuf,
+    /// Kernel image.
+    pub kernel: PathBuf,
+    /// Initramfs.
+    pub initrd: PathBuf,
+    /// Kernel command line.
+    pub cmdline: String,
+    /// Serial console log.
+    pub console_log: PathBuf,
+    /// QMP socket (QEMU listens).
+    pub qmp_socket: PathBuf,
+    /// Data disk (qcow2).
+    pub disk: PathBuf,
+    /// Switch port socket (QEMU connects).
+    pub port_socket: PathBuf,
+    /// NIC MAC address.
+    pub mac: String,
+}
+
+impl QemuConfig {
+    /// The arguments after the binary's name.
+    pub fn args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        let mut push = |s: String| a.push(s.into());
+        for s in ["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"] {
+            push(s.to_string());
+        }
+        push("-name".into());
+        push(format!("guest={},process={}", self.name, self.name));
+        push("-M".into());
+        push("microvm,acpi=on,memory-backend=mem".into());
+        for s in self.accel.qemu_args() {
+            push(s.to_string());
+        }
+        push("-m".into());
+        push(format!("{}M", self.memory_mib));
+        push("-smp".into());
+        push(self.vcpus.to_string());
+        push("-object".into());
+        push(format!(
+            "memory-backend-file,id=mem,size={}M,mem-path={},share=on",
+            self.memory_mib,
+            self.ram_file.display()
+        ));
+        push("-kernel".into());
+        push(self.kernel.display().to_string());
+        push("-initrd".into());
+        push(self.initrd.display().to_string());
+        push("-append".into());
+        push(self.cmdline.clone());
+        push("-chardev".into());
+        push(format!("file,id=con,path={}", self.console_log.display()));
+        push("-serial".into());
+        push("chardev:con".into());
+        push("-qmp".into());
+        push(format!("unix:{},server=on,wait=off", self.qmp_socket.display()));
+        push("-blockdev".into());
+        push(format!(
+            "driver=qcow2,node-name={DISK_NODE},file.driver=file,file.filename={}",
+            self.disk.display()
+        ));
+        push("-device".into());
+        push(format!("virtio-blk-device,drive={DISK_NODE}"));
+        push("-netdev".into());
+        push(format!("stream,id={NETDEV_ID},server=off,addr.type=unix,addr.path={}", self.port_socket.display()));
+        push("-device".into());
+        push(format!("virtio-net-device,netdev={NETDEV_ID},mac={}", self.mac));
+        a
+    }
+}
+
+/// The QEMU binary: `$VMCSNAP_QEMU` if set, else `qemu-system-x86_64` on
+/// PATH. A missing binary names the Debian package to install.
+pub fn find_qemu() -> Result<PathBuf, AgentError> {
+    let name = std::env::var_os("VMCSNAP_QEMU").unwrap_or_else(|| "qemu-system-x86_64".into());
+    find_program(Path::new(&name), "qemu-system-x86")
+}
+
+/// `qemu-img`, from qemu-utils.
+pub fn find_qemu_img() -> Result<PathBuf, AgentError> {
+    find_program(Path::new("qemu-img"), "qemu-utils")
+}
+
+/// Finds `program` (a path, or a name to look up on PATH).
+pub fn find_program(program: &Path, package: &'static str) -> Result<PathBuf, AgentError> {
+    let missing = || AgentError::MissingProgram { program: program.display().to_string(), package };
+    if program.components().count() > 1 {
+        return if is_executable(program) { Ok(program.to_path_buf()) } else { Err(missing()) };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).map(|d| d.join(program)).find(|p| is_executable(p)).ok_or_else(missing)
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> QemuConfig {
+        QemuConfig {
+            name: "vm1".into(),
+            accel: Resolved::Tcg,
+            memory_mib: 256,
+            vcpus: 2,
+            ram_file: "/dev/shm/x".into(),
+            kernel: "/k".into(),
+            initrd: "/i".into(),
+            cmdline: "console=ttyS0 a=b".into(),
+            console_log: "/c.log".into(),
+            qmp_socket: "/q.sock".into(),
+            disk: "/d.qcow2".into(),
+            port_socket: "/p.sock".into(),
+            mac: "52:54:00:77:00:02".into(),
+        }
+    }
+
+    #[test]
+    fn command_line_has_shared_ram_stream_nic_and_tcg() {
+        let args: Vec<String> = cfg().args().into_iter().map(|s| s.into_string().unwrap()).collect();
+        let joined = args.join(" ");
+        assert!(joined.contains("memory-backend-file,id=mem,size=256M,mem-path=/dev/shm/x,share=on"));
+        assert!(joined.contains("-m 256M -smp 2"));
+        assert!(joined.contains("stream,id=net0,server=off,addr.type=unix,addr.path=/p.sock"));
+        assert!(joined.contains("-accel tcg -cpu max"));
+        // The cmdline stays one argument even with spaces.
+        assert!(args.contains(&"console=ttyS0 a=b".to_string()));
+    }
+
+    #[test]
+    fn missing_program_names_the_package() {
+        let e = find_program(Path::new("/nonexistent/qemu"), "qemu-system-x86").unwrap_err();
+        assert!(e.to_string().contains("apt-get install qemu-system-x86"), "{e}");
+        let e = find_program(Path::new("surely-not-a-program-xyz"), "pkg").unwrap_err();
+        assert!(e.to_string().contains("surely-not-a-program-xyz"), "{e}");
+    }
+}

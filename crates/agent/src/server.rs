@@ -1,0 +1,167 @@
+//! The agent's control socket and request dispatch.
+//!
+//! Requests are served one at a time, in arrival order: a `status` sent
+//! while an `up` is booting waits for the boot to finish. That keeps every
+//! operation on the cluster serialised without further locking.
+
+use std::io::BufReader;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+
+use serde_json::json;
+use vmcsnap_control::{read_request, write_reply, ConsoleResult, Reply, Request, StatusResult};
+use vmcsnap_spec::ClusterSpec;
+
+use crate::cluster::Cluster;
+use crate::{log, AgentError, RunDir};
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// Its run directory.
+    pub run_dir: RunDir,
+    /// Exit once no cluster is up after a request (an agent started on
+    /// demand by the CLI goes away with its cluster).
+    pub exit_when_idle: bool,
+}
+
+/// Binds the control socket and serves requests until told to stop.
+pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
+    let run = &opts.run_dir;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(run.root())
+        .map_err(AgentError::io("creating run directory", run.root()))?;
+    let sock = run.agent_socket();
+    if UnixStream::connect(&sock).is_ok() {
+        return Err(AgentError::Io {
+            what: "another agent is already serving",
+            path: sock,
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        });
+    }
+    let _ = std::fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock).map_err(AgentError::io("binding", &sock))?;
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
+        .map_err(AgentError::io("setting permissions of", &sock))?;
+    std::fs::write(run.agent_pid(), format!("{}\n", std::process::id()))
+        .map_err(AgentError::io("writing", run.agent_pid()))?;
+    log(format!("agent {} serving {}", std::process::id(), sock.display()));
+
+    let mut cluster: Option<Cluster> = None;
+    for conn in listener.incoming() {
+        let stream = match conn {
+            Ok(s) => s,
+            Err(e) => {
+                log(format!("accept failed: {e}"));
+                continue;
+            }
+        };
+        let stop = handle(stream, run, &mut cluster);
+        if stop || (opts.exit_when_idle && cluster.is_none()) {
+            break;
+        }
+    }
+    if let Some(mut c) = cluster.take() {
+        c.teardown();
+    }
+    let _ = std::fs::remove_file(&sock);
+    let _ = std::fs::remove_file(run.agent_pid());
+    log("agent exiting");
+    Ok(())
+}
+
+/// Serves one connection; returns true if the agent should stop.
+fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>) -> bool {
+    let mut reader = BufReader::new(match stream.try_clone() {
+        Ok(s) => s,
+        Err(_) => return false,
+    });
+    let mut out = stream;
+    let request = match read_request(&mut reader) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = write_reply(&mut out, &Reply::Failed { error: e.to_string() });
+            return false;
+        }
+    };
+    let mut stop = false;
+    let result = {
+        let mut progress = |m: &str| {
+            let _ = write_reply(&mut out.try_clone().expect("clone"), &Reply::Progress { message: m.to_string() });
+        };
+        dispatch(request, run, cluster, &mut stop, &mut progress)
+    };
+    let reply = match result {
+        Ok(result) => Reply::Done { result },
+        Err(e) => {
+            log(format!("request failed: {e}"));
+            Reply::Failed { error: e.to_string() }
+        }
+    };
+    let _ = write_reply(&mut out, &reply);
+    stop
+}
+
+fn dispatch(
+    request: Request,
+    run: &RunDir,
+    cluster: &mut Option<Cluster>,
+    stop: &mut bool,
+    progress: &mut dyn FnMut(&str),
+) -> Result<serde_json::Value, AgentError> {
+    match request {
+        Request::Ping => Ok(json!({ "pid": std::process::id() })),
+        Request::Up { spec_path, spec_toml } => {
+            if let Some(c) = cluster {
+                return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()));
+            }
+            let spec = ClusterSpec::from_toml_str(&spec_toml, vmcsnap_guest::MIN_MEMORY_MIB)
+                .map_err(|source| AgentError::Spec { path: spec_path.clone(), source })?;
+            log(format!("up {} from {}", spec.cluster.name, spec_path.display()));
+            let c = Cluster::up(run, spec, progress)?;
+            let result = to_json(&c.up_result());
+            *cluster = Some(c);
+            Ok(result)
+        }
+        Request::Status => match cluster {
+            Some(c) => Ok(to_json(&c.status())),
+            None => Ok(to_json(&StatusResult {
+                cluster: None,
+                accel: None,
+                agent_pid: std::process::id(),
+                vms: vec![],
+                switch: serde_json::Value::Null,
+            })),
+        },
+        Request::Console { vm, tail_bytes } => {
+            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
+            let m = c.member_mut(&vm)?;
+            Ok(to_json(&ConsoleResult {
+                vm: vm.clone(),
+                path: m.vm.config.console_log.clone(),
+                text: m.vm.console_tail(tail_bytes),
+            }))
+        }
+        Request::Down => {
+            let mut c = cluster.take().ok_or(AgentError::NoCluster)?;
+            let name = c.spec.cluster.name.clone();
+            progress(&format!("stopping {} VMs", c.members.len()));
+            c.teardown();
+            log(format!("down {name}"));
+            Ok(json!({ "cluster": name }))
+        }
+        Request::Shutdown => {
+            if let Some(c) = cluster {
+                return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()));
+            }
+            *stop = true;
+            Ok(json!({ "pid": std::process::id() }))
+        }
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).expect("results serialise")
+}

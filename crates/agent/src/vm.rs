@@ -1,0 +1,184 @@
+//! One VM: its QEMU process, QMP session and console.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Value;
+use vmcsnap_qmp::QmpClient;
+
+use crate::qemu::QemuConfig;
+use crate::AgentError;
+
+/// How long a QEMU gets to quit on request before it is killed.
+const QUIT_GRACE: Duration = Duration::from_secs(5);
+
+/// A running (or exited) QEMU process of the cluster.
+pub struct Vm {
+    /// VM name.
+    pub name: String,
+    /// The configuration it was started with.
+    pub config: QemuConfig,
+    /// QEMU's pid.
+    pub pid: u32,
+    /// When QEMU was started.
+    pub started: Instant,
+    /// Wall-clock start time.
+    pub started_at: SystemTime,
+    /// QEMU start to ready marker, once seen.
+    pub boot_ms: Option<u64>,
+    /// QEMU's own output.
+    pub qemu_log: PathBuf,
+    child: Child,
+    qmp: Option<QmpClient>,
+    scan_offset: u64,
+    exit_status: Option<String>,
+}
+
+impl Vm {
+    /// Starts QEMU with `config`. QEMU runs in its own process group so a
+    /// signal to the agent's group (Ctrl-C) never reaches the guests.
+    pub fn spawn(qemu: &Path, config: QemuConfig, qemu_log: PathBuf) -> Result<Vm, AgentError> {
+        let log = File::create(&qemu_log).map_err(AgentError::io("creating", &qemu_log))?;
+        let log2 = log.try_clone().map_err(AgentError::io("opening", &qemu_log))?;
+        let _ = std::fs::remove_file(&config.console_log);
+        let child = Command::new(qemu)
+            .args(config.args())
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .process_group(0)
+            .spawn()
+            .map_err(AgentError::io("starting", qemu))?;
+        Ok(Vm {
+            name: config.name.clone(),
+            pid: child.id(),
+            started: Instant::now(),
+            started_at: SystemTime::now(),
+            boot_ms: None,
+            qemu_log,
+            child,
+            qmp: None,
+            scan_offset: 0,
+            exit_status: None,
+            config,
+        })
+    }
+
+    /// Has QEMU exited? Returns its status text if so.
+    pub fn exited(&mut self) -> Option<String> {
+        if self.exit_status.is_none() {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                self.exit_status = Some(st.to_string());
+            }
+        }
+        self.exit_status.clone()
+    }
+
+    /// Scans new console output for `marker`; records `boot_ms` when seen.
+    /// Fails if QEMU has exited.
+    pub fn poll_ready(&mut self, marker: &str) -> Result<bool, AgentError> {
+        if self.boot_ms.is_some() {
+            return Ok(true);
+        }
+        let start = self.scan_offset.saturating_sub(marker.len() as u64);
+        let text = read_from(&self.config.console_log, start).unwrap_or_default();
+        if text.contains(marker) {
+            self.boot_ms = Some(self.started.elapsed().as_millis() as u64);
+            return Ok(true);
+        }
+        self.scan_offset = start + text.len() as u64;
+        if let Some(status) = self.exited() {
+            return Err(AgentError::QemuExited {
+                vm: self.name.clone(),
+                status,
+                output: format!("{}{}", tail(&self.qemu_log, 2000), self.console_tail(2000)),
+            });
+        }
+        Ok(false)
+    }
+
+    /// The QMP session, connected on first use.
+    pub fn qmp(&mut self) -> Result<&mut QmpClient, AgentError> {
+        if self.qmp.is_none() {
+            let c = QmpClient::connect(&self.config.qmp_socket, Duration::from_secs(10))
+                .map_err(|source| AgentError::Qmp { vm: self.name.clone(), source })?;
+            self.qmp = Some(c);
+        }
+        Ok(self.qmp.as_mut().expect("just connected"))
+    }
+
+    /// Runs one QMP command.
+    pub fn execute(&mut self, command: &str, args: Value) -> Result<Value, AgentError> {
+        let name = self.name.clone();
+        let r = self.qmp()?.execute(command, args);
+        if r.is_err() {
+            // A broken session is reconnected on next use.
+            self.qmp = None;
+        }
+        r.map_err(|source| AgentError::Qmp { vm: name, source })
+    }
+
+    /// QEMU's run state (`running`, `paused`, ...) or `exited`.
+    pub fn run_state(&mut self) -> String {
+        if self.exited().is_some() {
+            return "exited".into();
+        }
+        match self.execute("query-status", Value::Null) {
+            Ok(v) => v["status"].as_str().unwrap_or("unknown").to_string(),
+            Err(_) => "unresponsive".into(),
+        }
+    }
+
+    /// The last `bytes` bytes of the console (everything if 0).
+    pub fn console_tail(&self, bytes: u64) -> String {
+        tail(&self.config.console_log, bytes)
+    }
+
+    /// Asks QEMU to quit, kills it if it does not within a grace period, and
+    /// reaps it. Never fails: a VM being torn down must go away.
+    pub fn shutdown(&mut self) {
+        if self.exited().is_none() {
+            if let Some(q) = self.qmp.as_mut() {
+                q.set_timeout(Duration::from_secs(2));
+            }
+            let _ = self.execute("quit", Value::Null);
+            let deadline = Instant::now() + QUIT_GRACE;
+            while self.exited().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if self.exited().is_none() {
+                crate::log(format!("VM {}: QEMU did not quit; killing pid {}", self.name, self.pid));
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                self.exit_status = Some("killed".into());
+            }
+        }
+        self.qmp = None;
+    }
+}
+
+/// Reads `path` from byte `offset` to its end (lossy UTF-8).
+fn read_from(path: &Path, offset: u64) -> std::io::Result<String> {
+    let mut f = OpenOptions::new().read(true).open(path)?;
+    f.seek(SeekFrom::Start(offset))?;
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// The last `bytes` of a file (all if 0), starting at a line boundary.
+pub fn tail(path: &Path, bytes: u64) -> String {
+    let len = path.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = if bytes == 0 { 0 } else { len.saturating_sub(bytes) };
+    let text = read_from(path, start).unwrap_or_default();
+    if start > 0 {
+        if let Some(nl) = text.find('\n') {
+            return text[nl + 1..].to_string();
+        }
+    }
+    text
+}

@@ -1,0 +1,428 @@
+//! The pure switching core: ports, MAC learning, forwarding, tx queues,
+//! counters. No I/O happens here.
+//!
+//! Every frame the switch handles goes through [`SwitchCore::receive`], which
+//! counts it, learns its source MAC, decides where it goes ([`SwitchCore::route`],
+//! a pure function of the frame and the MAC table) and appends it to the tx
+//! queue of each destination port. The I/O layer then takes frames out with
+//! [`SwitchCore::pop_tx`] and reports what it wrote with
+//! [`SwitchCore::record_tx`].
+//!
+//! Queue policy, per destination port:
+//! - held ([`SwitchCore::hold`]): queued (up to the bound) and counted as
+//!   `held`; [`pop_tx`](SwitchCore::pop_tx) returns nothing until
+//!   [`release`](SwitchCore::release).
+//! - connected and not held: queued (up to the bound).
+//! - neither: dropped. A port therefore never keeps a queue while it is
+//!   disconnected and not held: a disconnect, or a release while
+//!   disconnected, discards the queue and counts the frames as drops.
+//!
+//! Frames in queues are `Arc<[u8]>`, so flooding shares one copy.
+
+mod mac;
+#[cfg(test)]
+mod tests;
+
+pub use mac::MacAddr;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// Shortest frame the switch forwards: an Ethernet header (dst, src, type).
+pub const MIN_FRAME_LEN: usize = 14;
+
+/// Default cap on learned MAC addresses; beyond it new addresses are not learned.
+pub const DEFAULT_MAX_MACS: usize = 65536;
+
+/// Identifier of a switch port. Ids are never reused within one switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct PortId(u32);
+
+impl PortId {
+    /// The numeric id.
+    pub fn as_u32(self) -> u32 {
+        self.0
+    }
+
+    pub(crate) fn from_raw(raw: u32) -> Self {
+        PortId(raw)
+    }
+}
+
+impl fmt::Display for PortId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "port#{}", self.0)
+    }
+}
+
+/// Frame and byte counters of one port, or of the whole switch.
+///
+/// Byte counts are Ethernet frame bytes, without the 4-byte length prefix.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Frames received from the port's client (including runts).
+    pub rx_frames: u64,
+    /// Bytes of the frames counted in `rx_frames`.
+    pub rx_bytes: u64,
+    /// Frames completely written to the port's client socket.
+    pub tx_frames: u64,
+    /// Bytes of the frames counted in `tx_frames`.
+    pub tx_bytes: u64,
+    /// Frames dropped: runts received on this port, and frames for this port
+    /// that did not fit its queue, arrived while it was disconnected and not
+    /// held, or were lost with a closed connection.
+    pub drops: u64,
+    /// Frames queued for this port while it was held.
+    pub held: u64,
+    /// Connections closed because the client broke the framing protocol.
+    pub protocol_errors: u64,
+    /// How many times a client connected to the port.
+    pub connections: u64,
+}
+
+/// Why [`SwitchCore::route`] dropped a frame at ingress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// Shorter than [`MIN_FRAME_LEN`].
+    Runt,
+    /// The ingress port does not exist.
+    UnknownIngress,
+}
+
+/// Forwarding decision for one frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Not forwarded anywhere.
+    Drop(DropReason),
+    /// The destination was learned on the ingress port: nothing to do.
+    Filter,
+    /// Sent to the port the destination MAC was learned on.
+    Unicast(PortId),
+    /// Broadcast, multicast or unknown unicast: sent to every other port that
+    /// is connected or held (possibly none).
+    Flood(Vec<PortId>),
+}
+
+impl Decision {
+    /// Destination ports of this decision.
+    pub fn targets(&self) -> &[PortId] {
+        match self {
+            Decision::Unicast(p) => std::slice::from_ref(p),
+            Decision::Flood(ps) => ps,
+            Decision::Drop(_) | Decision::Filter => &[],
+        }
+    }
+}
+
+/// What [`SwitchCore::enqueue`] did with a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enqueued {
+    /// Queued for transmission.
+    Queued,
+    /// Queued; the port is held.
+    Held,
+    /// Dropped (queue full, or port disconnected and not held) and counted.
+    Dropped,
+    /// No such port; nothing counted.
+    NoPort,
+}
+
+/// Point-in-time view of one port, see [`SwitchCore::port`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortView<'a> {
+    /// Port name given to [`SwitchCore::add_port`].
+    pub name: &'a str,
+    /// Whether a client is connected.
+    pub connected: bool,
+    /// Whether the port is held.
+    pub holding: bool,
+    /// Frames waiting in the tx queue.
+    pub queued_frames: usize,
+    /// Frame bytes waiting in the tx queue.
+    pub queued_bytes: usize,
+    /// The port's counters.
+    pub counters: Counters,
+}
+
+#[derive(Debug)]
+struct Port {
+    name: String,
+    connected: bool,
+    holding: bool,
+    queue: VecDeque<Arc<[u8]>>,
+    queued_bytes: usize,
+    counters: Counters,
+}
+
+/// The switching state machine. See the [module docs](self).
+#[derive(Debug)]
+pub struct SwitchCore {
+    ports: BTreeMap<PortId, Port>,
+    macs: HashMap<MacAddr, PortId>,
+    next_id: u32,
+    max_queue_bytes: usize,
+    max_macs: usize,
+    totals: Counters,
+}
+
+impl SwitchCore {
+    /// A core whose per-port tx queues hold at most `max_queue_bytes` frame bytes.
+    pub fn new(max_queue_bytes: usize) -> Self {
+        SwitchCore {
+            ports: BTreeMap::new(),
+            macs: HashMap::new(),
+            next_id: 0,
+            max_queue_bytes,
+            max_macs: DEFAULT_MAX_MACS,
+            totals: Counters::default(),
+        }
+    }
+
+    /// Caps the MAC table at `max_macs` entries (default [`DEFAULT_MAX_MACS`]).
+    pub fn set_max_macs(&mut self, max_macs: usize) {
+        self.max_macs = max_macs;
+    }
+
+    /// Adds a disconnected, not held port.
+    pub fn add_port(&mut self, name: impl Into<String>) -> PortId {
+        let id = PortId(self.next_id);
+        self.next_id += 1;
+        let port = Port {
+            name: name.into(),
+            connected: false,
+            holding: false,
+            queue: VecDeque::new(),
+            queued_bytes: 0,
+            counters: Counters::default(),
+        };
+        self.ports.insert(id, port);
+        id
+    }
+
+    /// Removes a port, its queue and the MAC addresses learned on it.
+    /// Returns false if there is no such port.
+    pub fn remove_port(&mut self, id: PortId) -> bool {
+        self.macs.retain(|_, p| *p != id);
+        self.ports.remove(&id).is_some()
+    }
+
+    /// Ids of all ports, in increasing order.
+    pub fn port_ids(&self) -> impl Iterator<Item = PortId> + '_ {
+        self.ports.keys().copied()
+    }
+
+    /// Current state of a port.
+    pub fn port(&self, id: PortId) -> Option<PortView<'_>> {
+        self.ports.get(&id).map(|p| PortView {
+            name: &p.name,
+            connected: p.connected,
+            holding: p.holding,
+            queued_frames: p.queue.len(),
+            queued_bytes: p.queued_bytes,
+            counters: p.counters,
+        })
+    }
+
+    /// Counters summed over every port the switch ever had.
+    pub fn totals(&self) -> Counters {
+        self.totals
+    }
+
+    /// Port on which `mac` was last seen as a source address.
+    pub fn lookup(&self, mac: MacAddr) -> Option<PortId> {
+        self.macs.get(&mac).copied()
+    }
+
+    /// Marks a client as connected (also when it replaces a previous one)
+    /// and counts the connection.
+    pub fn client_connected(&mut self, id: PortId) {
+        if let Some(p) = self.ports.get_mut(&id) {
+            p.connected = true;
+            p.counters.connections += 1;
+            self.totals.connections += 1;
+        }
+    }
+
+    /// Marks the port's client as gone. Unless the port is held, its queue is
+    /// discarded and counted as drops.
+    pub fn client_disconnected(&mut self, id: PortId) {
+        if let Some(p) = self.ports.get_mut(&id) {
+            p.connected = false;
+        }
+        self.discard_if_unreachable(id);
+    }
+
+    /// Holds a port: frames for it are queued but not handed out by
+    /// [`pop_tx`](Self::pop_tx). Returns false if there is no such port.
+    pub fn hold(&mut self, id: PortId) -> bool {
+        self.ports.get_mut(&id).map(|p| p.holding = true).is_some()
+    }
+
+    /// Releases a held port; its queue is sent in order once connected (or
+    /// discarded as drops if no client is connected). Returns false if there
+    /// is no such port.
+    pub fn release(&mut self, id: PortId) -> bool {
+        let found = self.ports.get_mut(&id).map(|p| p.holding = false).is_some();
+        self.discard_if_unreachable(id);
+        found
+    }
+
+    /// Forwarding decision for `frame` received on `ingress`, from the
+    /// current MAC table. Pure: learns and counts nothing.
+    pub fn route(&self, ingress: PortId, frame: &[u8]) -> Decision {
+        if !self.ports.contains_key(&ingress) {
+            return Decision::Drop(DropReason::UnknownIngress);
+        }
+        if frame.len() < MIN_FRAME_LEN {
+            return Decision::Drop(DropReason::Runt);
+        }
+        let dst = MacAddr::destination(frame);
+        if !dst.is_multicast() {
+            match self.macs.get(&dst) {
+                Some(&p) if p == ingress => return Decision::Filter,
+                Some(&p) => return Decision::Unicast(p),
+                None => {}
+            }
+        }
+        let targets = self
+            .ports
+            .iter()
+            .filter(|(&id, p)| id != ingress && (p.connected || p.holding))
+            .map(|(&id, _)| id)
+            .collect();
+        Decision::Flood(targets)
+    }
+
+    /// Handles a frame received on `ingress`: counts it, learns its source
+    /// MAC, routes it and enqueues it on every destination port.
+    pub fn receive(&mut self, ingress: PortId, frame: &[u8]) -> Decision {
+        let Some(port) = self.ports.get_mut(&ingress) else {
+            return Decision::Drop(DropReason::UnknownIngress);
+        };
+        let len = frame.len() as u64;
+        port.counters.rx_frames += 1;
+        port.counters.rx_bytes += len;
+        self.totals.rx_frames += 1;
+        self.totals.rx_bytes += len;
+        if frame.len() < MIN_FRAME_LEN {
+            port.counters.drops += 1;
+            self.totals.drops += 1;
+            return Decision::Drop(DropReason::Runt);
+        }
+        self.learn(MacAddr::source(frame), ingress);
+        let decision = self.route(ingress, frame);
+        let targets = decision.targets();
+        if !targets.is_empty() {
+            let shared: Arc<[u8]> = Arc::from(frame);
+            for &t in targets {
+                self.enqueue(t, shared.clone());
+            }
+        }
+        decision
+    }
+
+    /// Appends a frame to a port's tx queue, applying the queue policy of the
+    /// [module docs](self). Also the entry point for injecting frames.
+    pub fn enqueue(&mut self, id: PortId, frame: Arc<[u8]>) -> Enqueued {
+        let Some(p) = self.ports.get_mut(&id) else {
+            return Enqueued::NoPort;
+        };
+        let fits = p.queued_bytes + frame.len() <= self.max_queue_bytes;
+        if !(p.connected || p.holding) || !fits {
+            p.counters.drops += 1;
+            self.totals.drops += 1;
+            return Enqueued::Dropped;
+        }
+        p.queued_bytes += frame.len();
+        p.queue.push_back(frame);
+        if p.holding {
+            p.counters.held += 1;
+            self.totals.held += 1;
+            Enqueued::Held
+        } else {
+            Enqueued::Queued
+        }
+    }
+
+    /// Takes the next frame to transmit, if the port is connected, not held,
+    /// and has one queued.
+    pub fn pop_tx(&mut self, id: PortId) -> Option<Arc<[u8]>> {
+        let p = self.ports.get_mut(&id)?;
+        if !p.connected || p.holding {
+            return None;
+        }
+        let frame = p.queue.pop_front()?;
+        p.queued_bytes -= frame.len();
+        Some(frame)
+    }
+
+    /// Puts frames taken with [`pop_tx`](Self::pop_tx) but not written back
+    /// at the head of the queue, keeping their order. The queue bound is not
+    /// applied (they were within it when queued). If the port is disconnected
+    /// and not held they are dropped.
+    pub fn requeue_front(&mut self, id: PortId, frames: Vec<Arc<[u8]>>) {
+        let Some(p) = self.ports.get_mut(&id) else {
+            return;
+        };
+        for frame in frames.into_iter().rev() {
+            p.queued_bytes += frame.len();
+            p.queue.push_front(frame);
+        }
+        self.discard_if_unreachable(id);
+    }
+
+    /// Counts a frame of `len` bytes completely written to the port's client.
+    pub fn record_tx(&mut self, id: PortId, len: usize) {
+        if let Some(p) = self.ports.get_mut(&id) {
+            p.counters.tx_frames += 1;
+            p.counters.tx_bytes += len as u64;
+            self.totals.tx_frames += 1;
+            self.totals.tx_bytes += len as u64;
+        }
+    }
+
+    /// Counts `n` frames for this port lost by the I/O layer (e.g. a frame
+    /// partly written when its connection closed).
+    pub fn record_drops(&mut self, id: PortId, n: u64) {
+        if let Some(p) = self.ports.get_mut(&id) {
+            p.counters.drops += n;
+            self.totals.drops += n;
+        }
+    }
+
+    /// Counts a connection closed for a protocol error.
+    pub fn record_protocol_error(&mut self, id: PortId) {
+        if let Some(p) = self.ports.get_mut(&id) {
+            p.counters.protocol_errors += 1;
+            self.totals.protocol_errors += 1;
+        }
+    }
+
+    fn learn(&mut self, src: MacAddr, port: PortId) {
+        if src.is_multicast() || src.is_zero() {
+            return; // not a valid station address
+        }
+        if self.macs.len() >= self.max_macs && !self.macs.contains_key(&src) {
+            return;
+        }
+        self.macs.insert(src, port);
+    }
+
+    fn discard_if_unreachable(&mut self, id: PortId) {
+        let Some(p) = self.ports.get_mut(&id) else {
+            return;
+        };
+        if p.connected || p.holding || p.queue.is_empty() {
+            return;
+        }
+        let n = p.queue.len() as u64;
+        p.queue.clear();
+        p.queued_bytes = 0;
+        p.counters.drops += n;
+        self.totals.drops += n;
+    }
+}

@@ -1,0 +1,86 @@
+//! Errors of the switch's control API.
+
+use std::io;
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use crate::core::PortId;
+
+/// Longest socket path a unix socket address can hold (`sun_path` is 108
+/// bytes including the terminating NUL).
+pub const MAX_SOCKET_PATH_LEN: usize = 107;
+
+/// Error returned by [`Switch`](crate::Switch) and
+/// [`SwitchHandle`](crate::SwitchHandle).
+#[derive(Debug, Error)]
+pub enum SwitchError {
+    /// The socket path does not fit in a unix socket address.
+    #[error(
+        "socket path {path:?} is {len} bytes, but unix socket paths are limited to 107 bytes; \
+         put port sockets in a directory with a shorter path (or use a relative path)"
+    )]
+    SocketPathTooLong {
+        /// The offending path.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The socket path is empty or contains a NUL byte.
+    #[error("socket path {path:?} is not usable for a unix socket: it must be non-empty and contain no NUL byte")]
+    InvalidSocketPath {
+        /// The offending path.
+        path: PathBuf,
+    },
+    /// Something other than a socket exists at the socket path.
+    #[error("{path:?} exists and is not a socket; not deleting it: remove it yourself or choose another socket path")]
+    NotASocket {
+        /// The offending path.
+        path: PathBuf,
+    },
+    /// Another process is listening on the socket path.
+    #[error("socket {path:?} is in use: another process accepts connections on it; stop that process or choose another socket path")]
+    SocketInUse {
+        /// The offending path.
+        path: PathBuf,
+    },
+    /// Another port of this switch already uses the name.
+    #[error("port name {name:?} is already used by {port}; give each port a unique name")]
+    DuplicateName {
+        /// The name.
+        name: String,
+        /// The port that has it.
+        port: PortId,
+    },
+    /// Another port of this switch already listens on the socket path.
+    #[error("socket {path:?} already belongs to {port} of this switch; remove that port first or choose another path")]
+    DuplicatePath {
+        /// The path.
+        path: PathBuf,
+        /// The port that listens on it.
+        port: PortId,
+    },
+    /// No port with this id exists.
+    #[error("{0} does not exist (never added, or already removed)")]
+    UnknownPort(PortId),
+    /// Creating, binding or listening on the port socket failed.
+    #[error(
+        "cannot listen on {path:?}: {source}; check that its directory exists and is writable"
+    )]
+    Listen {
+        /// The socket path.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// The event loop could not be set up.
+    #[error("cannot start the switch event loop: {0}; the process may be out of file descriptors or threads")]
+    Start(#[source] io::Error),
+    /// The switch was stopped (or its event loop died); the handle is unusable.
+    #[error("the switch is stopped; start a new one with Switch::start")]
+    Stopped,
+}
+
+/// Result type of the switch API.
+pub type Result<T, E = SwitchError> = std::result::Result<T, E>;

@@ -1,0 +1,405 @@
+//! The event-loop thread: owns the sockets and the [`SwitchCore`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::{self, Read};
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Duration;
+
+use mio::net::{UnixListener, UnixStream};
+use mio::{Events, Interest, Poll, Token};
+
+use super::conn::Conn;
+use super::listen::{self, FileId};
+use super::{Command, SwitchConfig};
+use crate::core::{PortId, SwitchCore};
+use crate::error::{Result, SwitchError};
+use crate::stats::{PortStats, SwitchStats};
+
+pub(crate) const WAKER: Token = Token(usize::MAX);
+/// Bytes read from one connection before giving the others a turn.
+pub(crate) const READ_BUDGET: usize = 256 << 10;
+/// Bytes moved from a port's queue into its write batch at a time.
+pub(crate) const WRITE_BATCH: usize = 256 << 10;
+
+fn listener_token(p: PortId) -> Token {
+    Token(p.as_u32() as usize * 2)
+}
+fn conn_token(p: PortId) -> Token {
+    Token(p.as_u32() as usize * 2 + 1)
+}
+
+struct PortIo {
+    path: PathBuf,
+    file_id: FileId,
+    listener: UnixListener,
+    conn: Option<Conn>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Close {
+    Eof,
+    IoError,
+    ProtocolError,
+    Replaced,
+    Removed,
+}
+
+pub(crate) struct EventLoop {
+    poll: Poll,
+    commands: Receiver<Command>,
+    core: SwitchCore,
+    ports: HashMap<PortId, PortIo>,
+    /// Ports that may have frames to write.
+    dirty: BTreeSet<PortId>,
+    /// Connections with unread data left after their read budget.
+    pending_read: Vec<PortId>,
+    read_buf: Vec<u8>,
+}
+
+impl EventLoop {
+    pub(crate) fn new(poll: Poll, commands: Receiver<Command>, config: &SwitchConfig) -> Self {
+        let mut core = SwitchCore::new(config.max_queue_bytes);
+        core.set_max_macs(config.max_macs);
+        EventLoop {
+            poll,
+            commands,
+            core,
+            ports: HashMap::new(),
+            dirty: BTreeSet::new(),
+            pending_read: Vec::new(),
+            read_buf: vec![0; 64 << 10],
+        }
+    }
+
+    /// Runs until a stop command or until every handle is gone.
+    pub(crate) fn run(mut self) {
+        let mut events = Events::with_capacity(256);
+        loop {
+            let timeout = (!self.pending_read.is_empty()).then_some(Duration::ZERO);
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                log::error!("switch event loop: poll failed, stopping: {e}");
+                break;
+            }
+            for ev in events.iter() {
+                let token = ev.token();
+                if token == WAKER {
+                    continue;
+                }
+                let port = PortId::from_raw((token.0 / 2) as u32);
+                if token.0 % 2 == 0 {
+                    self.accept_all(port);
+                } else {
+                    if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                        self.read(port);
+                    }
+                    if ev.is_writable() {
+                        self.dirty.insert(port);
+                    }
+                }
+            }
+            let mut pending = std::mem::take(&mut self.pending_read);
+            pending.sort_unstable();
+            pending.dedup();
+            for port in pending {
+                self.read(port);
+            }
+            if !self.handle_commands() {
+                break;
+            }
+            self.flush_dirty();
+        }
+        self.shutdown();
+    }
+
+    /// Returns false when the loop must stop.
+    fn handle_commands(&mut self) -> bool {
+        loop {
+            let cmd = match self.commands.try_recv() {
+                Ok(cmd) => cmd,
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => return false,
+            };
+            match cmd {
+                Command::AddPort { name, path, reply } => {
+                    let _ = reply.send(self.add_port(name, path));
+                }
+                Command::RemovePort { port, reply } => {
+                    let _ = reply.send(self.remove_port(port));
+                }
+                Command::Hold { port, reply } => {
+                    let _ = reply.send(self.hold(port));
+                }
+                Command::Release { port, reply } => {
+                    let res = self.known(port).map(|()| {
+                        self.core.release(port);
+                        self.dirty.insert(port);
+                    });
+                    let _ = reply.send(res);
+                }
+                Command::Stats { reply } => {
+                    let _ = reply.send(self.stats());
+                }
+                Command::Stop => return false,
+            }
+        }
+    }
+
+    fn known(&self, port: PortId) -> Result<()> {
+        if self.ports.contains_key(&port) {
+            Ok(())
+        } else {
+            Err(SwitchError::UnknownPort(port))
+        }
+    }
+
+    fn add_port(&mut self, name: String, path: PathBuf) -> Result<PortId> {
+        listen::check_path(&path)?;
+        if let Some(port) = self
+            .core
+            .port_ids()
+            .find(|&p| self.core.port(p).is_some_and(|v| v.name == name))
+        {
+            return Err(SwitchError::DuplicateName { name, port });
+        }
+        let existing = listen::file_id(&path);
+        if let Some((&port, _)) = self
+            .ports
+            .iter()
+            .find(|(_, io)| io.path == path || Some(io.file_id) == existing)
+        {
+            return Err(SwitchError::DuplicatePath { path, port });
+        }
+        let (mut listener, file_id) = listen::bind(&path)?;
+        let port = self.core.add_port(name);
+        if let Err(e) =
+            self.poll
+                .registry()
+                .register(&mut listener, listener_token(port), Interest::READABLE)
+        {
+            self.core.remove_port(port);
+            listen::unlink_if_same(&path, file_id);
+            return Err(SwitchError::Listen { path, source: e });
+        }
+        log::debug!("{port}: listening on {}", path.display());
+        self.ports.insert(
+            port,
+            PortIo {
+                path,
+                file_id,
+                listener,
+                conn: None,
+            },
+        );
+        Ok(port)
+    }
+
+    fn remove_port(&mut self, port: PortId) -> Result<()> {
+        self.known(port)?;
+        self.close_conn(port, Close::Removed);
+        let mut io = self.ports.remove(&port).expect("checked above");
+        let _ = self.poll.registry().deregister(&mut io.listener);
+        listen::unlink_if_same(&io.path, io.file_id);
+        self.core.remove_port(port);
+        Ok(())
+    }
+
+    fn hold(&mut self, port: PortId) -> Result<()> {
+        self.known(port)?;
+        self.core.hold(port);
+        // Take back frames of the current batch that were not started, so
+        // only a frame already partly written can still reach the client.
+        if let Some(conn) = self.ports.get_mut(&port).and_then(|io| io.conn.as_mut()) {
+            let unstarted = conn.out.take_unstarted();
+            self.core.requeue_front(port, unstarted);
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> SwitchStats {
+        let ports: Vec<PortStats> = self
+            .core
+            .port_ids()
+            .filter_map(|id| {
+                let v = self.core.port(id)?;
+                let io = self.ports.get(&id)?;
+                let (out_frames, out_bytes) = io
+                    .conn
+                    .as_ref()
+                    .map_or((0, 0), |c| (c.out.pending_frames(), c.out.pending_bytes()));
+                Some(PortStats {
+                    id,
+                    name: v.name.to_owned(),
+                    socket_path: io.path.clone(),
+                    connected: v.connected,
+                    holding: v.holding,
+                    queued_frames: (v.queued_frames + out_frames) as u64,
+                    queued_bytes: (v.queued_bytes + out_bytes) as u64,
+                    counters: v.counters,
+                })
+            })
+            .collect();
+        let queued_bytes = ports.iter().map(|p| p.queued_bytes).sum();
+        SwitchStats {
+            ports,
+            totals: self.core.totals(),
+            queued_bytes,
+        }
+    }
+
+    fn accept_all(&mut self, port: PortId) {
+        loop {
+            let Some(io) = self.ports.get_mut(&port) else {
+                return;
+            };
+            match io.listener.accept() {
+                Ok((stream, _)) => self.attach(port, stream),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    log::warn!("{port}: accept failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Makes `stream` the port's connection, replacing any previous one.
+    fn attach(&mut self, port: PortId, mut stream: UnixStream) {
+        self.close_conn(port, Close::Replaced);
+        let interest = Interest::READABLE | Interest::WRITABLE;
+        if let Err(e) = self
+            .poll
+            .registry()
+            .register(&mut stream, conn_token(port), interest)
+        {
+            log::warn!("{port}: cannot register new connection, dropping it: {e}");
+            self.core.client_disconnected(port);
+            return;
+        }
+        log::debug!("{port}: client connected");
+        self.ports
+            .get_mut(&port)
+            .expect("attach to existing port")
+            .conn = Some(Conn::new(stream));
+        self.core.client_connected(port);
+        self.dirty.insert(port);
+    }
+
+    fn close_conn(&mut self, port: PortId, why: Close) {
+        let Some(mut conn) = self.ports.get_mut(&port).and_then(|io| io.conn.take()) else {
+            return;
+        };
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        let unstarted = conn.out.take_unstarted();
+        if !conn.out.is_empty() {
+            self.core.record_drops(port, 1); // a partly written frame is lost
+        }
+        self.core.requeue_front(port, unstarted);
+        match why {
+            Close::Replaced | Close::Removed => {}
+            Close::ProtocolError => {
+                self.core.record_protocol_error(port);
+                self.core.client_disconnected(port);
+            }
+            Close::Eof | Close::IoError => self.core.client_disconnected(port),
+        }
+        log::debug!("{port}: connection closed ({why:?})");
+    }
+
+    /// Reads and switches frames from the port's connection.
+    fn read(&mut self, port: PortId) {
+        let Some(conn) = self.ports.get_mut(&port).and_then(|io| io.conn.as_mut()) else {
+            return;
+        };
+        let mut budget = READ_BUDGET;
+        let closed = loop {
+            let n = match conn.stream.read(&mut self.read_buf) {
+                Ok(0) => break Some(Close::Eof),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    log::debug!("{port}: read failed: {e}");
+                    break Some(Close::IoError);
+                }
+            };
+            conn.decoder.feed(&self.read_buf[..n]);
+            let bad = loop {
+                match conn.decoder.next_frame() {
+                    Ok(Some(frame)) => {
+                        let decision = self.core.receive(port, frame);
+                        self.dirty.extend(decision.targets());
+                    }
+                    Ok(None) => break false,
+                    Err(e) => {
+                        log::warn!("{port}: protocol error, closing the connection: {e}");
+                        break true;
+                    }
+                }
+            };
+            if bad {
+                break Some(Close::ProtocolError);
+            }
+            budget = budget.saturating_sub(n);
+            if budget == 0 {
+                self.pending_read.push(port);
+                break None;
+            }
+        };
+        if let Some(why) = closed {
+            self.close_conn(port, why);
+        }
+    }
+
+    fn flush_dirty(&mut self) {
+        while let Some(port) = self.dirty.pop_first() {
+            self.flush(port);
+        }
+    }
+
+    /// Writes as much of the port's queue as the socket takes without blocking.
+    fn flush(&mut self, port: PortId) {
+        let Some(conn) = self.ports.get_mut(&port).and_then(|io| io.conn.as_mut()) else {
+            return;
+        };
+        let failed = loop {
+            if conn.out.is_empty() {
+                while conn.out.pending_bytes() < WRITE_BATCH {
+                    let Some(frame) = self.core.pop_tx(port) else {
+                        break;
+                    };
+                    if conn.out.push(frame).is_err() {
+                        self.core.record_drops(port, 1);
+                    }
+                }
+                if conn.out.is_empty() {
+                    break false;
+                }
+            }
+            match conn.out.send(&conn.stream) {
+                Ok(n) => conn.out.advance(n, |f| self.core.record_tx(port, f.len())),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    log::debug!("{port}: write failed: {e}");
+                    break true;
+                }
+            }
+        };
+        if failed {
+            self.close_conn(port, Close::IoError);
+        }
+    }
+
+    fn shutdown(&mut self) {
+        let ports: Vec<PortId> = self.ports.keys().copied().collect();
+        for port in ports {
+            let _ = self.remove_port(port);
+        }
+        log::debug!("switch event loop stopped");
+    }
+}

@@ -1,0 +1,208 @@
+//! The running switch: an event-loop thread and the handle that controls it.
+//!
+//! [`Switch::start`] creates a `mio::Poll` and spawns one thread that owns
+//! every socket and the [`SwitchCore`](crate::core::SwitchCore). A
+//! [`SwitchHandle`] sends commands to it over a channel and wakes it with a
+//! `mio::Waker`; each command carries a reply channel, so every handle call
+//! returns once the loop has carried it out.
+//!
+//! All sockets are non-blocking and the loop never waits on a single client:
+//! a client that stops reading (a paused VM) only fills its own port's queue,
+//! up to [`SwitchConfig::max_queue_bytes`], after which frames for it are
+//! dropped and counted.
+
+mod conn;
+mod event_loop;
+mod listen;
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use mio::{Poll, Waker};
+
+use crate::core::{PortId, DEFAULT_MAX_MACS};
+use crate::error::{Result, SwitchError};
+use crate::stats::SwitchStats;
+use event_loop::{EventLoop, WAKER};
+
+/// Default bound of each port's tx queue: 16 MiB of frame bytes.
+pub const DEFAULT_MAX_QUEUE_BYTES: usize = 16 << 20;
+
+/// Tunables of a switch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwitchConfig {
+    /// Most frame bytes queued for one port; a frame that would exceed it is
+    /// dropped and counted in that port's `drops`. On top of it, up to one
+    /// write batch (256 KiB plus one frame) may be waiting in the port's
+    /// connection. Keep it well above 256 KiB: frames read from one client
+    /// in one go (up to 256 KiB) are queued before any is written.
+    pub max_queue_bytes: usize,
+    /// Most MAC addresses learned; unknown addresses beyond it are flooded.
+    pub max_macs: usize,
+}
+
+impl Default for SwitchConfig {
+    fn default() -> Self {
+        SwitchConfig {
+            max_queue_bytes: DEFAULT_MAX_QUEUE_BYTES,
+            max_macs: DEFAULT_MAX_MACS,
+        }
+    }
+}
+
+/// Entry point: starts switches.
+#[derive(Debug)]
+pub struct Switch;
+
+impl Switch {
+    /// Starts a switch with the default [`SwitchConfig`].
+    pub fn start() -> Result<SwitchHandle> {
+        Self::start_with(SwitchConfig::default())
+    }
+
+    /// Starts a switch: spawns its event-loop thread and returns a handle.
+    pub fn start_with(config: SwitchConfig) -> Result<SwitchHandle> {
+        let poll = Poll::new().map_err(SwitchError::Start)?;
+        let waker = Waker::new(poll.registry(), WAKER).map_err(SwitchError::Start)?;
+        let (commands, rx) = mpsc::channel();
+        let event_loop = EventLoop::new(poll, rx, &config);
+        let thread = std::thread::Builder::new()
+            .name("vmcsnap-switch".into())
+            .spawn(move || event_loop.run())
+            .map_err(SwitchError::Start)?;
+        let inner = Inner {
+            commands,
+            waker,
+            thread: Mutex::new(Some(thread)),
+        };
+        Ok(SwitchHandle {
+            inner: Arc::new(inner),
+        })
+    }
+}
+
+pub(crate) enum Command {
+    AddPort {
+        name: String,
+        path: PathBuf,
+        reply: Sender<Result<PortId>>,
+    },
+    RemovePort {
+        port: PortId,
+        reply: Sender<Result<()>>,
+    },
+    Hold {
+        port: PortId,
+        reply: Sender<Result<()>>,
+    },
+    Release {
+        port: PortId,
+        reply: Sender<Result<()>>,
+    },
+    Stats {
+        reply: Sender<SwitchStats>,
+    },
+    Stop,
+}
+
+struct Inner {
+    commands: Sender<Command>,
+    waker: Waker,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Inner {
+    fn stop(&self) {
+        // The lock is held until the join ends, so a concurrent stop() also
+        // returns only once the loop is gone.
+        let mut guard = self.thread.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(thread) = guard.take() else { return };
+        if self.commands.send(Command::Stop).is_ok() {
+            if let Err(e) = self.waker.wake() {
+                log::error!("cannot wake the switch event loop to stop it: {e}");
+                return; // joining could hang forever
+            }
+        }
+        if thread.join().is_err() {
+            log::error!("the switch event loop panicked");
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Controls a running switch. Cheap to clone; usable from any thread.
+///
+/// Dropping the last handle stops the switch like [`stop`](Self::stop).
+#[derive(Clone)]
+pub struct SwitchHandle {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SwitchHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SwitchHandle").finish_non_exhaustive()
+    }
+}
+
+impl SwitchHandle {
+    fn request<T>(&self, make: impl FnOnce(Sender<T>) -> Command) -> Result<T> {
+        let (reply, rx) = mpsc::channel();
+        self.inner
+            .commands
+            .send(make(reply))
+            .map_err(|_| SwitchError::Stopped)?;
+        self.inner.waker.wake().map_err(|_| SwitchError::Stopped)?;
+        rx.recv().map_err(|_| SwitchError::Stopped)
+    }
+
+    /// Adds a port listening on `socket_path` (mode 0600), for a QEMU
+    /// `-netdev stream,server=off,addr.type=unix,addr.path=...` client.
+    ///
+    /// A stale socket file at the path is removed first; anything else there
+    /// (a regular file, or a socket some process still accepts on) is an
+    /// error. Names must be unique within the switch.
+    pub fn add_port(&self, name: &str, socket_path: &Path) -> Result<PortId> {
+        let (name, path) = (name.to_owned(), socket_path.to_owned());
+        self.request(|reply| Command::AddPort { name, path, reply })?
+    }
+
+    /// Removes a port: closes its connection and listening socket, discards
+    /// its queue and unlinks its socket file.
+    pub fn remove_port(&self, port: PortId) -> Result<()> {
+        self.request(|reply| Command::RemovePort { port, reply })?
+    }
+
+    /// Holds a port: frames for it are queued (counted in `held`) and not
+    /// written until [`release`](Self::release). A frame already partly
+    /// written when the hold starts is completed, so the stream stays valid.
+    /// Holding a held port does nothing.
+    pub fn hold(&self, port: PortId) -> Result<()> {
+        self.request(|reply| Command::Hold { port, reply })?
+    }
+
+    /// Releases a held port: its queued frames are written in order. If no
+    /// client is connected at that moment, they are dropped and counted.
+    pub fn release(&self, port: PortId) -> Result<()> {
+        self.request(|reply| Command::Release { port, reply })?
+    }
+
+    /// Snapshot of every port's state and counters.
+    pub fn stats(&self) -> Result<SwitchStats> {
+        self.request(|reply| Command::Stats { reply })
+    }
+
+    /// Stops the switch: closes every connection and listening socket,
+    /// unlinks the socket files and joins the event-loop thread. Later calls
+    /// on any handle of this switch return [`SwitchError::Stopped`]. Calling
+    /// it again does nothing.
+    pub fn stop(&self) {
+        self.inner.stop();
+    }
+}

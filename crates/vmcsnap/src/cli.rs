@@ -1,0 +1,84 @@
+//! Command-line arguments.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// Hot snapshots and fast restore for clusters of QEMU/KVM virtual machines.
+#[derive(Debug, Parser)]
+#[command(name = "vmcsnap", version, about, long_about = None)]
+pub struct Cli {
+    /// The agent's run directory [default: $VMCSNAP_RUN_DIR, /run/vmcsnap for root,
+    /// else $XDG_RUNTIME_DIR/vmcsnap]
+    #[arg(long, global = true, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Boot the cluster described by SPEC (TOML, see docs/cluster-spec.md) and
+    /// return when every VM is ready; the cluster keeps running.
+    Up {
+        /// The cluster spec.
+        spec: PathBuf,
+        /// Print one JSON object {"cluster", "vms": [{name, pid, boot_ms, accel, ip, mac}]}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the VMs and the switch counters of the running cluster.
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a VM's serial console output.
+    Console {
+        /// The VM's name.
+        vm: String,
+        /// Print only the last BYTES bytes (0: everything).
+        #[arg(long, default_value_t = 0)]
+        bytes: u64,
+    },
+    /// Stop every VM of the cluster and remove its sockets, RAM files and disks.
+    Down {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Manage the per-host agent that owns the QEMU processes and the switch.
+    Agent {
+        #[command(subcommand)]
+        cmd: AgentCmd,
+    },
+    /// Build (or find in the cache) the guest kernel, initramfs and programs.
+    Guest {
+        #[command(subcommand)]
+        cmd: GuestCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentCmd {
+    /// Run the agent in the foreground.
+    Run {
+        /// Exit as soon as no cluster is up after a request.
+        #[arg(long)]
+        exit_when_idle: bool,
+    },
+    /// Start the agent in the background (if not running).
+    Start,
+    /// Stop the agent (refused while a cluster is up).
+    Stop,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GuestCmd {
+    /// Build the guest assets into the cache ($VMCSNAP_CACHE or ~/.cache/vmcsnap).
+    Build {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}

@@ -1,0 +1,100 @@
+//! `vmcsnap`: the command-line front end. It parses arguments, makes sure
+//! an agent is running, sends it one request and prints the answer; all
+//! the work happens in the libraries and the agent.
+
+mod cli;
+mod launch;
+mod output;
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use vmcsnap_agent::{AgentOptions, RunDir};
+use vmcsnap_control::{call, ConsoleResult, Request, StatusResult, UpResult};
+
+use cli::{AgentCmd, Cli, Command, GuestCmd};
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("vmcsnap: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let run_dir = RunDir::new(cli.run_dir.clone().unwrap_or_else(RunDir::default_root));
+    match cli.command {
+        Command::Up { spec, json } => up(&run_dir, &spec, json),
+        Command::Status { json } => {
+            let sock = run_dir.agent_socket();
+            let status: StatusResult = match request(&sock, &Request::Status) {
+                Ok(v) => serde_json::from_value(v)?,
+                Err(e) if launch::agent_absent(&e) => StatusResult {
+                    cluster: None,
+                    accel: None,
+                    agent_pid: 0,
+                    vms: vec![],
+                    switch: serde_json::Value::Null,
+                },
+                Err(e) => return Err(e),
+            };
+            output::status(&status, json)
+        }
+        Command::Console { vm, bytes } => {
+            let v = request(&run_dir.agent_socket(), &Request::Console { vm, tail_bytes: bytes })?;
+            let c: ConsoleResult = serde_json::from_value(v)?;
+            print!("{}", c.text);
+            Ok(())
+        }
+        Command::Down { json } => {
+            let v = request(&run_dir.agent_socket(), &Request::Down)?;
+            output::json_or(json, &v, || println!("cluster {} is down", v["cluster"].as_str().unwrap_or("?")))
+        }
+        Command::Agent { cmd } => match cmd {
+            AgentCmd::Run { exit_when_idle } => {
+                vmcsnap_agent::serve(AgentOptions { run_dir, exit_when_idle }).context("agent failed")
+            }
+            AgentCmd::Start => {
+                let pid = launch::ensure_agent(&run_dir, false)?;
+                println!("agent running, pid {pid}, socket {}", run_dir.agent_socket().display());
+                Ok(())
+            }
+            AgentCmd::Stop => {
+                request(&run_dir.agent_socket(), &Request::Shutdown)?;
+                println!("agent stopped");
+                Ok(())
+            }
+        },
+        Command::Guest { cmd: GuestCmd::Build { json } } => {
+            let t = Instant::now();
+            let root = vmcsnap_guest::default_cache_root();
+            let a = vmcsnap_guest::ensure_assets(&root, &mut |m| eprintln!("{m}"))?;
+            let v = serde_json::json!({
+                "dir": a.dir, "kernel": a.kernel, "initrd": a.initrd, "key": a.key,
+                "seconds": t.elapsed().as_secs_f64(),
+            });
+            output::json_or(json, &v, || {
+                println!("guest assets {} in {:.1} s: {}", a.key, t.elapsed().as_secs_f64(), a.dir.display())
+            })
+        }
+    }
+}
+
+fn up(run_dir: &RunDir, spec: &Path, json: bool) -> Result<()> {
+    let text = std::fs::read_to_string(spec).with_context(|| format!("cannot read spec {}", spec.display()))?;
+    let spec_path = std::fs::canonicalize(spec).unwrap_or_else(|_| spec.to_path_buf());
+    // Reject a bad spec here, before any agent or QEMU starts.
+    vmcsnap_spec::ClusterSpec::from_toml_str(&text, vmcsnap_guest::MIN_MEMORY_MIB)
+        .with_context(|| format!("{}", spec.display()))?;
+    launch::ensure_agent(run_dir, true)?;
+    let v = request(&run_dir.agent_socket(), &Request::Up { spec_path, spec_toml: text })?;
+    let up: UpResult = serde_json::from_value(v.clone())?;
+    output::json_or(json, &v, || output::up(&up))
+}
+
+fn request(sock: &Path, req: &Request) -> Result<serde_json::Value> {
+    Ok(call(sock, req, None, &mut |m| eprintln!("  {m}"))?)
+}

@@ -1,0 +1,80 @@
+//! Bad input: one clear error naming what is wrong, non-zero exit, nothing
+//! left running.
+
+mod common;
+
+use common::{cluster_lock, Env};
+
+fn expect_error(env: &Env, spec_text: &str, needle: &str) -> String {
+    let spec = env.write_spec(spec_text);
+    let out = env.vmcsnap(&["up", spec.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "up succeeded on bad input; stderr: {err}");
+    let first = err.lines().find(|l| l.starts_with("vmcsnap: error:")).unwrap_or_else(|| panic!("no error line: {err}"));
+    assert!(first.contains(needle), "error line {first:?} does not name {needle:?}");
+    env.assert_clean();
+    err
+}
+
+const VM: &str = "[[vm]]\nname = 'a'\nmemory_mib = 128\n";
+
+#[test]
+fn unknown_spec_field_is_named() {
+    let env = Env::new();
+    expect_error(&env, &format!("[cluster]\nname = 'c'\n{VM}colour = 'red'\n"), "colour");
+}
+
+#[test]
+fn duplicate_vm_name_is_named() {
+    let env = Env::new();
+    expect_error(&env, &format!("[cluster]\nname = 'c'\n{VM}{VM}"), "duplicate VM name \"a\"");
+}
+
+#[test]
+fn memory_below_guest_minimum_is_named() {
+    let env = Env::new();
+    let err = expect_error(&env, "[cluster]\nname = 'c'\n[[vm]]\nname = 'a'\nmemory_mib = 8\n", "memory_mib = 8");
+    assert!(err.contains(&format!("minimum of {} MiB", vmcsnap_guest::MIN_MEMORY_MIB)), "{err}");
+}
+
+#[test]
+fn missing_spec_file_is_named() {
+    let env = Env::new();
+    let out = env.vmcsnap(&["up", "/nonexistent/spec.toml"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/spec.toml"));
+}
+
+#[test]
+fn missing_qemu_binary_names_the_package() {
+    let _l = cluster_lock();
+    let mut env = Env::new();
+    env.extra_env.push(("VMCSNAP_QEMU".into(), "/nonexistent/qemu-system-x86_64".into()));
+    expect_error(&env, &format!("[cluster]\nname = 'c'\naccel = 'tcg'\n{VM}"), "apt-get install qemu-system-x86");
+}
+
+#[test]
+fn vm_that_never_gets_ready_reports_its_console_and_leaves_nothing() {
+    let _l = cluster_lock();
+    let env = Env::new();
+    // One second is less than the guest kernel needs to reach userspace
+    // under TCG, so the ready marker cannot appear in time.
+    let err = expect_error(
+        &env,
+        &format!("[cluster]\nname = 'c'\naccel = 'tcg'\nboot_timeout_s = 1\n{VM}"),
+        "did not reach its ready marker within 1 s",
+    );
+    assert!(err.contains("last console lines"), "{err}");
+}
+
+#[test]
+fn commands_without_a_cluster_say_so() {
+    let env = Env::new();
+    let out = env.vmcsnap(&["down"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no vmcsnap agent") || err.contains("no cluster is up"), "{err}");
+    let out = env.vmcsnap(&["status"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no cluster is up"));
+}

@@ -1,0 +1,173 @@
+//! Helpers shared by the end-to-end tests: run the real `vmcsnap` binary
+//! against real QEMU, each test in its own run directory.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Booting clusters is CPU-heavy under TCG on two cores: one test at a time.
+static CLUSTER_LOCK: Mutex<()> = Mutex::new(());
+
+/// Serialises the tests that boot VMs.
+pub fn cluster_lock() -> MutexGuard<'static, ()> {
+    CLUSTER_LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One test's run directory; tears down whatever is left on drop.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub extra_env: Vec<(String, String)>,
+}
+
+impl Env {
+    pub fn new() -> Env {
+        Env { dir: tempfile::Builder::new().prefix("vmcsnap-t").tempdir_in("/tmp").unwrap(), extra_env: vec![] }
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn write_spec(&self, text: &str) -> PathBuf {
+        let p = self.dir.path().join("spec.toml");
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    pub fn vmcsnap(&self, args: &[&str]) -> Output {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_vmcsnap"));
+        c.arg("--run-dir").arg(self.run_dir()).args(args);
+        for (k, v) in &self.extra_env {
+            c.env(k, v);
+        }
+        c.output().expect("run vmcsnap")
+    }
+
+    /// Runs vmcsnap and insists on success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.vmcsnap(args);
+        assert!(
+            out.status.success(),
+            "vmcsnap {args:?} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let text = self.ok(args);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad JSON from {args:?}: {e}: {text}"))
+    }
+
+    pub fn console(&self, vm: &str) -> String {
+        self.ok(&["console", vm])
+    }
+
+    /// Waits (bounded, never a pass/fail threshold) until `pred` holds on
+    /// the console of `vm`; returns the console text.
+    pub fn wait_console(&self, vm: &str, what: &str, limit: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let text = self.console(vm);
+            if pred(&text) {
+                return text;
+            }
+            if Instant::now() > deadline {
+                panic!("VM {vm}: gave up waiting for {what}; console:\n{}", tail(&text, 3000));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Files under /dev/shm that belong to this run directory's agent.
+    pub fn shm_files(&self) -> Vec<PathBuf> {
+        let tag = vmcsnap_agent::RunDir::new(self.run_dir()).tag();
+        std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!("vmcsnap-{tag}-")))
+            .collect()
+    }
+
+    /// Every socket file under the run directory.
+    pub fn sockets(&self) -> Vec<PathBuf> {
+        use std::os::unix::fs::FileTypeExt;
+        let mut found = vec![];
+        let mut stack = vec![self.run_dir().to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let ft = e.file_type().unwrap();
+                if ft.is_dir() {
+                    stack.push(e.path());
+                } else if ft.is_socket() {
+                    found.push(e.path());
+                }
+            }
+        }
+        found
+    }
+
+    /// Processes whose command line mentions this run directory (QEMUs and agent).
+    pub fn processes(&self) -> Vec<u32> {
+        let needle = self.run_dir().to_string_lossy().into_owned();
+        let mut pids = vec![];
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+            if pid == std::process::id() {
+                continue;
+            }
+            if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+                if String::from_utf8_lossy(&cmd).contains(&needle) {
+                    pids.push(pid);
+                }
+            }
+        }
+        pids
+    }
+
+    /// Asserts nothing of this run directory is left running or lying around.
+    pub fn assert_clean(&self) {
+        // The agent exits right after answering; give it a moment.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.processes().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(self.processes(), Vec::<u32>::new(), "processes left running");
+        assert_eq!(self.sockets(), Vec::<PathBuf>::new(), "sockets left behind");
+        assert_eq!(self.shm_files(), Vec::<PathBuf>::new(), "shared-memory files left behind");
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = self.vmcsnap(&["down"]);
+        for pid in self.processes() {
+            // SAFETY: kill(2) with a pid we just read; worst case ESRCH.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        for f in self.shm_files() {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+pub fn tail(s: &str, n: usize) -> &str {
+    let start = s.len().saturating_sub(n);
+    let start = (start..s.len()).find(|i| s.is_char_boundary(*i)).unwrap_or(s.len());
+    &s[start..]
+}
+
+/// The last `key=<number>` value on lines starting with `prefix`.
+pub fn last_field(console: &str, prefix: &str, key: &str) -> Option<u64> {
+    console.lines().rev().filter(|l| l.starts_with(prefix)).find_map(|l| field(l, key))
+}
+
+/// `key=<number>` in one line.
+pub fn field(line: &str, key: &str) -> Option<u64> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian packages vmcsnap needs, if any is missing.
+# qemu-system-x86: the hypervisor; qemu-utils: qemu-img; busybox-static,
+# cpio, e2fsprogs: guest initramfs and data disks; gcc: guest programs.
+set -euo pipefail
+pkgs=(qemu-system-x86 qemu-utils busybox-static cpio e2fsprogs gcc libc6-dev make)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "installing: ${missing[*]}" >&2
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null; then
+    echo "cargo not found: install Rust (rustup) first" >&2
+    exit 1
+fi
