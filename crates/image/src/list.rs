@@ -1,0 +1,156 @@
+//! Listing the snapshots under a directory, and removing what interrupted
+//! snapshots left behind.
+//!
+//! A snapshot directory is `<root>/<name>`. A writer works in
+//! `<root>/<name>.tmp-<pid>-<n>` and renames it at commit, so a temporary
+//! directory is never listed; a directory without a valid manifest whose
+//! files have the sizes it names is listed as invalid.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::error::ReadError;
+use crate::format::FileKind;
+use crate::manifest::Manifest;
+
+/// What separates a snapshot name from the writer's pid in a temporary
+/// directory name.
+pub const TEMP_MARKER: &str = ".tmp-";
+
+/// Why listing or cleaning failed.
+#[derive(Debug, Error)]
+pub enum ListError {
+    /// The root could not be read, or a stale directory not removed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+/// One entry of [`list_snapshots`].
+#[derive(Debug)]
+pub struct SnapshotEntry {
+    /// Directory name.
+    pub name: String,
+    /// Directory path.
+    pub path: PathBuf,
+    /// Whether it is a committed, intact-looking snapshot.
+    pub status: Result<Box<Manifest>, ReadError>,
+}
+
+impl SnapshotEntry {
+    /// True if the snapshot's manifest is valid and its files have the
+    /// sizes the manifest names. (Use [`crate::Image::verify`] for a full check.)
+    pub fn is_valid(&self) -> bool {
+        self.status.is_ok()
+    }
+}
+
+/// If `name` is a writer's temporary directory, the writer's pid.
+pub fn temp_dir_pid(name: &str) -> Option<Option<u32>> {
+    let (_, rest) = name.rsplit_once(TEMP_MARKER)?;
+    Some(rest.split('-').next().and_then(|p| p.parse().ok()))
+}
+
+/// Checks that `dir` holds a committed snapshot: a valid manifest and data
+/// files of the sizes it names. Cheap (reads only the manifest).
+pub fn check_committed(dir: &Path) -> Result<Manifest, ReadError> {
+    let (_, m) = Manifest::load(&dir.join(FileKind::Manifest.default_name()))?;
+    for (_, f) in m.files.all() {
+        let path = dir.join(&f.name);
+        let found = fs::metadata(&path)
+            .map_err(|e| ReadError::io(&path, e))?
+            .len();
+        if found < f.size {
+            return Err(ReadError::Truncated {
+                file: path,
+                expected: f.size,
+                found,
+            });
+        }
+        if found > f.size {
+            return Err(ReadError::corrupt(
+                path,
+                format!("{found} bytes, the manifest says {}", f.size),
+            ));
+        }
+    }
+    Ok(m)
+}
+
+/// Lists the snapshot directories under `root`, sorted by name. Temporary
+/// directories of writers (finished or not), hidden entries and plain
+/// files are skipped.
+pub fn list_snapshots(root: &Path) -> Result<Vec<SnapshotEntry>, ListError> {
+    let rd = fs::read_dir(root).map_err(|e| ListError::Io {
+        path: root.into(),
+        source: e,
+    })?;
+    let mut out = Vec::new();
+    for ent in rd {
+        let ent = ent.map_err(|e| ListError::Io {
+            path: root.into(),
+            source: e,
+        })?;
+        let Ok(name) = ent.file_name().into_string() else {
+            continue;
+        };
+        if name.starts_with('.') || temp_dir_pid(&name).is_some() {
+            continue;
+        }
+        let path = ent.path();
+        if !path.is_dir() {
+            continue;
+        }
+        let status = check_committed(&path).map(Box::new);
+        out.push(SnapshotEntry { name, path, status });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Removes the temporary directories under `root` whose writer process
+/// is no longer running (or whose name carries no pid). Returns what was
+/// removed. A running writer's directory is left alone.
+pub fn cleanup_stale(root: &Path) -> Result<Vec<PathBuf>, ListError> {
+    let rd = fs::read_dir(root).map_err(|e| ListError::Io {
+        path: root.into(),
+        source: e,
+    })?;
+    let mut removed = Vec::new();
+    for ent in rd {
+        let ent = ent.map_err(|e| ListError::Io {
+            path: root.into(),
+            source: e,
+        })?;
+        let Ok(name) = ent.file_name().into_string() else {
+            continue;
+        };
+        let Some(pid) = temp_dir_pid(&name) else {
+            continue;
+        };
+        let alive = pid.is_some_and(|p| Path::new("/proc").join(p.to_string()).exists());
+        if alive {
+            continue;
+        }
+        let path = ent.path();
+        let r = if path.is_dir() {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+        match r {
+            Ok(()) => removed.push(path),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(ListError::Io { path, source: e }),
+        }
+    }
+    removed.sort();
+    Ok(removed)
+}

@@ -1,0 +1,545 @@
+//! The streaming writer ([`ImageWriter`]).
+//!
+//! Pages are appended to `memory.img` in arrival order, grouped into blocks
+//! of up to `pages_per_block` pages and written with one `writev` per
+//! block; all-zero pages only set a bit. Memory use is bounded: one block
+//! buffer, the index (12 bytes per guest page), the zero bitmaps (1 bit per
+//! guest page) and the traces (8 bytes per entry); the last three go to
+//! disk at [`ImageWriter::commit`].
+//!
+//! Everything is written under a temporary directory next to the final
+//! one (`<name>.tmp-<pid>-<n>`); `commit` fsyncs every file, writes the
+//! manifest last, fsyncs the directory, renames it to its final name and
+//! fsyncs the parent. A snapshot that was not committed has no final name,
+//! and dropping an uncommitted writer removes its temporary directory.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use thiserror::Error;
+
+mod commit;
+
+use crate::fileio::{new_image_id, write_all_vectored, write_body_file};
+use crate::format::{
+    is_zero, pages_for, valid_page_size, BlockHeader, FileHeader, FileKind, PageKey,
+    BLOCK_ENTRY_LEN, BLOCK_HEADER_LEN, COMPRESSION_NONE, DEFAULT_PAGES_PER_BLOCK, FILE_HEADER_LEN,
+    MAX_BLOCK_PAYLOAD, MAX_DEVICE_STATE_LEN, MAX_NAME_LEN, MAX_PAGES_PER_BLOCK, MAX_RAM_BLOCKS,
+    MAX_TRACE_SECTIONS,
+};
+use crate::index::{BlockInfo, IndexEntry, ZeroBitmap};
+use crate::list::TEMP_MARKER;
+use crate::manifest::{is_plain_name, DiskRef, Manifest, Metrics, QemuInfo, RamBlock, VmInfo};
+use crate::trace::{valid_section_name, TraceSection, TRACE_FAFL};
+
+/// Why writing a snapshot failed.
+#[derive(Debug, Error)]
+pub enum WriteError {
+    /// A file system operation failed; the snapshot is not committed.
+    #[error("{path}: {source}; the snapshot was not committed (check free space and permissions)")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// The metadata or options are unusable.
+    #[error("invalid snapshot metadata: {0}")]
+    InvalidMeta(String),
+    /// The final directory already exists.
+    #[error("{0} already exists; choose another snapshot name or remove the old snapshot")]
+    Exists(PathBuf),
+    /// A page names a RAM block the metadata does not list.
+    #[error("RAM block {0} is not in the snapshot metadata")]
+    UnknownRamBlock(u32),
+    /// A page number is past the end of its RAM block.
+    #[error("page {page} is past the end of RAM block {ram_block} ({pages} pages)")]
+    PageOutOfRange {
+        /// RAM block.
+        ram_block: u32,
+        /// Page.
+        page: u32,
+        /// Pages in the RAM block.
+        pages: u32,
+    },
+    /// Page data of the wrong length.
+    #[error("page data is {found} bytes, the page size is {expected}")]
+    PageSize {
+        /// The page size.
+        expected: usize,
+        /// The length given.
+        found: usize,
+    },
+    /// A page was given twice (each page must arrive exactly once).
+    #[error("page {}:{} was given twice; each page must be written exactly once", .0.ram_block, .0.page)]
+    DuplicatePage(PageKey),
+    /// `commit` with pages that were never given.
+    #[error("{missing} guest pages were never written (first: {}:{}); the stream was incomplete", first.ram_block, first.page)]
+    Incomplete {
+        /// How many pages are missing.
+        missing: u64,
+        /// The first missing page.
+        first: PageKey,
+    },
+    /// `commit` before `set_device_state`.
+    #[error("no device state was set; a snapshot needs one")]
+    MissingDeviceState,
+    /// A bad device state or second call.
+    #[error("device state: {0}")]
+    DeviceState(String),
+    /// A bad trace section or entry.
+    #[error("trace: {0}")]
+    Trace(String),
+    /// An earlier I/O error left the writer unusable.
+    #[error("an earlier write failed; this snapshot cannot be committed (drop the writer)")]
+    Poisoned,
+}
+
+/// What a snapshot is of; goes into the manifest.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ImageMeta {
+    /// The VM.
+    pub vm: VmInfo,
+    /// The QEMU that produced the state.
+    pub qemu: QemuInfo,
+    /// Guest page size (4096 for x86).
+    pub page_size: u32,
+    /// Guest RAM blocks; page keys refer to them by position.
+    pub ram_blocks: Vec<RamBlock>,
+    /// Disks frozen with the snapshot.
+    pub disks: Vec<DiskRef>,
+    /// What the device-state blob is.
+    pub device_state_format: String,
+    /// Free-form labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Writer tuning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriterOptions {
+    /// Most pages per memory-image block (default 64).
+    pub pages_per_block: u16,
+    /// Refuse to commit unless every guest page was given (default true).
+    pub require_complete: bool,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            pages_per_block: DEFAULT_PAGES_PER_BLOCK,
+            require_complete: true,
+        }
+    }
+}
+
+/// A committed snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Committed {
+    /// Its directory.
+    pub path: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+}
+
+static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Writes one snapshot; see the module documentation.
+#[derive(Debug)]
+pub struct ImageWriter {
+    final_dir: PathBuf,
+    tmp_dir: PathBuf,
+    meta: ImageMeta,
+    opts: WriterOptions,
+    image_id: [u8; 16],
+    page_size: usize,
+    ram_pages: Vec<u32>,
+    mem: Option<File>,
+    mem_len: u64,
+    cur_keys: Vec<(PageKey, u32)>,
+    cur_payload: Vec<u8>,
+    list_buf: Vec<u8>,
+    blocks: Vec<BlockInfo>,
+    index: Vec<Vec<IndexEntry>>,
+    zero: Vec<ZeroBitmap>,
+    traces: Vec<TraceSection>,
+    device_len: Option<u64>,
+    metrics: Metrics,
+    pages_stored: u64,
+    poisoned: bool,
+    committed: bool,
+}
+
+impl ImageWriter {
+    /// Starts a snapshot that [`commit`](Self::commit) will make `final_dir`.
+    pub fn create(final_dir: &Path, meta: ImageMeta) -> Result<Self, WriteError> {
+        Self::create_with(final_dir, meta, WriterOptions::default())
+    }
+
+    /// [`create`](Self::create) with options.
+    pub fn create_with(
+        final_dir: &Path,
+        meta: ImageMeta,
+        opts: WriterOptions,
+    ) -> Result<Self, WriteError> {
+        let invalid = |m: String| Err(WriteError::InvalidMeta(m));
+        let name = final_dir.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if !is_plain_name(name) || name.starts_with('.') || name.contains(TEMP_MARKER) {
+            return invalid(format!("snapshot directory name {name:?} must be a plain name, not hidden, without {TEMP_MARKER:?}"));
+        }
+        if !valid_page_size(meta.page_size) {
+            return invalid(format!(
+                "page size {} is not a power of two in 4096..=65536",
+                meta.page_size
+            ));
+        }
+        let ppb = opts.pages_per_block;
+        if ppb == 0
+            || ppb > MAX_PAGES_PER_BLOCK
+            || u64::from(ppb) * u64::from(meta.page_size) > MAX_BLOCK_PAYLOAD
+        {
+            return invalid(format!("pages_per_block {ppb} is out of range"));
+        }
+        if meta.ram_blocks.len() > MAX_RAM_BLOCKS {
+            return invalid(format!(
+                "{} RAM blocks (at most {MAX_RAM_BLOCKS})",
+                meta.ram_blocks.len()
+            ));
+        }
+        let mut ram_pages = Vec::with_capacity(meta.ram_blocks.len());
+        for (i, rb) in meta.ram_blocks.iter().enumerate() {
+            if rb.name.is_empty()
+                || rb.name.len() > MAX_NAME_LEN
+                || meta.ram_blocks[..i].iter().any(|o| o.name == rb.name)
+            {
+                return invalid(format!(
+                    "RAM block name {:?} is empty, too long or repeated",
+                    rb.name
+                ));
+            }
+            match pages_for(rb.used_length, meta.page_size) {
+                Some(p) => ram_pages.push(p),
+                None => return invalid(format!("RAM block {:?} is too large", rb.name)),
+            }
+        }
+        // The index and bitmaps are the writer's only per-page memory: 12
+        // bytes and 1 bit per guest page. Fail cleanly, not by aborting.
+        let mut index = Vec::new();
+        let mut zero = Vec::new();
+        for &p in &ram_pages {
+            let mut v = Vec::new();
+            if v.try_reserve_exact(p as usize).is_err() {
+                return invalid(format!("cannot allocate the page index for {p} pages"));
+            }
+            v.resize(p as usize, IndexEntry::NONE);
+            index.push(v);
+            zero.push(ZeroBitmap::new(p));
+        }
+        if final_dir.exists() {
+            return Err(WriteError::Exists(final_dir.into()));
+        }
+        let seq = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
+        let tmp_dir =
+            final_dir.with_file_name(format!("{name}{TEMP_MARKER}{}-{seq}", std::process::id()));
+        fs::create_dir(&tmp_dir).map_err(|e| WriteError::Io {
+            path: tmp_dir.clone(),
+            source: e,
+        })?;
+        let mut w = ImageWriter {
+            final_dir: final_dir.into(),
+            tmp_dir,
+            image_id: new_image_id(),
+            page_size: meta.page_size as usize,
+            index,
+            zero,
+            ram_pages,
+            meta,
+            opts,
+            mem: None,
+            mem_len: 0,
+            cur_keys: Vec::with_capacity(usize::from(ppb)),
+            cur_payload: Vec::with_capacity(usize::from(ppb) * 4096),
+            list_buf: Vec::new(),
+            blocks: Vec::new(),
+            traces: Vec::new(),
+            device_len: None,
+            metrics: Metrics::default(),
+            pages_stored: 0,
+            poisoned: false,
+            committed: false,
+        };
+        let path = w.file_path(FileKind::Memory);
+        let file = File::options()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| WriteError::Io { path, source: e })?;
+        let mut mem = file;
+        w.io(FileKind::Memory, |_| mem.write_all(&[0u8; FILE_HEADER_LEN]))?;
+        w.mem = Some(mem);
+        w.mem_len = FILE_HEADER_LEN as u64;
+        Ok(w)
+    }
+
+    /// The temporary directory being written.
+    pub fn temp_path(&self) -> &Path {
+        &self.tmp_dir
+    }
+
+    /// The RAM block number of `name`.
+    pub fn ram_block_id(&self, name: &str) -> Option<u32> {
+        self.meta
+            .ram_blocks
+            .iter()
+            .position(|rb| rb.name == name)
+            .map(|i| i as u32)
+    }
+
+    /// Pages stored in the memory image so far.
+    pub fn pages_stored(&self) -> u64 {
+        self.pages_stored
+    }
+
+    /// Zero pages recorded so far.
+    pub fn pages_zero(&self) -> u64 {
+        self.zero.iter().map(ZeroBitmap::count).sum()
+    }
+
+    /// Bytes appended to the memory image so far.
+    pub fn memory_bytes(&self) -> u64 {
+        self.mem_len
+    }
+
+    /// The metrics that go into the manifest.
+    pub fn metrics_mut(&mut self) -> &mut Metrics {
+        &mut self.metrics
+    }
+
+    fn file_path(&self, kind: FileKind) -> PathBuf {
+        self.tmp_dir.join(kind.default_name())
+    }
+
+    /// Runs a file operation; an error poisons the writer.
+    fn io<T>(
+        &mut self,
+        kind: FileKind,
+        f: impl FnOnce(&mut Self) -> io::Result<T>,
+    ) -> Result<T, WriteError> {
+        f(self).map_err(|source| {
+            self.poisoned = true;
+            WriteError::Io {
+                path: self.file_path(kind),
+                source,
+            }
+        })
+    }
+
+    fn check_key(&self, key: PageKey) -> Result<(), WriteError> {
+        let pages = *self
+            .ram_pages
+            .get(key.ram_block as usize)
+            .ok_or(WriteError::UnknownRamBlock(key.ram_block))?;
+        if key.page >= pages {
+            return Err(WriteError::PageOutOfRange {
+                ram_block: key.ram_block,
+                page: key.page,
+                pages,
+            });
+        }
+        let (r, p) = (key.ram_block as usize, key.page as usize);
+        if self.index[r][p].is_stored() || self.zero[r].is_zero(key.page) {
+            return Err(WriteError::DuplicatePage(key));
+        }
+        Ok(())
+    }
+
+    /// Adds a page. An all-zero page only sets its bit in the zero bitmap;
+    /// any other page is appended to the current block. Each page may be
+    /// given once ([`WriteError::DuplicatePage`] otherwise).
+    pub fn add_page(&mut self, ram_block: u32, page: u32, data: &[u8]) -> Result<(), WriteError> {
+        if self.poisoned {
+            return Err(WriteError::Poisoned);
+        }
+        if data.len() != self.page_size {
+            return Err(WriteError::PageSize {
+                expected: self.page_size,
+                found: data.len(),
+            });
+        }
+        let key = PageKey { ram_block, page };
+        self.check_key(key)?;
+        if is_zero(data) {
+            self.zero[ram_block as usize].set(page);
+            return Ok(());
+        }
+        let crc = crc32c::crc32c(data);
+        let slot = self.cur_keys.len() as u16;
+        self.index[ram_block as usize][page as usize] = IndexEntry {
+            block: self.blocks.len() as u32,
+            slot,
+            flags: 0,
+            crc,
+        };
+        self.cur_keys.push((key, crc));
+        self.cur_payload.extend_from_slice(data);
+        self.pages_stored += 1;
+        if self.cur_keys.len() >= usize::from(self.opts.pages_per_block) {
+            self.flush_block()?;
+        }
+        Ok(())
+    }
+
+    /// Records a zero page (QEMU's stream marks them without data).
+    pub fn add_zero_page(&mut self, ram_block: u32, page: u32) -> Result<(), WriteError> {
+        if self.poisoned {
+            return Err(WriteError::Poisoned);
+        }
+        self.check_key(PageKey { ram_block, page })?;
+        self.zero[ram_block as usize].set(page);
+        Ok(())
+    }
+
+    /// Ends the current block early (the next page starts a new one), so a
+    /// caller can keep pages that belong together in one block.
+    pub fn flush_block(&mut self) -> Result<(), WriteError> {
+        if self.cur_keys.is_empty() {
+            return Ok(());
+        }
+        if self.poisoned {
+            return Err(WriteError::Poisoned);
+        }
+        let page_count = self.cur_keys.len() as u16;
+        self.list_buf.clear();
+        for (k, crc) in &self.cur_keys {
+            self.list_buf.extend_from_slice(&k.ram_block.to_le_bytes());
+            self.list_buf.extend_from_slice(&k.page.to_le_bytes());
+            self.list_buf.extend_from_slice(&crc.to_le_bytes());
+        }
+        let mut h = BlockHeader {
+            seq: self.blocks.len() as u32,
+            page_count,
+            compression: COMPRESSION_NONE,
+            flags: 0,
+            payload_len: self.cur_payload.len() as u32,
+            raw_len: self.cur_payload.len() as u32,
+            crc: 0,
+        };
+        let enc = h.encode();
+        let mut crc = crc32c::crc32c(&enc[..BLOCK_HEADER_LEN - 4]);
+        crc = crc32c::crc32c_append(crc, &self.list_buf);
+        h.crc = crc32c::crc32c_append(crc, &self.cur_payload);
+        let stored_len = (BLOCK_HEADER_LEN + self.list_buf.len() + self.cur_payload.len()) as u32;
+        debug_assert_eq!(
+            self.list_buf.len(),
+            usize::from(page_count) * BLOCK_ENTRY_LEN
+        );
+        // One writev per block: no copy into a user-space buffer.
+        self.io(FileKind::Memory, |w| {
+            let mem = w
+                .mem
+                .as_mut()
+                .ok_or_else(|| io::Error::other("memory image closed"))?;
+            write_all_vectored(mem, &[&h.encode(), &w.list_buf, &w.cur_payload])
+        })?;
+        self.blocks.push(BlockInfo {
+            offset: self.mem_len,
+            stored_len,
+            page_count,
+            compression: COMPRESSION_NONE,
+            flags: 0,
+        });
+        self.mem_len += u64::from(stored_len);
+        self.cur_keys.clear();
+        self.cur_payload.clear();
+        Ok(())
+    }
+
+    /// Writes the device-state blob (once).
+    pub fn set_device_state(&mut self, data: &[u8]) -> Result<(), WriteError> {
+        if self.poisoned {
+            return Err(WriteError::Poisoned);
+        }
+        if self.device_len.is_some() {
+            return Err(WriteError::DeviceState("set twice".into()));
+        }
+        if data.len() as u64 > MAX_DEVICE_STATE_LEN {
+            return Err(WriteError::DeviceState(format!(
+                "{} bytes is more than the {MAX_DEVICE_STATE_LEN} limit",
+                data.len()
+            )));
+        }
+        let path = self.file_path(FileKind::Device);
+        let header = FileHeader::new(self.image_id);
+        let len = self.io(FileKind::Device, |_| {
+            write_body_file(&path, FileKind::Device, header, |w| w.write_all(data))
+        })?;
+        self.device_len = Some(len);
+        Ok(())
+    }
+
+    fn check_trace_key(&self, key: PageKey) -> Result<(), WriteError> {
+        match self.ram_pages.get(key.ram_block as usize) {
+            Some(&pages) if key.page < pages => Ok(()),
+            _ => Err(WriteError::Trace(format!(
+                "page {}:{} does not exist",
+                key.ram_block, key.page
+            ))),
+        }
+    }
+
+    /// Appends a page to the FAFL trace (pages the guest wrote during the
+    /// snapshot, in order).
+    pub fn trace_push(&mut self, key: PageKey) -> Result<(), WriteError> {
+        self.check_trace_key(key)?;
+        if let Some(s) = self.traces.iter_mut().find(|s| s.name == TRACE_FAFL) {
+            s.entries.push(key);
+        } else {
+            self.add_trace_section(TRACE_FAFL, vec![key])?;
+        }
+        Ok(())
+    }
+
+    /// Adds a whole named trace section.
+    pub fn add_trace_section(
+        &mut self,
+        name: &str,
+        entries: Vec<PageKey>,
+    ) -> Result<(), WriteError> {
+        if !valid_section_name(name) {
+            return Err(WriteError::Trace(format!("bad section name {name:?}")));
+        }
+        if self.traces.iter().any(|s| s.name == name) {
+            return Err(WriteError::Trace(format!(
+                "section {name:?} already exists"
+            )));
+        }
+        if self.traces.len() >= MAX_TRACE_SECTIONS as usize {
+            return Err(WriteError::Trace(format!(
+                "at most {MAX_TRACE_SECTIONS} sections"
+            )));
+        }
+        for &k in &entries {
+            self.check_trace_key(k)?;
+        }
+        self.traces.push(TraceSection {
+            name: name.into(),
+            entries,
+        });
+        Ok(())
+    }
+
+    /// Discards the snapshot (same as dropping the writer).
+    pub fn abort(self) {}
+}
+
+impl Drop for ImageWriter {
+    fn drop(&mut self) {
+        if !self.committed {
+            // Best effort: a crash leaves the directory behind, and
+            // `cleanup_stale` removes it later.
+            let _ = fs::remove_dir_all(&self.tmp_dir);
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! [`ImageWriter::commit`]: finish every file, write the manifest, and
+//! rename the temporary directory into place (see `docs/image-format.md`,
+//! "Commit protocol").
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::{Committed, ImageWriter, WriteError};
+use crate::fileio::{sync_dir, write_body_file};
+use crate::format::{FileHeader, FileKind, PageKey, FILE_HEADER_LEN};
+use crate::index::{encode_bitmaps, encode_index};
+use crate::manifest::{FileRef, Files, Manifest};
+use crate::trace::{encode_trace, TRACE_FAFL};
+
+impl ImageWriter {
+    /// Finishes every file, writes the manifest, and atomically renames the
+    /// temporary directory to its final name (see the module docs).
+    pub fn commit(mut self) -> Result<Committed, WriteError> {
+        if self.poisoned {
+            return Err(WriteError::Poisoned);
+        }
+        let Some(device_len) = self.device_len else {
+            return Err(WriteError::MissingDeviceState);
+        };
+        if self.opts.require_complete {
+            self.check_complete()?;
+        }
+        self.flush_block()?;
+        let mut header = FileHeader::new(self.image_id);
+        header.body_len = self.mem_len - FILE_HEADER_LEN as u64;
+        header.count = self.blocks.len() as u32;
+        header.page_size = self.page_size as u32;
+        let mem_len = self.mem_len;
+        self.io(FileKind::Memory, |w| {
+            let file = w
+                .mem
+                .take()
+                .ok_or_else(|| io::Error::other("memory image closed"))?;
+            file.write_all_at(&header.encode(FileKind::Memory), 0)?;
+            file.sync_all()
+        })?;
+        header.body_len = 0;
+        let index_len = self.io(FileKind::Index, |w| {
+            write_body_file(
+                &w.file_path(FileKind::Index),
+                FileKind::Index,
+                header.clone(),
+                |out| encode_index(&w.blocks, &w.index, out),
+            )
+        })?;
+        header.page_size = 0;
+        header.count = self.ram_pages.len() as u32;
+        let zero_len = self.io(FileKind::Zero, |w| {
+            write_body_file(
+                &w.file_path(FileKind::Zero),
+                FileKind::Zero,
+                header.clone(),
+                |out| encode_bitmaps(&w.zero, out),
+            )
+        })?;
+        header.count = self.traces.len() as u32;
+        let trace_len = self.io(FileKind::Trace, |w| {
+            write_body_file(
+                &w.file_path(FileKind::Trace),
+                FileKind::Trace,
+                header.clone(),
+                |out| encode_trace(&w.traces, out),
+            )
+        })?;
+        let manifest = self.manifest(Files {
+            memory: file_ref(FileKind::Memory, mem_len),
+            index: file_ref(FileKind::Index, index_len),
+            zero: file_ref(FileKind::Zero, zero_len),
+            device: file_ref(FileKind::Device, device_len),
+            trace: file_ref(FileKind::Trace, trace_len),
+        });
+        let bytes = manifest.encode();
+        self.io(FileKind::Manifest, |w| {
+            let mut f = File::options()
+                .write(true)
+                .create_new(true)
+                .open(w.file_path(FileKind::Manifest))?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            sync_dir(&w.tmp_dir)
+        })?;
+        if self.final_dir.exists() {
+            return Err(WriteError::Exists(self.final_dir.clone()));
+        }
+        // rename(2) replaces an empty directory but fails on a non-empty
+        // one, so a committed snapshot is never clobbered.
+        let final_dir = self.final_dir.clone();
+        fs::rename(&self.tmp_dir, &final_dir).map_err(|e| WriteError::Io {
+            path: final_dir.clone(),
+            source: e,
+        })?;
+        self.committed = true;
+        let parent = match final_dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        sync_dir(&parent).map_err(|e| WriteError::Io {
+            path: parent,
+            source: e,
+        })?;
+        Ok(Committed {
+            path: final_dir,
+            manifest,
+        })
+    }
+
+    fn check_complete(&self) -> Result<(), WriteError> {
+        let mut missing = 0u64;
+        let mut first = None;
+        for (r, entries) in self.index.iter().enumerate() {
+            for (p, e) in entries.iter().enumerate() {
+                if !e.is_stored() && !self.zero[r].is_zero(p as u32) {
+                    missing += 1;
+                    first.get_or_insert(PageKey {
+                        ram_block: r as u32,
+                        page: p as u32,
+                    });
+                }
+            }
+        }
+        match first {
+            Some(first) => Err(WriteError::Incomplete { missing, first }),
+            None => Ok(()),
+        }
+    }
+
+    fn manifest(&self, files: Files) -> Manifest {
+        let mut metrics = self.metrics.clone();
+        let zero = self.pages_zero();
+        metrics.pages_total = Some(self.pages_stored + zero);
+        metrics.pages_zero = Some(zero);
+        metrics.bytes_written = Some(files.all().iter().map(|(_, f)| f.size).sum());
+        if metrics.pages_guest_written.is_none() {
+            let fafl = self.traces.iter().find(|s| s.name == TRACE_FAFL);
+            metrics.pages_guest_written = Some(fafl.map_or(0, |s| s.entries.len() as u64));
+        }
+        let created_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Manifest {
+            image_id: self.image_id.iter().map(|b| format!("{b:02x}")).collect(),
+            created_unix_ms,
+            vm: self.meta.vm.clone(),
+            qemu: self.meta.qemu.clone(),
+            page_size: self.page_size as u32,
+            pages_per_block: self.opts.pages_per_block,
+            blocks: self.blocks.len() as u32,
+            ram_blocks: self.meta.ram_blocks.clone(),
+            disks: self.meta.disks.clone(),
+            device_state_format: self.meta.device_state_format.clone(),
+            files,
+            metrics,
+            labels: self.meta.labels.clone(),
+        }
+    }
+}
+
+fn file_ref(kind: FileKind, size: u64) -> FileRef {
+    FileRef {
+        name: kind.default_name().into(),
+        size,
+    }
+}
