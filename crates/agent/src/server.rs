@@ -58,8 +58,8 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
                 continue;
             }
         };
-        let stop = handle(stream, run, &mut cluster);
-        if stop || (opts.exit_when_idle && cluster.is_none()) {
+        let (stop, changes_state) = handle(stream, run, &mut cluster);
+        if stop || (opts.exit_when_idle && changes_state && cluster.is_none()) {
             break;
         }
     }
@@ -72,20 +72,23 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// Serves one connection; returns true if the agent should stop.
-fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>) -> bool {
+/// Serves one connection; returns whether the agent should stop, and
+/// whether the request was one that starts or ends a cluster (an agent
+/// started on demand exits when such a request leaves no cluster up).
+fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>) -> (bool, bool) {
     let mut reader = BufReader::new(match stream.try_clone() {
         Ok(s) => s,
-        Err(_) => return false,
+        Err(_) => return (false, false),
     });
     let mut out = stream;
     let request = match read_request(&mut reader) {
         Ok(r) => r,
         Err(e) => {
             let _ = write_reply(&mut out, &Reply::Failed { error: e.to_string() });
-            return false;
+            return (false, false);
         }
     };
+    let changes_state = matches!(request, Request::Up { .. } | Request::Down);
     let mut stop = false;
     let result = {
         let mut progress = |m: &str| {
@@ -101,7 +104,7 @@ fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>) -> bo
         }
     };
     let _ = write_reply(&mut out, &reply);
-    stop
+    (stop, changes_state)
 }
 
 fn dispatch(

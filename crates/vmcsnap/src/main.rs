@@ -19,9 +19,25 @@ use cli::{AgentCmd, Cli, Command, GuestCmd};
 fn main() {
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
-        eprintln!("vmcsnap: error: {e:#}");
+        eprintln!("vmcsnap: error: {}", error_chain(e.chain()));
         std::process::exit(1);
     }
+}
+
+/// The whole cause chain on one line, skipping a cause whose text the
+/// message before it already includes (many messages embed their source).
+fn error_chain<'a>(chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>) -> String {
+    let mut out = String::new();
+    for e in chain {
+        let text = e.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 fn run(cli: Cli) -> Result<()> {

@@ -46,9 +46,10 @@ pub fn status(s: &StatusResult, json: bool) -> Result<()> {
         println!();
         println!("{:<12} {:>10} {:>12} {:>10} {:>12} {:>6}", "PORT", "RX_FRAMES", "RX_BYTES", "TX_FRAMES", "TX_BYTES", "DROPS");
         for p in &sw.ports {
+            let c = &p.counters;
             println!(
                 "{:<12} {:>10} {:>12} {:>10} {:>12} {:>6}",
-                p.name, p.rx_frames, p.rx_bytes, p.tx_frames, p.tx_bytes, p.drops
+                p.name, c.rx_frames, c.rx_bytes, c.tx_frames, c.tx_bytes, c.drops
             );
         }
     }
