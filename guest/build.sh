@@ -192,6 +192,5 @@ else
 fi
 mv "$WORK/initrd.img" "$OUT/initrd.img"
 echo "$KPKG $KVER_PKG" >"$OUT/kernel-package"
-say "done: $OUT/vmlinuz ($(stat -c %s "$OUT/vmlinuz") bytes, $KPKG $KVER_PKG)," \
-    "$OUT/initrd.img ($(stat -c %s "$OUT/initrd.img") bytes)" \
-    "${VMLINUX_NOTE:+(no vmlinux: $VMLINUX_NOTE)}"
+say "done in $OUT: $KPKG $KVER_PKG, initrd.img $(stat -c %s "$OUT/initrd.img") bytes," \
+    "$([ -f "$OUT/vmlinux" ] && echo "vmlinux + vmlinuz" || echo "vmlinuz only")"

@@ -99,7 +99,7 @@ fn cluster_boots_talks_stays_correct_and_tears_down_cleanly() {
 
     // Console lines carry the init's periodic stat line too.
     let c = env.console("ping");
-    assert!(c.lines().any(|l| l.starts_with("vmcsnap-stat") && field(l, "uptime").is_some()), "{c}");
+    assert!(c.lines().any(|l| l.starts_with("vmcsnap-stat") && field(l, "retrans").is_some() && l.contains(" uptime=")), "{c}");
 
     env.ok(&["down"]);
     for pid in pids {
