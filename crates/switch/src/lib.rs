@@ -43,17 +43,19 @@
 //! # Ok::<(), vmcsnap_switch::SwitchError>(())
 //! ```
 
-#![forbid(unsafe_code)]
+// Only `sockq` needs unsafe (one ioctl); it allows it locally.
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod core;
 pub mod error;
 pub mod framing;
 pub mod server;
+mod sockq;
 pub mod stats;
 
 pub use crate::core::{Counters, Decision, MacAddr, PortId, SwitchCore};
 pub use error::{SwitchError, MAX_SOCKET_PATH_LEN};
 pub use framing::MAX_FRAME_LEN;
-pub use server::{Switch, SwitchConfig, SwitchHandle, DEFAULT_MAX_QUEUE_BYTES};
+pub use server::{DrainState, Switch, SwitchConfig, SwitchHandle, DEFAULT_MAX_QUEUE_BYTES};
 pub use stats::{PortStats, SwitchStats};

@@ -11,7 +11,7 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::conn::Conn;
 use super::listen::{self, FileId};
-use super::{Command, SwitchConfig};
+use super::{Command, DrainState, SwitchConfig};
 use crate::core::{PortId, SwitchCore};
 use crate::error::{Result, SwitchError};
 use crate::stats::{PortStats, SwitchStats};
@@ -143,6 +143,9 @@ impl EventLoop {
                 Command::Stats { reply } => {
                     let _ = reply.send(self.stats());
                 }
+                Command::Drain { port, reply } => {
+                    let _ = reply.send(self.drain_state(port));
+                }
                 Command::Stop => return false,
             }
         }
@@ -205,6 +208,17 @@ impl EventLoop {
         listen::unlink_if_same(&io.path, io.file_id);
         self.core.remove_port(port);
         Ok(())
+    }
+
+    fn drain_state(&self, port: PortId) -> Result<DrainState> {
+        self.known(port)?;
+        let Some(conn) = self.ports.get(&port).and_then(|io| io.conn.as_ref()) else {
+            return Ok(DrainState::default());
+        };
+        // A batch holds whole frames; after a hold only a started one remains.
+        let partial_bytes = if conn.out.pending_frames() > 0 { conn.out.pending_bytes() } else { 0 };
+        let unread_bytes = crate::sockq::unsent_bytes(&conn.stream).unwrap_or(0);
+        Ok(DrainState { connected: true, partial_bytes, unread_bytes })
     }
 
     fn hold(&mut self, port: PortId) -> Result<()> {

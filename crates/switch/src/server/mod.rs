@@ -27,6 +27,25 @@ use crate::error::{Result, SwitchError};
 use crate::stats::SwitchStats;
 use event_loop::{EventLoop, WAKER};
 
+/// See [`SwitchHandle::drain_state`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DrainState {
+    /// Whether a client is connected.
+    pub connected: bool,
+    /// Bytes of a partly written frame still to write (0 when none).
+    pub partial_bytes: usize,
+    /// Kernel buffer memory of what the client has not read yet (SIOCOUTQ:
+    /// allocation size, not payload bytes; zero exactly when all was read).
+    pub unread_bytes: usize,
+}
+
+impl DrainState {
+    /// Nothing is on its way to the client.
+    pub fn is_drained(&self) -> bool {
+        self.partial_bytes == 0 && self.unread_bytes == 0
+    }
+}
+
 /// Default bound of each port's tx queue: 16 MiB of frame bytes.
 pub const DEFAULT_MAX_QUEUE_BYTES: usize = 16 << 20;
 
@@ -104,6 +123,10 @@ pub(crate) enum Command {
     Stats {
         reply: Sender<SwitchStats>,
     },
+    Drain {
+        port: PortId,
+        reply: Sender<Result<DrainState>>,
+    },
     Stop,
 }
 
@@ -177,6 +200,15 @@ impl SwitchHandle {
     /// its queue and unlinks its socket file.
     pub fn remove_port(&self, port: PortId) -> Result<()> {
         self.request(|reply| Command::RemovePort { port, reply })?
+    }
+
+    /// What is still on its way to a port's client: the unwritten rest of a
+    /// partly written frame, and bytes written to the socket that the client
+    /// has not read yet (`SIOCOUTQ` on the switch's end). Both are zero
+    /// exactly when the client has read everything the switch sent it: hold
+    /// the port, then wait for this before pausing or replacing its VM.
+    pub fn drain_state(&self, port: PortId) -> Result<DrainState> {
+        self.request(|reply| Command::Drain { port, reply })?
     }
 
     /// Holds a port: frames for it are queued (counted in `held`) and not
