@@ -108,6 +108,7 @@ impl Cluster {
                 disk: disk.clone(),
                 port_socket,
                 mac: address.mac_string(),
+                incoming: false,
             };
             let vm = Vm::spawn(qemu_bin, config, dir.join("qemu.log"))?;
             log(format!("VM {}: started QEMU pid {} ({})", vm.name, vm.pid, self.accel.name()));
@@ -197,6 +198,50 @@ impl Cluster {
     /// The member named `vm`.
     pub fn member_mut(&mut self, vm: &str) -> Result<&mut Member, AgentError> {
         self.members.iter_mut().find(|m| m.vm.name == vm).ok_or_else(|| AgentError::NoSuchVm(vm.to_string()))
+    }
+
+    /// Restarts the QEMU of `vm` (or of every VM, in parallel) in `mode`.
+    /// A VM whose restart fails is reported in the error; the others are
+    /// still restarted.
+    pub fn rejuvenate(
+        &mut self,
+        vm: Option<&str>,
+        mode: crate::rejuvenate::Mode,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Vec<crate::rejuvenate::Report>, AgentError> {
+        let qemu_bin = qemu::find_qemu()?;
+        if let Some(name) = vm {
+            self.member_mut(name)?;
+        }
+        let switch = self.switch.clone();
+        let selected: Vec<&mut Member> =
+            self.members.iter_mut().filter(|m| vm.map_or(true, |n| m.vm.name == n)).collect();
+        progress(&format!("rejuvenating {} VM(s), mode {mode:?}", selected.len()));
+        let results: Vec<Result<crate::rejuvenate::Report, AgentError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = selected
+                .into_iter()
+                .map(|m| {
+                    let (switch, qemu_bin) = (switch.clone(), qemu_bin.clone());
+                    s.spawn(move || crate::rejuvenate::rejuvenate(m, &switch, &qemu_bin, mode))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("rejuvenate thread panicked")).collect()
+        });
+        let mut reports = Vec::new();
+        let mut errors = Vec::new();
+        for r in results {
+            match r {
+                Ok(rep) => {
+                    progress(&format!("{}: downtime {:.1} ms", rep.vm, rep.downtime_ms));
+                    reports.push(rep);
+                }
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(AgentError::BadRequest(errors.join("; ")));
+        }
+        Ok(reports)
     }
 
     /// Stops every QEMU, the switch, and removes sockets, RAM files and

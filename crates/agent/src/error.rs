@@ -69,6 +69,31 @@ pub enum AgentError {
         /// The QMP error.
         source: vmcsnap_qmp::QmpError,
     },
+    /// A request that makes no sense.
+    #[error("{0}")]
+    BadRequest(String),
+    /// A migration (state save or load) failed.
+    #[error("VM {vm:?}: {what} failed: {detail}")]
+    Migration {
+        /// The VM.
+        vm: String,
+        /// Saving or loading.
+        what: String,
+        /// QEMU's description.
+        detail: String,
+    },
+    /// Neither the new nor the previous QEMU could take over a VM.
+    #[error("VM {vm:?} could not be restarted: new QEMU: {first}; previous QEMU: {second}; its state is kept in {state}")]
+    RestartFailed {
+        /// The VM.
+        vm: String,
+        /// Error of the new binary.
+        first: String,
+        /// Error of the previous binary.
+        second: String,
+        /// The kept state file.
+        state: PathBuf,
+    },
     /// A file operation failed.
     #[error("{what} {path}: {source}")]
     Io {

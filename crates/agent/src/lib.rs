@@ -21,6 +21,7 @@ pub mod cluster;
 mod error;
 pub mod paths;
 pub mod qemu;
+pub mod rejuvenate;
 pub mod server;
 pub mod vm;
 

@@ -1,7 +1,7 @@
 //! Where the agent keeps its files.
 //!
 //! ```text
-//! <run-dir>/                       mode 0700
+//! <run-dir>/                       mode 0700 (on disk: /var/lib/vmcsnap for root)
 //!   agent.sock                     control socket, mode 0600
 //!   agent.log                      the agent's log (when started by the CLI)
 //!   agent.pid
@@ -10,6 +10,8 @@
 //!   cluster/<vm>/console.log       serial console
 //!   cluster/<vm>/qemu.log          QEMU's own stdout/stderr
 //!   cluster/<vm>/data.qcow2        the VM's data disk
+//!   cluster/<vm>/restart.state     device (and for `saved`, RAM) state of a restart
+//!   rejuvenations.jsonl            every rejuvenation's measured downtime
 //! /dev/shm/vmcsnap-<tag>-<cluster>-<vm>   guest RAM (tag: hash of run-dir)
 //! ```
 
@@ -35,8 +37,9 @@ impl RunDir {
         RunDir { root }
     }
 
-    /// The default: `$VMCSNAP_RUN_DIR`, else `/run/vmcsnap` for root, else
-    /// `$XDG_RUNTIME_DIR/vmcsnap`, else `/tmp/vmcsnap-<uid>`.
+    /// The default: `$VMCSNAP_RUN_DIR`, else `/var/lib/vmcsnap` for root,
+    /// else `$XDG_STATE_HOME/vmcsnap`, else `~/.local/state/vmcsnap`. It is
+    /// on disk, not tmpfs, because saved VM state and snapshots live in it.
     pub fn default_root() -> PathBuf {
         if let Some(d) = std::env::var_os("VMCSNAP_RUN_DIR") {
             return PathBuf::from(d);
@@ -44,12 +47,15 @@ impl RunDir {
         // SAFETY: getuid has no preconditions and cannot fail.
         let uid = unsafe { libc::getuid() };
         if uid == 0 {
-            return PathBuf::from("/run/vmcsnap");
+            return PathBuf::from("/var/lib/vmcsnap");
         }
-        if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+        if let Some(d) = std::env::var_os("XDG_STATE_HOME") {
             return PathBuf::from(d).join("vmcsnap");
         }
-        PathBuf::from(format!("/tmp/vmcsnap-{uid}"))
+        match std::env::var_os("HOME") {
+            Some(h) => PathBuf::from(h).join(".local/state/vmcsnap"),
+            None => PathBuf::from(format!("/tmp/vmcsnap-{uid}")),
+        }
     }
 
     /// The root directory.
@@ -75,6 +81,10 @@ impl RunDir {
     /// The directory of one VM.
     pub fn vm_dir(&self, vm: &str) -> PathBuf {
         self.cluster_dir().join(vm)
+    }
+    /// Where measured rejuvenation downtimes are appended (JSON lines).
+    pub fn rejuvenation_log(&self) -> PathBuf {
+        self.root.join("rejuvenations.jsonl")
     }
     /// The shared-memory file of a VM's RAM.
     pub fn shm_path(&self, cluster: &str, vm: &str) -> PathBuf {

@@ -47,6 +47,9 @@ pub struct QemuConfig {
     pub port_socket: PathBuf,
     /// NIC MAC address.
     pub mac: String,
+    /// Start with `-incoming defer` (device state, and maybe RAM, will be
+    /// loaded through QMP `migrate-incoming` instead of booting).
+    pub incoming: bool,
 }
 
 impl QemuConfig {
@@ -81,7 +84,8 @@ impl QemuConfig {
         push("-append".into());
         push(self.cmdline.clone());
         push("-chardev".into());
-        push(format!("file,id=con,path={}", self.console_log.display()));
+        // append=on: a restarted QEMU continues the same console log.
+        push(format!("file,id=con,path={},append=on", self.console_log.display()));
         push("-serial".into());
         push("chardev:con".into());
         push("-qmp".into());
@@ -97,6 +101,10 @@ impl QemuConfig {
         push(format!("stream,id={NETDEV_ID},server=off,addr.type=unix,addr.path={}", self.port_socket.display()));
         push("-device".into());
         push(format!("virtio-net-device,netdev={NETDEV_ID},mac={}", self.mac));
+        if self.incoming {
+            push("-incoming".into());
+            push("defer".into());
+        }
         a
     }
 }
@@ -147,6 +155,7 @@ mod tests {
             disk: "/d.qcow2".into(),
             port_socket: "/p.sock".into(),
             mac: "52:54:00:77:00:02".into(),
+            incoming: false,
         }
     }
 
@@ -160,6 +169,11 @@ mod tests {
         assert!(joined.contains("-accel tcg -cpu max"));
         // The cmdline stays one argument even with spaces.
         assert!(args.contains(&"console=ttyS0 a=b".to_string()));
+        assert!(!joined.contains("-incoming"));
+        let mut c = cfg();
+        c.incoming = true;
+        let joined: Vec<String> = c.args().into_iter().map(|s| s.into_string().unwrap()).collect();
+        assert!(joined.join(" ").ends_with("-incoming defer"));
     }
 
     #[test]

@@ -88,7 +88,7 @@ fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>) -> (b
             return (false, false);
         }
     };
-    let changes_state = matches!(request, Request::Up { .. } | Request::Down);
+    let changes_state = matches!(request, Request::Up { .. } | Request::Down | Request::Rejuvenate { .. });
     let mut stop = false;
     let result = {
         let mut progress = |m: &str| {
@@ -147,6 +147,21 @@ fn dispatch(
                 text: m.vm.console_tail(tail_bytes),
             }))
         }
+        Request::Rejuvenate { vm, mode } => {
+            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
+            let mode: crate::rejuvenate::Mode = mode.parse().map_err(AgentError::BadRequest)?;
+            let t = std::time::Instant::now();
+            let reports = c.rejuvenate(vm.as_deref(), mode, progress)?;
+            let total_ms = t.elapsed().as_secs_f64() * 1000.0;
+            let log_path = run.rejuvenation_log();
+            let mut lines = String::new();
+            for r in &reports {
+                lines.push_str(&serde_json::to_string(r).expect("reports serialise"));
+                lines.push('\n');
+            }
+            append(&log_path, &lines)?;
+            Ok(json!({ "mode": mode, "reports": reports, "total_ms": total_ms }))
+        }
         Request::Down => {
             let mut c = cluster.take().ok_or(AgentError::NoCluster)?;
             let name = c.spec.cluster.name.clone();
@@ -163,6 +178,16 @@ fn dispatch(
             Ok(json!({ "pid": std::process::id() }))
         }
     }
+}
+
+fn append(path: &std::path::Path, text: &str) -> Result<(), AgentError> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(AgentError::io("appending to", path))
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> serde_json::Value {

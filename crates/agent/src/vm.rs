@@ -44,7 +44,11 @@ impl Vm {
     pub fn spawn(qemu: &Path, config: QemuConfig, qemu_log: PathBuf) -> Result<Vm, AgentError> {
         let log = File::create(&qemu_log).map_err(AgentError::io("creating", &qemu_log))?;
         let log2 = log.try_clone().map_err(AgentError::io("opening", &qemu_log))?;
-        let _ = std::fs::remove_file(&config.console_log);
+        if !config.incoming {
+            // A fresh boot starts a fresh console log; a restarted QEMU
+            // (warm/saved restart) appends to the one it continues.
+            let _ = std::fs::remove_file(&config.console_log);
+        }
         let child = Command::new(qemu)
             .args(config.args())
             .stdin(Stdio::null())

@@ -27,6 +27,14 @@ pub enum Request {
         /// Return at most this many bytes from the end (0 = everything).
         tail_bytes: u64,
     },
+    /// Restart the QEMU of one VM or of all (in parallel). Result:
+    /// `{"mode", "reports": [...], "total_ms"}`.
+    Rejuvenate {
+        /// The VM, or `None` for every VM.
+        vm: Option<String>,
+        /// `warm`, `saved` or `cold`.
+        mode: String,
+    },
     /// Tear the cluster down. Result: `{"cluster": NAME}`.
     Down,
     /// Stop the agent (refused while a cluster is up).

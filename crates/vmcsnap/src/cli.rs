@@ -8,8 +8,8 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "vmcsnap", version, about, long_about = None)]
 pub struct Cli {
-    /// The agent's run directory [default: $VMCSNAP_RUN_DIR, /run/vmcsnap for root,
-    /// else $XDG_RUNTIME_DIR/vmcsnap]
+    /// The agent's run directory [default: $VMCSNAP_RUN_DIR, /var/lib/vmcsnap for root,
+    /// else ~/.local/state/vmcsnap]
     #[arg(long, global = true, value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
     #[command(subcommand)]
@@ -43,6 +43,22 @@ pub enum Command {
     },
     /// Stop every VM of the cluster and remove its sockets, RAM files and disks.
     Down {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Restart the hypervisor layer (QEMU) of VMs without losing them:
+    /// warm keeps guest RAM in place, saved goes through disk, cold reboots.
+    Rejuvenate {
+        /// Only this VM.
+        #[arg(long, conflicts_with = "all", required_unless_present = "all")]
+        vm: Option<String>,
+        /// Every VM of the cluster, in parallel.
+        #[arg(long)]
+        all: bool,
+        /// warm | saved | cold
+        #[arg(long, default_value = "warm", value_parser = ["warm", "saved", "cold"])]
+        mode: String,
         /// Print JSON.
         #[arg(long)]
         json: bool,

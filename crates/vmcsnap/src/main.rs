@@ -69,6 +69,10 @@ fn run(cli: Cli) -> Result<()> {
             let v = request(&run_dir.agent_socket(), &Request::Down)?;
             output::json_or(json, &v, || println!("cluster {} is down", v["cluster"].as_str().unwrap_or("?")))
         }
+        Command::Rejuvenate { vm, all: _, mode, json } => {
+            let v = request(&run_dir.agent_socket(), &Request::Rejuvenate { vm, mode })?;
+            output::json_or(json, &v, || output::rejuvenate(&v))
+        }
         Command::Agent { cmd } => match cmd {
             AgentCmd::Run { exit_when_idle } => {
                 vmcsnap_agent::serve(AgentOptions { run_dir, exit_when_idle }).context("agent failed")

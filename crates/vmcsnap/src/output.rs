@@ -55,3 +55,27 @@ pub fn status(s: &StatusResult, json: bool) -> Result<()> {
     }
     Ok(())
 }
+
+/// The table printed by `rejuvenate`.
+pub fn rejuvenate(v: &Value) {
+    println!(
+        "{:<12} {:<6} {:>8} {:>12} {:>9} {:>11} {:>9} {:>12} {:>7}",
+        "VM", "MODE", "MEM_MIB", "DOWNTIME_MS", "SAVE_MS", "RESTART_MS", "LOAD_MS", "STATE_BYTES", "HELD"
+    );
+    for r in v["reports"].as_array().into_iter().flatten() {
+        let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+        println!(
+            "{:<12} {:<6} {:>8} {:>12.1} {:>9.1} {:>11.1} {:>9.1} {:>12} {:>7}",
+            r["vm"].as_str().unwrap_or("?"),
+            r["mode"].as_str().unwrap_or("?"),
+            r["memory_mib"],
+            f("downtime_ms"),
+            f("save_ms"),
+            f("restart_ms"),
+            f("load_ms"),
+            r["state_bytes"],
+            r["frames_held"]
+        );
+    }
+    println!("total {:.1} ms", v["total_ms"].as_f64().unwrap_or(0.0));
+}

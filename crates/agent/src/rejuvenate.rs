@@ -1,0 +1,363 @@
+//! Rejuvenating the hypervisor layer of a VM: restart its QEMU process.
+//!
+//! Three ways, after the warm-VM reboot paper (Kourai & Chiba):
+//!
+//! - **warm** (on-memory suspend/resume): guest RAM already lives in a shared
+//!   file under /dev/shm. Pause, save only device state (QEMU's
+//!   `x-ignore-shared`: RAM is not in the stream), quit the old QEMU, start a
+//!   new one (the binary may have changed on disk) on the same RAM file with
+//!   `-incoming defer`, load the device state, resume. Guest memory is never
+//!   copied, so the downtime does not grow with memory size; page cache and
+//!   TCP sessions survive.
+//! - **saved** (suspend to disk, the paper's "saved-VM reboot"): the same, but
+//!   all of RAM goes into the state file on disk and the RAM file is deleted
+//!   before the new QEMU loads it back.
+//! - **cold**: quit and boot the guest again; its memory and sessions are lost.
+//!
+//! While the VM is away its switch port is held: frames for it queue in the
+//! switch and are delivered to the new QEMU. Before the pause the agent waits
+//! until the old QEMU has read everything already sent to it (SIOCOUTQ), so
+//! no frame is stranded in the old socket.
+//!
+//! If the new QEMU fails to start or load, it is retried once with a copy of
+//! the old QEMU binary (taken from `/proc/PID/exe` before the restart, so it
+//! works even when the package was upgraded meanwhile). If that fails too,
+//! the state file is kept and the error says where.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use vmcsnap_switch::SwitchHandle;
+
+use crate::cluster::Member;
+use crate::vm::Vm;
+use crate::{log, AgentError};
+
+/// How long the agent waits for a paused-to-be VM to read what the switch
+/// already sent it; hitting the bound is logged, not fatal.
+const DRAIN_BOUND: Duration = Duration::from_millis(200);
+/// How long a save or load may take before the restart is abandoned.
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Which kind of restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Device state only; RAM stays in place.
+    Warm,
+    /// RAM and device state to disk and back.
+    Saved,
+    /// Shut down and boot again.
+    Cold,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "warm" => Ok(Mode::Warm),
+            "saved" => Ok(Mode::Saved),
+            "cold" => Ok(Mode::Cold),
+            _ => Err(format!("unknown rejuvenation mode {s:?}: use warm, saved or cold")),
+        }
+    }
+}
+
+/// What one restart measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// The VM.
+    pub vm: String,
+    /// The mode.
+    pub mode: Mode,
+    /// Guest RAM in MiB.
+    pub memory_mib: u64,
+    /// Guest not running: pause to resume (QMP STOP/RESUME timestamps), or
+    /// for cold, quit to the new guest's ready marker.
+    pub downtime_ms: f64,
+    /// Pause to state saved.
+    pub save_ms: f64,
+    /// State saved to the new QEMU answering QMP (old quit + new start).
+    pub restart_ms: f64,
+    /// State loaded into the new QEMU (or, for cold, boot to ready).
+    pub load_ms: f64,
+    /// Size of the state file.
+    pub state_bytes: u64,
+    /// Waiting for the old QEMU to read frames already sent (before pause).
+    pub drain_ms: f64,
+    /// Whether that wait hit its bound.
+    pub drain_bound_hit: bool,
+    /// Frames the switch held for the VM while it was away.
+    pub frames_held: u64,
+    /// Old and new QEMU pids.
+    pub old_pid: u32,
+    /// New QEMU pid.
+    pub new_pid: u32,
+    /// Whether the old binary had to be used.
+    pub fell_back_to_old_binary: bool,
+}
+
+/// Restarts `member`'s QEMU in `mode`.
+pub fn rejuvenate(
+    member: &mut Member,
+    switch: &SwitchHandle,
+    qemu_bin: &Path,
+    mode: Mode,
+) -> Result<Report, AgentError> {
+    let vm_dir = member.vm.config.console_log.parent().expect("console log is in the VM dir").to_path_buf();
+    let state = vm_dir.join("restart.state");
+    let prev_bin = vm_dir.join("qemu.prev");
+    // Keep the running binary, in case the new one cannot start.
+    let exe = PathBuf::from(format!("/proc/{}/exe", member.vm.pid));
+    std::fs::copy(&exe, &prev_bin).map_err(AgentError::io("copying the running QEMU binary from", &exe))?;
+    let held_before = port_held(switch, member)?;
+    let old_pid = member.vm.pid;
+    let name = member.vm.name.clone();
+
+    switch.hold(member.port)?;
+    let (drain_ms, drain_bound_hit) = wait_drained(switch, member)?;
+    let t0 = Instant::now();
+    let result = match mode {
+        Mode::Cold => cold(member, qemu_bin, &prev_bin),
+        Mode::Warm | Mode::Saved => suspend_resume(member, qemu_bin, &prev_bin, &state, mode),
+    };
+    // Whatever happened, let frames flow again to whichever QEMU is there.
+    let released = switch.release(member.port);
+    let mut t = result?;
+    released?;
+    let frames_held = port_held(switch, member)? - held_before;
+    if t.downtime_ms == 0.0 {
+        t.downtime_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    }
+    let state_bytes = std::fs::metadata(&state).map(|m| m.len()).unwrap_or(0);
+    let _ = std::fs::remove_file(&state);
+    let _ = std::fs::remove_file(&prev_bin);
+    let report = Report {
+        vm: name,
+        mode,
+        memory_mib: member.vm.config.memory_mib,
+        downtime_ms: t.downtime_ms,
+        save_ms: t.save_ms,
+        restart_ms: t.restart_ms,
+        load_ms: t.load_ms,
+        state_bytes,
+        drain_ms,
+        drain_bound_hit,
+        frames_held,
+        old_pid,
+        new_pid: member.vm.pid,
+        fell_back_to_old_binary: t.fell_back,
+    };
+    log(format!(
+        "rejuvenate {} {:?}: downtime {:.1} ms (save {:.1}, restart {:.1}, load {:.1}), pid {} -> {}",
+        report.vm, mode, report.downtime_ms, report.save_ms, report.restart_ms, report.load_ms, old_pid, report.new_pid
+    ));
+    Ok(report)
+}
+
+#[derive(Default)]
+struct Timings {
+    downtime_ms: f64,
+    save_ms: f64,
+    restart_ms: f64,
+    load_ms: f64,
+    fell_back: bool,
+}
+
+fn port_held(switch: &SwitchHandle, m: &Member) -> Result<u64, AgentError> {
+    Ok(switch.stats()?.port(m.port).map(|p| p.counters.held).unwrap_or(0))
+}
+
+fn wait_drained(switch: &SwitchHandle, m: &Member) -> Result<(f64, bool), AgentError> {
+    let t = Instant::now();
+    loop {
+        let d = switch.drain_state(m.port)?;
+        if d.is_drained() || !d.connected {
+            return Ok((t.elapsed().as_secs_f64() * 1000.0, false));
+        }
+        if t.elapsed() > DRAIN_BOUND {
+            log(format!("VM {}: {} bytes still unread after {DRAIN_BOUND:?}", m.vm.name, d.unread_bytes));
+            return Ok((t.elapsed().as_secs_f64() * 1000.0, true));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn caps(ignore_shared: bool) -> Value {
+    json!({ "capabilities": [ { "capability": "x-ignore-shared", "state": ignore_shared } ] })
+}
+
+fn suspend_resume(m: &mut Member, qemu_bin: &Path, prev_bin: &Path, state: &Path, mode: Mode) -> Result<Timings, AgentError> {
+    let warm = mode == Mode::Warm;
+    let vm = &mut m.vm;
+    vm.execute("migrate-set-capabilities", caps(warm))?;
+    vm.qmp()?.take_events().map_err(|source| AgentError::Qmp { vm: vm.name.clone(), source })?;
+    let t_pause = Instant::now();
+    vm.execute("stop", Value::Null)?;
+    let stop_us = event_ts(vm, "STOP")?;
+    let _ = std::fs::remove_file(state);
+    let saved = vm
+        .execute("migrate", json!({ "uri": format!("exec:cat > {}", shell_quote(state)) }))
+        .and_then(|_| wait_migration(vm, "saving state"));
+    if let Err(e) = saved {
+        // The old QEMU still has everything: let the guest run on.
+        let _ = vm.execute("migrate_cancel", Value::Null);
+        let _ = vm.execute("cont", Value::Null);
+        let _ = std::fs::remove_file(state);
+        return Err(e);
+    }
+    let save_ms = t_pause.elapsed().as_secs_f64() * 1000.0;
+
+    let t_restart = Instant::now();
+    vm.shutdown();
+    if !warm {
+        // Saved-VM reboot: memory must come back from disk, not from RAM.
+        let _ = std::fs::remove_file(&vm.config.ram_file);
+    }
+    let mut config = vm.config.clone();
+    config.incoming = true;
+    let qemu_log = vm.qemu_log.clone();
+    let (mut new_vm, fell_back) = start_and_load(qemu_bin, prev_bin, &config, &qemu_log, state, warm)?;
+    let restart_ms = t_restart.elapsed().as_secs_f64() * 1000.0;
+    let load_ms = new_vm.1;
+    new_vm.0.execute("cont", Value::Null)?;
+    let resume_us = event_ts(&mut new_vm.0, "RESUME")?;
+    new_vm.0.boot_ms = vm.boot_ms;
+    *vm = new_vm.0;
+    Ok(Timings {
+        downtime_ms: resume_us.saturating_sub(stop_us) as f64 / 1000.0,
+        save_ms,
+        restart_ms: restart_ms - load_ms,
+        load_ms,
+        fell_back,
+    })
+}
+
+/// Starts a new QEMU and loads `state` into it; on failure retries once with
+/// the previous binary. Returns the VM, how long the load took, and whether
+/// the old binary was used.
+fn start_and_load(
+    qemu_bin: &Path,
+    prev_bin: &Path,
+    config: &crate::qemu::QemuConfig,
+    qemu_log: &Path,
+    state: &Path,
+    warm: bool,
+) -> Result<((Vm, f64), bool), AgentError> {
+    match try_start_and_load(qemu_bin, config, qemu_log, state, warm) {
+        Ok(v) => Ok((v, false)),
+        Err(first) => {
+            log(format!("VM {}: new QEMU failed ({first}); retrying with the previous binary", config.name));
+            try_start_and_load(prev_bin, config, qemu_log, state, warm).map(|v| (v, true)).map_err(|second| {
+                AgentError::RestartFailed {
+                    vm: config.name.clone(),
+                    first: first.to_string(),
+                    second: second.to_string(),
+                    state: state.to_path_buf(),
+                }
+            })
+        }
+    }
+}
+
+fn try_start_and_load(
+    bin: &Path,
+    config: &crate::qemu::QemuConfig,
+    qemu_log: &Path,
+    state: &Path,
+    warm: bool,
+) -> Result<(Vm, f64), AgentError> {
+    let mut vm = Vm::spawn(bin, config.clone(), qemu_log.to_path_buf())?;
+    let r = (|| {
+        vm.execute("migrate-set-capabilities", caps(warm))?;
+        let t = Instant::now();
+        vm.execute("migrate-incoming", json!({ "uri": format!("exec:cat {}", shell_quote(state)) }))?;
+        wait_migration(&mut vm, "loading state")?;
+        Ok(t.elapsed().as_secs_f64() * 1000.0)
+    })();
+    match r {
+        Ok(ms) => Ok((vm, ms)),
+        Err(e) => {
+            vm.shutdown();
+            Err(e)
+        }
+    }
+}
+
+fn cold(m: &mut Member, qemu_bin: &Path, prev_bin: &Path) -> Result<Timings, AgentError> {
+    let vm = &mut m.vm;
+    let t = Instant::now();
+    vm.shutdown();
+    let _ = std::fs::remove_file(&vm.config.ram_file);
+    let mut config = vm.config.clone();
+    config.incoming = false;
+    let qemu_log = vm.qemu_log.clone();
+    let boot = |bin: &Path| -> Result<Vm, AgentError> {
+        let mut new = Vm::spawn(bin, config.clone(), qemu_log.clone())?;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !new.poll_ready(vmcsnap_guest::READY_MARKER)? {
+            if Instant::now() > deadline {
+                new.shutdown();
+                return Err(AgentError::BootTimeout {
+                    vm: new.name.clone(),
+                    secs: 120,
+                    console: new.console_tail(2000),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        new.qmp()?;
+        Ok(new)
+    };
+    let (new, fell_back) = match boot(qemu_bin) {
+        Ok(v) => (v, false),
+        Err(e) => {
+            log(format!("VM {}: cold boot failed ({e}); retrying with the previous binary", vm.name));
+            (boot(prev_bin)?, true)
+        }
+    };
+    let load_ms = new.boot_ms.unwrap_or(0) as f64;
+    *vm = new;
+    let downtime_ms = t.elapsed().as_secs_f64() * 1000.0;
+    Ok(Timings { downtime_ms, save_ms: 0.0, restart_ms: downtime_ms - load_ms, load_ms, fell_back })
+}
+
+/// Waits for the QMP event `name` and returns its timestamp (µs).
+fn event_ts(vm: &mut Vm, name: &str) -> Result<u64, AgentError> {
+    let vm_name = vm.name.clone();
+    let ev = vm.qmp()?.wait_event(name, Duration::from_secs(10)).map_err(|source| AgentError::Qmp { vm: vm_name, source })?;
+    Ok(ev.timestamp_us)
+}
+
+/// Polls `query-migrate` until it completes; fails on `failed`/`cancelled`.
+fn wait_migration(vm: &mut Vm, what: &str) -> Result<(), AgentError> {
+    let deadline = Instant::now() + MIGRATION_TIMEOUT;
+    loop {
+        let st = vm.execute("query-migrate", Value::Null)?;
+        match st["status"].as_str().unwrap_or("") {
+            "completed" => return Ok(()),
+            "failed" | "cancelled" => {
+                return Err(AgentError::Migration {
+                    vm: vm.name.clone(),
+                    what: what.to_string(),
+                    detail: st["error-desc"].as_str().unwrap_or("no detail from QEMU").to_string(),
+                })
+            }
+            _ => {}
+        }
+        if Instant::now() > deadline {
+            return Err(AgentError::Migration {
+                vm: vm.name.clone(),
+                what: what.to_string(),
+                detail: format!("not finished after {MIGRATION_TIMEOUT:?}"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn shell_quote(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
+}
