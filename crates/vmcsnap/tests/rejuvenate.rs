@@ -1,0 +1,138 @@
+//! Rejuvenation of the hypervisor layer on a real cluster: a warm restart
+//! keeps the guest (memory, uptime, TCP connection); saved keeps it through
+//! disk; cold reboots it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{cluster_lock, last_field, Env};
+
+const SPEC: &str = r#"
+[cluster]
+name = "rj"
+accel = "auto"
+
+[[vm]]
+name = "srv"
+memory_mib = 192
+workload = """
+memtouch -m 24 &
+pingpong server 7000 &
+"""
+
+[[vm]]
+name = "cli"
+memory_mib = 192
+workload = """
+memtouch -m 24 &
+pingpong client {ip:srv} 7000 &
+"""
+"#;
+
+/// Guest uptime in seconds from the last `vmcsnap-stat` line.
+fn uptime(console: &str) -> f64 {
+    console
+        .lines()
+        .rev()
+        .filter(|l| l.starts_with("vmcsnap-stat"))
+        .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("uptime=")?.parse().ok()))
+        .expect("no vmcsnap-stat line")
+}
+
+fn pingpong_total(env: &Env) -> u64 {
+    last_field(&env.console("cli"), "pingpong:", "total").unwrap_or(0)
+}
+
+/// Waits until the client got `more` further replies than `from`.
+fn wait_pingpong(env: &Env, from: u64, more: u64) -> String {
+    env.wait_console("cli", "pingpong replies", Duration::from_secs(90), |c| {
+        last_field(c, "pingpong:", "total").unwrap_or(0) >= from + more
+    })
+}
+
+fn assert_memtouch_clean(env: &Env, vm: &str) {
+    let c = env.console(vm);
+    assert!(!c.contains("MEMTOUCH-CORRUPTION"), "{vm}: corruption:\n{c}");
+    assert_eq!(last_field(&c, "memtouch:", "errors"), Some(0), "{vm}");
+}
+
+fn rejuvenate(env: &Env, vm: &str, mode: &str) -> serde_json::Value {
+    let v = env.json(&["rejuvenate", "--vm", vm, "--mode", mode, "--json"]);
+    let r = v["reports"][0].clone();
+    assert_eq!(r["vm"], vm);
+    assert_eq!(r["mode"], mode);
+    assert!(r["downtime_ms"].as_f64().unwrap() > 0.0, "{r}");
+    assert_ne!(r["old_pid"], r["new_pid"], "QEMU was not restarted: {r}");
+    r
+}
+
+#[test]
+fn warm_saved_and_cold_restarts_keep_or_lose_the_guest_as_they_should() {
+    let _l = cluster_lock();
+    let env = Env::new();
+    let spec = env.write_spec(SPEC);
+    env.ok(&["up", spec.to_str().unwrap()]);
+    let before = wait_pingpong(&env, 0, 30);
+    let conn = last_field(&before, "pingpong:", "conn").unwrap();
+
+    // Warm: the server's QEMU is replaced; the guest does not notice.
+    let up_before = uptime(&env.console("srv"));
+    let total = pingpong_total(&env);
+    let r = rejuvenate(&env, "srv", "warm");
+    assert!(r["state_bytes"].as_u64().unwrap() < 4 << 20, "warm state should hold no RAM: {r}");
+    let after = wait_pingpong(&env, total, 30);
+    assert_eq!(last_field(&after, "pingpong:", "conn"), Some(conn), "TCP connection was re-established:\n{after}");
+    env.wait_console("srv", "stat line after warm restart", Duration::from_secs(30), |c| uptime(c) > up_before);
+    assert_memtouch_clean(&env, "srv");
+    let status = env.json(&["status", "--json"]);
+    let srv = status["vms"].as_array().unwrap().iter().find(|v| v["name"] == "srv").unwrap().clone();
+    assert_eq!(srv["pid"], r["new_pid"]);
+    assert_eq!(srv["state"], "running");
+
+    // Saved: RAM goes through disk and comes back; the guest still continues.
+    let up_before = uptime(&env.console("cli"));
+    let total = pingpong_total(&env);
+    let r = rejuvenate(&env, "cli", "saved");
+    assert!(r["state_bytes"].as_u64().unwrap() > 4 << 20, "saved state should hold RAM: {r}");
+    let after = wait_pingpong(&env, total, 30);
+    assert_eq!(last_field(&after, "pingpong:", "conn"), Some(conn), "TCP connection was re-established:\n{after}");
+    env.wait_console("cli", "stat line after saved restart", Duration::from_secs(30), |c| uptime(c) > up_before);
+    assert_memtouch_clean(&env, "cli");
+
+    // Cold: the server reboots; its uptime starts again and the client has
+    // to reconnect.
+    let up_before = uptime(&env.console("srv"));
+    rejuvenate(&env, "srv", "cold");
+    let srv = env.wait_console("srv", "stat line after cold restart", Duration::from_secs(60), |c| {
+        c.contains("vmcsnap-stat")
+    });
+    assert!(uptime(&srv) < up_before, "uptime did not reset after a cold reboot");
+    let after = env.wait_console("cli", "reconnect after cold restart", Duration::from_secs(120), |c| {
+        last_field(c, "pingpong:", "conn").unwrap_or(0) > conn
+    });
+    assert!(last_field(&after, "pingpong:", "conn").unwrap() > conn);
+
+    // The switch dropped nothing for the VMs while they were away.
+    let status = env.json(&["status", "--json"]);
+    for p in status["switch"]["ports"].as_array().unwrap() {
+        assert_eq!(p["drops"], 0, "{p}");
+    }
+    let log = std::fs::read_to_string(env.run_dir().join("rejuvenations.jsonl")).unwrap();
+    assert_eq!(log.lines().count(), 3, "{log}");
+
+    env.ok(&["down"]);
+    env.assert_clean();
+}
+
+#[test]
+fn rejuvenate_errors_are_clear() {
+    let env = Env::new();
+    let out = env.vmcsnap(&["rejuvenate", "--vm", "x", "--mode", "tepid"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tepid"));
+    let out = env.vmcsnap(&["rejuvenate", "--vm", "x"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no vmcsnap agent") || err.contains("no cluster"), "{err}");
+}
