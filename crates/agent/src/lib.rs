@@ -17,6 +17,7 @@
 //! (boot and tear down a cluster), [`server`] (the control socket).
 
 pub mod accel;
+pub mod availability;
 pub mod cluster;
 mod error;
 pub mod paths;

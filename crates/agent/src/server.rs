@@ -153,14 +153,15 @@ fn dispatch(
             let t = std::time::Instant::now();
             let reports = c.rejuvenate(vm.as_deref(), mode, progress)?;
             let total_ms = t.elapsed().as_secs_f64() * 1000.0;
-            let log_path = run.rejuvenation_log();
-            let mut lines = String::new();
-            for r in &reports {
-                lines.push_str(&serde_json::to_string(r).expect("reports serialise"));
-                lines.push('\n');
-            }
-            append(&log_path, &lines)?;
-            Ok(json!({ "mode": mode, "reports": reports, "total_ms": total_ms }))
+            let unix_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            let result = json!({
+                "unix_ms": unix_ms, "mode": mode, "n": reports.len(), "total_ms": total_ms, "reports": reports,
+            });
+            append(&run.rejuvenation_log(), &format!("{result}\n"))?;
+            Ok(result)
         }
         Request::Down => {
             let mut c = cluster.take().ok_or(AgentError::NoCluster)?;

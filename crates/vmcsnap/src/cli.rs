@@ -63,6 +63,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Availability of warm, cold and saved VMM rejuvenation (the warm-VM
+    /// reboot paper's equations 1-2) from downtimes measured on this host by
+    /// earlier `rejuvenate` runs.
+    Availability {
+        /// Days between two VMM rejuvenations.
+        #[arg(long, value_name = "DAYS")]
+        t_vmm: f64,
+        /// Days between two OS rejuvenations.
+        #[arg(long, value_name = "DAYS")]
+        t_os: f64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Manage the per-host agent that owns the QEMU processes and the switch.
     Agent {
         #[command(subcommand)]

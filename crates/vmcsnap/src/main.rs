@@ -73,6 +73,7 @@ fn run(cli: Cli) -> Result<()> {
             let v = request(&run_dir.agent_socket(), &Request::Rejuvenate { vm, mode })?;
             output::json_or(json, &v, || output::rejuvenate(&v))
         }
+        Command::Availability { t_vmm, t_os, json } => availability(&run_dir, t_vmm, t_os, json),
         Command::Agent { cmd } => match cmd {
             AgentCmd::Run { exit_when_idle } => {
                 vmcsnap_agent::serve(AgentOptions { run_dir, exit_when_idle }).context("agent failed")
@@ -113,6 +114,54 @@ fn up(run_dir: &RunDir, spec: &Path, json: bool) -> Result<()> {
     let v = request(&run_dir.agent_socket(), &Request::Up { spec_path, spec_toml: text })?;
     let up: UpResult = serde_json::from_value(v.clone())?;
     output::json_or(json, &v, || output::up(&up))
+}
+
+fn availability(run_dir: &RunDir, t_vmm: f64, t_os: f64, json: bool) -> Result<()> {
+    use vmcsnap_agent::availability::{availability, measured_from_log, Kind};
+    if !(t_vmm > 0.0 && t_os > 0.0) {
+        anyhow::bail!("--t-vmm and --t-os must be positive numbers of days");
+    }
+    let path = run_dir.rejuvenation_log();
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let m = measured_from_log(&text);
+    let Some(d_os) = m.os_reboot else {
+        anyhow::bail!(
+            "no cold rejuvenation measured in {} yet (it gives the OS reboot time): run `vmcsnap rejuvenate --all --mode cold` first",
+            path.display()
+        );
+    };
+    let day = 86_400.0;
+    let rows: Vec<serde_json::Value> = [(Kind::Warm, m.warm), (Kind::Cold, m.cold), (Kind::Saved, m.saved)]
+        .into_iter()
+        .map(|(kind, d)| match d {
+            Some((n, d)) => serde_json::json!({
+                "mode": kind, "vms": n, "downtime_s": d,
+                "availability": availability(kind, d, d_os, t_vmm * day, t_os * day),
+            }),
+            None => serde_json::json!({ "mode": kind, "vms": null, "downtime_s": null, "availability": null }),
+        })
+        .collect();
+    let v = serde_json::json!({ "t_vmm_days": t_vmm, "t_os_days": t_os, "os_reboot_s": d_os, "modes": rows });
+    output::json_or(json, &v, || {
+        println!("T_vmm = {t_vmm} days, T_os = {t_os} days, D_os = {d_os:.3} s (measured cold reboot)");
+        println!("{:<6} {:>4} {:>12} {:>14}", "MODE", "VMS", "DOWNTIME_S", "AVAILABILITY");
+        for r in &rows {
+            match r["availability"].as_f64() {
+                Some(a) => println!(
+                    "{:<6} {:>4} {:>12.3} {:>14.7}",
+                    r["mode"].as_str().unwrap_or("?"),
+                    r["vms"],
+                    r["downtime_s"].as_f64().unwrap_or(0.0),
+                    a
+                ),
+                None => println!(
+                    "{:<6}    - not measured: run `vmcsnap rejuvenate --all --mode {}`",
+                    r["mode"].as_str().unwrap_or("?"),
+                    r["mode"].as_str().unwrap_or("?")
+                ),
+            }
+        }
+    })
 }
 
 fn request(sock: &Path, req: &Request) -> Result<serde_json::Value> {

@@ -121,6 +121,14 @@ fn warm_saved_and_cold_restarts_keep_or_lose_the_guest_as_they_should() {
     let log = std::fs::read_to_string(env.run_dir().join("rejuvenations.jsonl")).unwrap();
     assert_eq!(log.lines().count(), 3, "{log}");
 
+    // The availability model runs on these measurements: warm beats saved.
+    let a = env.json(&["availability", "--t-vmm", "28", "--t-os", "7", "--json"]);
+    let avail = |mode: &str| {
+        a["modes"].as_array().unwrap().iter().find(|m| m["mode"] == mode).unwrap()["availability"].as_f64().unwrap()
+    };
+    assert!(avail("warm") > avail("saved"), "{a}");
+    assert!(avail("warm") < 1.0 && avail("cold") < 1.0, "{a}");
+
     env.ok(&["down"]);
     env.assert_clean();
 }
