@@ -19,6 +19,12 @@ memory_mib = 192
 workload = """
 memtouch -m 24 &
 pingpong server 7000 &
+while :; do
+  set -- $(cat /sys/block/vda/stat); r0=$1
+  cat /data/blob > /dev/null
+  set -- $(cat /sys/block/vda/stat); echo "pagecache: disk_reads=$(($1 - r0))"
+  sleep 1
+done &
 """
 
 [[vm]]
@@ -38,6 +44,12 @@ fn uptime(console: &str) -> f64 {
         .filter(|l| l.starts_with("vmcsnap-stat"))
         .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("uptime=")?.parse().ok()))
         .expect("no vmcsnap-stat line")
+}
+
+/// The `disk_reads` of every `pagecache:` line: block-device reads the guest
+/// needed to read /data/blob once (0 when it came from the page cache).
+fn pagecache_reads(console: &str) -> Vec<u64> {
+    console.lines().filter(|l| l.starts_with("pagecache:")).filter_map(|l| common::field(l, "disk_reads")).collect()
 }
 
 fn pingpong_total(env: &Env) -> u64 {
@@ -77,13 +89,23 @@ fn warm_saved_and_cold_restarts_keep_or_lose_the_guest_as_they_should() {
     let conn = last_field(&before, "pingpong:", "conn").unwrap();
 
     // Warm: the server's QEMU is replaced; the guest does not notice.
-    let up_before = uptime(&env.console("srv"));
+    let srv = env.wait_console("srv", "blob in page cache", Duration::from_secs(60), |c| {
+        pagecache_reads(c).last() == Some(&0)
+    });
+    assert!(pagecache_reads(&srv)[0] > 0, "the first read of /data/blob should hit the disk:\n{srv}");
+    let reads_before = pagecache_reads(&srv).len();
+    let up_before = uptime(&srv);
     let total = pingpong_total(&env);
     let r = rejuvenate(&env, "srv", "warm");
     assert!(r["state_bytes"].as_u64().unwrap() < 4 << 20, "warm state should hold no RAM: {r}");
     let after = wait_pingpong(&env, total, 30);
     assert_eq!(last_field(&after, "pingpong:", "conn"), Some(conn), "TCP connection was re-established:\n{after}");
     env.wait_console("srv", "stat line after warm restart", Duration::from_secs(30), |c| uptime(c) > up_before);
+    let srv = env.wait_console("srv", "page-cache reads after warm restart", Duration::from_secs(30), |c| {
+        pagecache_reads(c).len() >= reads_before + 3
+    });
+    let after: Vec<u64> = pagecache_reads(&srv)[reads_before..].to_vec();
+    assert!(after.iter().all(|&r| r == 0), "warm restart lost the page cache: disk reads {after:?}");
     assert_memtouch_clean(&env, "srv");
     let status = env.json(&["status", "--json"]);
     let srv = status["vms"].as_array().unwrap().iter().find(|v| v["name"] == "srv").unwrap().clone();
@@ -108,6 +130,10 @@ fn warm_saved_and_cold_restarts_keep_or_lose_the_guest_as_they_should() {
         c.contains("vmcsnap-stat")
     });
     assert!(uptime(&srv) < up_before, "uptime did not reset after a cold reboot");
+    let srv = env.wait_console("srv", "page-cache line after cold restart", Duration::from_secs(60), |c| {
+        !pagecache_reads(c).is_empty()
+    });
+    assert!(pagecache_reads(&srv)[0] > 0, "after a cold reboot /data/blob must come from disk:\n{srv}");
     let after = env.wait_console("cli", "reconnect after cold restart", Duration::from_secs(120), |c| {
         last_field(c, "pingpong:", "conn").unwrap_or(0) > conn
     });
