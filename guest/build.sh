@@ -39,7 +39,9 @@ need() { # need COMMAND DEBIAN_PACKAGE
         die "$1 not found: install the Debian package $2 (apt-get install $2)"
 }
 
-[ $# -eq 1 ] && [ -n "$1" ] || die "usage: build.sh OUT_DIR"
+if [ $# -ne 1 ] || [ -z "$1" ]; then
+    die "usage: build.sh OUT_DIR"
+fi
 OUT=$1
 
 need apt-cache apt
@@ -99,9 +101,9 @@ DEB=$(ls "$WORK"/deb/*.deb)
 KVER_PKG=$(dpkg-deb -f "$DEB" Version)
 say "unpacking $(basename "$DEB")"
 dpkg-deb -x "$DEB" "$WORK/kernel"
-VMLINUZ=$(ls "$WORK"/kernel/boot/vmlinuz-* 2>/dev/null | head -1)
+VMLINUZ=$(find "$WORK/kernel/boot" -name 'vmlinuz-*' 2>/dev/null | head -1 || true)
 [ -n "$VMLINUZ" ] || die "no boot/vmlinuz-* in $DEB"
-MODDIR=$(ls -d "$WORK"/kernel/lib/modules/*/ 2>/dev/null | head -1)
+MODDIR=$(find "$WORK/kernel/lib/modules" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | head -1 || true)
 [ -n "$MODDIR" ] || die "no lib/modules/*/ in $DEB"
 
 # An uncompressed copy for QEMU's PVH entry (-kernel vmlinux): the kernel
@@ -144,7 +146,7 @@ ln -s ../bin "$ROOT/usr/sbin"
 say "adding modules: $MODULES"
 : >"$ROOT/lib/modules/order"
 for m in $MODULES; do
-    src=$(find "$MODDIR" -name "$m.ko" -o -name "$m.ko.xz" -o -name "$m.ko.zst" -o -name "$m.ko.gz" | head -1)
+    src=$(find "$MODDIR" -name "$m.ko" -o -name "$m.ko.xz" -o -name "$m.ko.zst" -o -name "$m.ko.gz" | head -1 || true)
     [ -n "$src" ] || die "module $m not found in $KPKG"
     dst=$ROOT/lib/modules/$m.ko
     case "$src" in

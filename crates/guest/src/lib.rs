@@ -169,7 +169,10 @@ fn key_of(files: &[(&str, &str)]) -> String {
         h.update((contents.len() as u64).to_le_bytes());
         h.update(contents.as_bytes());
     }
-    h.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
+    h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Short hex SHA-256 (16 digits) of all embedded guest sources: the cache key.
@@ -201,7 +204,11 @@ fn assets_in(dir: &Path, key: &str) -> Option<GuestAssets> {
     let vmlinux = dir.join("vmlinux");
     let a = GuestAssets {
         dir: dir.to_path_buf(),
-        kernel: if vmlinux.is_file() { vmlinux } else { dir.join("vmlinuz") },
+        kernel: if vmlinux.is_file() {
+            vmlinux
+        } else {
+            dir.join("vmlinuz")
+        },
         initrd: dir.join("initrd.img"),
         key: key.to_string(),
     };
@@ -265,17 +272,24 @@ pub fn ensure_assets(
         progress(&format!("guest assets: cached in {}", final_dir.display()));
         return Ok(a);
     }
-    fs::create_dir_all(cache_root)
-        .map_err(io_err(format!("cannot create cache directory {}", cache_root.display())))?;
+    fs::create_dir_all(cache_root).map_err(io_err(format!(
+        "cannot create cache directory {}",
+        cache_root.display()
+    )))?;
     let _lock = FileLock::acquire(&cache_root.join(format!("guest-{key}.lock")), progress)?;
     if let Some(a) = assets_in(&final_dir, &key) {
-        progress(&format!("guest assets: built by another process in {}", final_dir.display()));
+        progress(&format!(
+            "guest assets: built by another process in {}",
+            final_dir.display()
+        ));
         return Ok(a);
     }
     if final_dir.exists() {
         // Not complete and nobody is building (we hold the lock): debris.
-        fs::remove_dir_all(&final_dir)
-            .map_err(io_err(format!("cannot remove incomplete {}", final_dir.display())))?;
+        fs::remove_dir_all(&final_dir).map_err(io_err(format!(
+            "cannot remove incomplete {}",
+            final_dir.display()
+        )))?;
     }
 
     let bash = find_tool("bash").ok_or(GuestError::ToolMissing {
@@ -285,7 +299,10 @@ pub fn ensure_assets(
     let work = tempfile::Builder::new()
         .prefix(&format!(".guest-{key}-"))
         .tempdir_in(cache_root)
-        .map_err(io_err(format!("cannot create a temporary directory in {}", cache_root.display())))?;
+        .map_err(io_err(format!(
+            "cannot create a temporary directory in {}",
+            cache_root.display()
+        )))?;
     let src = work.path().join("src");
     for e in EMBEDDED {
         let p = src.join(e.path);
@@ -304,7 +321,9 @@ pub fn ensure_assets(
     ));
     let started = Instant::now();
     let mut cmd = Command::new(bash);
-    cmd.arg(src.join("build.sh")).arg(&out).env("TMPDIR", work.path());
+    cmd.arg(src.join("build.sh"))
+        .arg(&out)
+        .env("TMPDIR", work.path());
     let (status, tail) = run_streaming(cmd, progress)?;
     if !status.success() {
         return Err(GuestError::Build {
@@ -320,7 +339,10 @@ pub fn ensure_assets(
     }
     fs::write(
         out.join("complete"),
-        format!("key={key}\nbuild_seconds={:.1}\n", started.elapsed().as_secs_f64()),
+        format!(
+            "key={key}\nbuild_seconds={:.1}\n",
+            started.elapsed().as_secs_f64()
+        ),
     )
     .map_err(io_err(format!("cannot write {}/complete", out.display())))?;
     fs::rename(&out, &final_dir).map_err(io_err(format!(
@@ -355,8 +377,14 @@ fn run_streaming(
     let (tx, rx) = mpsc::channel::<String>();
     let mut readers = Vec::new();
     for pipe in [
-        child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
-        child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
     ]
     .into_iter()
     .flatten()
@@ -364,7 +392,10 @@ fn run_streaming(
         let tx = tx.clone();
         readers.push(std::thread::spawn(move || {
             for line in BufReader::new(pipe).split(b'\n').map_while(Result::ok) {
-                if tx.send(String::from_utf8_lossy(&line).into_owned()).is_err() {
+                if tx
+                    .send(String::from_utf8_lossy(&line).into_owned())
+                    .is_err()
+                {
                     break;
                 }
             }
@@ -390,7 +421,11 @@ fn run_streaming(
 fn find_tool(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].iter().map(PathBuf::from))
+        .chain(
+            ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+                .iter()
+                .map(PathBuf::from),
+        )
         .map(|d| d.join(name))
         .find(|p| {
             p.metadata()
@@ -489,7 +524,11 @@ const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 fn base64_encode(data: &[u8]) -> String {
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
@@ -634,7 +673,9 @@ pub fn make_data_disk(path: &Path, size_mib: u64, vm_name: &str) -> Result<(), G
     fs::create_dir_all(&parent).map_err(io_err(format!("cannot create {}", parent.display())))?;
     let file_name = path
         .file_name()
-        .ok_or_else(|| GuestError::InvalidArgument(format!("{} is not a file path", path.display())))?
+        .ok_or_else(|| {
+            GuestError::InvalidArgument(format!("{} is not a file path", path.display()))
+        })?
         .to_string_lossy()
         .into_owned();
 
@@ -642,7 +683,10 @@ pub fn make_data_disk(path: &Path, size_mib: u64, vm_name: &str) -> Result<(), G
     let stage = tempfile::Builder::new()
         .prefix(&format!(".{file_name}.stage-"))
         .tempdir_in(&parent)
-        .map_err(io_err(format!("cannot create a temporary directory in {}", parent.display())))?;
+        .map_err(io_err(format!(
+            "cannot create a temporary directory in {}",
+            parent.display()
+        )))?;
     let put = |rel: &str, data: &[u8]| -> Result<(), GuestError> {
         let p = stage.path().join(rel);
         if let Some(d) = p.parent() {
@@ -661,7 +705,10 @@ pub fn make_data_disk(path: &Path, size_mib: u64, vm_name: &str) -> Result<(), G
     )?;
     put("name", format!("{vm_name}\n").as_bytes())?;
     let blob = blob_bytes(blob_len(size_mib));
-    let digest: String = Sha256::digest(&blob).iter().map(|b| format!("{b:02x}")).collect();
+    let digest: String = Sha256::digest(&blob)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     put("blob", &blob)?;
     put("blob.sha256", format!("{digest}  blob\n").as_bytes())?;
     for i in 0..16 {
@@ -677,13 +724,24 @@ pub fn make_data_disk(path: &Path, size_mib: u64, vm_name: &str) -> Result<(), G
         .prefix(&format!(".{file_name}."))
         .suffix(".raw")
         .tempfile_in(&parent)
-        .map_err(io_err(format!("cannot create a temporary file in {}", parent.display())))?;
+        .map_err(io_err(format!(
+            "cannot create a temporary file in {}",
+            parent.display()
+        )))?;
     raw.as_file()
         .set_len(size_mib << 20)
         .map_err(io_err(format!("cannot size {}", raw.path().display())))?;
     run_tool(
         Command::new(&mkfs)
-            .args(["-q", "-F", "-L", "vmcsnap-data", "-E", "root_owner=0:0", "-d"])
+            .args([
+                "-q",
+                "-F",
+                "-L",
+                "vmcsnap-data",
+                "-E",
+                "root_owner=0:0",
+                "-d",
+            ])
             .arg(stage.path())
             .arg(raw.path()),
     )?;
@@ -691,7 +749,10 @@ pub fn make_data_disk(path: &Path, size_mib: u64, vm_name: &str) -> Result<(), G
         .prefix(&format!(".{file_name}."))
         .suffix(".qcow2.tmp")
         .tempfile_in(&parent)
-        .map_err(io_err(format!("cannot create a temporary file in {}", parent.display())))?
+        .map_err(io_err(format!(
+            "cannot create a temporary file in {}",
+            parent.display()
+        )))?
         .into_temp_path();
     run_tool(
         Command::new(&qemu_img)
@@ -733,7 +794,8 @@ mod tests {
     }
 
     fn param<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-        line.split(' ').find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        line.split(' ')
+            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
     }
 
     #[test]
@@ -755,7 +817,8 @@ mod tests {
 
     #[test]
     fn kernel_cmdline_carries_the_contract() {
-        let script = "memtouch -m 64 &\npingpong server 7000 > /dev/null &\necho 'a+b/c=d' \"$x\"\n";
+        let script =
+            "memtouch -m 64 &\npingpong server 7000 > /dev/null &\necho 'a+b/c=d' \"$x\"\n";
         let line = kernel_cmdline("vm-1", "10.0.0.2/24", script);
         assert!(line.starts_with("console=ttyS0 "), "{line}");
         assert!(line.contains(" panic=-1 "), "{line}");
@@ -765,7 +828,12 @@ mod tests {
         assert!(!run.contains(char::is_whitespace));
         assert_eq!(String::from_utf8(base64_decode(run)).unwrap(), script);
         // One word per parameter: nothing in the line may contain a space but separators.
-        assert_eq!(line.split(' ').filter(|w| w.starts_with("vmcsnap.")).count(), 3);
+        assert_eq!(
+            line.split(' ')
+                .filter(|w| w.starts_with("vmcsnap."))
+                .count(),
+            3
+        );
     }
 
     #[test]
@@ -780,15 +848,27 @@ mod tests {
     fn empty_workload_leaves_out_run() {
         let line = kernel_cmdline("a", "192.168.7.1/30", "");
         assert_eq!(param(&line, "vmcsnap.run"), None);
-        assert!(line.ends_with("vmcsnap.name=a vmcsnap.ip=192.168.7.1/30"), "{line}");
+        assert!(
+            line.ends_with("vmcsnap.name=a vmcsnap.ip=192.168.7.1/30"),
+            "{line}"
+        );
     }
 
     #[test]
     fn bad_arguments_are_errors() {
         for name in ["", "a b", "-x", ".x", "x\ny", &"n".repeat(64), "é"] {
-            assert!(try_kernel_cmdline(name, "10.0.0.1/24", "").is_err(), "{name:?}");
+            assert!(
+                try_kernel_cmdline(name, "10.0.0.1/24", "").is_err(),
+                "{name:?}"
+            );
         }
-        for ip in ["10.0.0.1", "10.0.0.1/33", "10.0.0/24", "10.0.0.1/x", "10.0.0.1/24 x"] {
+        for ip in [
+            "10.0.0.1",
+            "10.0.0.1/33",
+            "10.0.0/24",
+            "10.0.0.1/x",
+            "10.0.0.1/24 x",
+        ] {
             assert!(try_kernel_cmdline("vm", ip, "").is_err(), "{ip:?}");
         }
         let long = "x".repeat(1600);
@@ -824,7 +904,10 @@ mod tests {
         assert!(build.starts_with("#!/bin/bash"));
         for prog in ["memtouch", "pingpong", "kvserver", "kvload"] {
             assert!(paths.contains(&format!("src/{prog}.c").as_str()), "{prog}");
-            assert!(build.contains(prog), "{prog} missing from PROGRAMS in build.sh");
+            assert!(
+                build.contains(prog),
+                "{prog} missing from PROGRAMS in build.sh"
+            );
         }
         let init = EMBEDDED[1].contents;
         assert!(init.contains(&format!("echo \"{READY_MARKER} $NAME\"")));
@@ -851,7 +934,10 @@ mod tests {
         assert!(a.dir.join("vmlinuz").is_file());
         let mut elf = [0u8; 4];
         if a.kernel.ends_with("vmlinux") {
-            fs::File::open(&a.kernel).unwrap().read_exact(&mut elf).unwrap();
+            fs::File::open(&a.kernel)
+                .unwrap()
+                .read_exact(&mut elf)
+                .unwrap();
             assert_eq!(&elf, b"\x7fELF");
         }
         let initrd = fs::read(&a.initrd).unwrap();
@@ -869,7 +955,11 @@ mod tests {
         let mut lines2 = Vec::new();
         let b = ensure_assets(cache.path(), &mut |l: &str| lines2.push(l.to_string())).unwrap();
         assert_eq!(a, b);
-        assert!(t.elapsed().as_millis() < 500, "cache hit took {:?}", t.elapsed());
+        assert!(
+            t.elapsed().as_millis() < 500,
+            "cache hit took {:?}",
+            t.elapsed()
+        );
         assert_eq!(lines2.len(), 1, "{lines2:?}");
         assert!(lines2[0].contains("cached"), "{lines2:?}");
     }
@@ -885,13 +975,21 @@ mod tests {
             .collect();
         assert_eq!(leftovers, vec![std::ffi::OsString::from("vm1.qcow2")]);
         let mut head = [0u8; 4];
-        fs::File::open(&disk).unwrap().read_exact(&mut head).unwrap();
+        fs::File::open(&disk)
+            .unwrap()
+            .read_exact(&mut head)
+            .unwrap();
         assert_eq!(&head, b"QFI\xfb");
 
         // Read the blob back through qemu-img and debugfs (both unprivileged).
         let raw = dir.path().join("back.raw");
-        run_tool(Command::new(find_tool("qemu-img").unwrap()).args(["convert", "-O", "raw"]).arg(&disk).arg(&raw))
-            .unwrap();
+        run_tool(
+            Command::new(find_tool("qemu-img").unwrap())
+                .args(["convert", "-O", "raw"])
+                .arg(&disk)
+                .arg(&raw),
+        )
+        .unwrap();
         let out = dir.path().join("blob.out");
         let debugfs = find_tool("debugfs").expect("debugfs (e2fsprogs)");
         let req = format!("dump /blob {}", out.display());
