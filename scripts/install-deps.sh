@@ -3,7 +3,7 @@
 # qemu-system-x86: the hypervisor; qemu-utils: qemu-img; busybox-static,
 # cpio, e2fsprogs: guest initramfs and data disks; gcc: guest programs.
 set -euo pipefail
-pkgs=(qemu-system-x86 qemu-utils busybox-static cpio e2fsprogs gcc libc6-dev binutils make)
+pkgs=(qemu-system-x86 qemu-utils busybox-static cpio e2fsprogs gcc libc6-dev binutils lz4 make)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

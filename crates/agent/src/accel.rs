@@ -30,23 +30,6 @@ impl Resolved {
         }
     }
 
-    /// Extra guest kernel parameters for this accelerator.
-    ///
-    /// Under TCG the guest's TSC runs at the host's TSC rate, but the guest
-    /// kernel's early calibration against the emulated PIT fails at random
-    /// on a loaded host; it then marks the TSC unstable and can spend tens of
-    /// seconds calibrating with jiffies (seen here: boots stuck for > 40 s).
-    /// Telling it the frequency (`tsc_early_khz`) skips the calibration.
-    pub fn kernel_args(self) -> String {
-        match self {
-            Resolved::Kvm => String::new(),
-            Resolved::Tcg => match host_tsc_khz() {
-                Some(khz) => format!("tsc_early_khz={khz} tsc=reliable"),
-                None => String::new(),
-            },
-        }
-    }
-
     /// QEMU arguments selecting it.
     pub fn qemu_args(self) -> [&'static str; 4] {
         match self {
@@ -54,32 +37,6 @@ impl Resolved {
             Resolved::Tcg => ["-accel", "tcg", "-cpu", "max"],
         }
     }
-}
-
-/// The host's TSC frequency in kHz, measured once against the monotonic
-/// clock over 50 ms (accurate to well under 1%, enough for the guest's
-/// early clock), or `None` off x86-64.
-pub fn host_tsc_khz() -> Option<u64> {
-    static KHZ: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *KHZ.get_or_init(measure_tsc_khz)
-}
-
-#[cfg(target_arch = "x86_64")]
-fn measure_tsc_khz() -> Option<u64> {
-    use std::time::{Duration, Instant};
-    // SAFETY: RDTSC has no memory effects; every x86-64 CPU has it.
-    let rdtsc = || unsafe { core::arch::x86_64::_rdtsc() };
-    let (t0, c0) = (Instant::now(), rdtsc());
-    std::thread::sleep(Duration::from_millis(50));
-    let (c1, t1) = (rdtsc(), Instant::now());
-    let ns = t1.duration_since(t0).as_nanos() as u64;
-    let khz = (c1.wrapping_sub(c0) as u128 * 1_000_000 / ns.max(1) as u128) as u64;
-    (khz > 100_000).then_some(khz)
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn measure_tsc_khz() -> Option<u64> {
-    None
 }
 
 /// Why KVM cannot be used here, or `None` if it can.
@@ -127,15 +84,6 @@ mod tests {
         assert!(note.unwrap().contains("kvm_pvm"));
         let e = resolve_on(Accel::Kvm, d.path(), &kvm).unwrap_err();
         assert!(e.to_string().contains("kvm_pvm"), "{e}");
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn tcg_guests_get_the_host_tsc_frequency() {
-        let khz = host_tsc_khz().expect("x86-64 has a TSC");
-        assert!(khz > 100_000, "{khz}");
-        assert!(Resolved::Tcg.kernel_args().contains(&format!("tsc_early_khz={khz}")));
-        assert_eq!(Resolved::Kvm.kernel_args(), "");
     }
 
     #[test]

@@ -102,7 +102,7 @@ impl Cluster {
                 ram_file,
                 kernel: assets.kernel.clone(),
                 initrd: assets.initrd.clone(),
-                cmdline: kernel_cmdline(self.accel, &vm_spec.name, &address.cidr(), &workload)?,
+                cmdline: vmcsnap_guest::try_kernel_cmdline(&vm_spec.name, &address.cidr(), &workload)?,
                 console_log: dir.join("console.log"),
                 qmp_socket: dir.join("qmp.sock"),
                 disk: disk.clone(),
@@ -267,16 +267,6 @@ impl Cluster {
         }
         self.members.clear();
     }
-}
-
-fn kernel_cmdline(accel: Resolved, name: &str, cidr: &str, workload: &str) -> Result<String, AgentError> {
-    let mut line = vmcsnap_guest::try_kernel_cmdline(name, cidr, workload)?;
-    let extra = accel.kernel_args();
-    if !extra.is_empty() {
-        line.push(' ');
-        line.push_str(&extra);
-    }
-    Ok(line)
 }
 
 fn last_lines(text: &str, n: usize) -> String {

@@ -8,9 +8,11 @@
 //! `guest/build.sh` once, and caches the result under a key derived from the
 //! sources ([`input_key`]).
 //!
-//! A VM boots with `-kernel vmlinuz -initrd initrd.img -append
-//! <kernel_cmdline(..)>` on `-M microvm,acpi=on`, with `-serial` as its
-//! console. Contract of the console output (see `guest/init`):
+//! A VM boots with `-kernel <GuestAssets::kernel> -initrd <GuestAssets::initrd>
+//! -append <kernel_cmdline(..)>` on `-M microvm,acpi=on` (TCG), with `-serial`
+//! as its console, a `virtio-net-device` (eth0) and optionally a
+//! `virtio-blk-device` ([`make_data_disk`], mounted on /data). Contract of the
+//! console output (see `guest/init` and `guest/README.md`):
 //!
 //! * `VMCSNAP-READY <name>` ([`READY_MARKER`]) once eth0 is up and the
 //!   workload started;
