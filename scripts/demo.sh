@@ -20,6 +20,12 @@ for vm in alpha beta gamma; do
     $V console "$vm" --bytes 6000 | grep -E '^(memtouch|pingpong|kvload|kvserver)' | tail -n 3 || true
 done
 echo
+echo "== vmcsnap rejuvenate --all --mode warm   (restart every QEMU; guests keep memory and TCP sessions)"
+$V rejuvenate --all --mode warm
+sleep 3
+echo "== beta after the restart (same pingpong connection: conn=1)"
+$V console beta --bytes 3000 | grep -E '^(pingpong|kvload)' | tail -n 2 || true
+echo
 echo "== vmcsnap down"
 $V down
 trap - EXIT
