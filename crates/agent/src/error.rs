@@ -94,6 +94,14 @@ pub enum AgentError {
         /// The kept state file.
         state: PathBuf,
     },
+    /// A snapshot failed (the VM was left running).
+    #[error("snapshot of VM {vm:?} failed: {detail}")]
+    Snapshot {
+        /// The VM.
+        vm: String,
+        /// What went wrong.
+        detail: String,
+    },
     /// A file operation failed.
     #[error("{what} {path}: {source}")]
     Io {

@@ -24,11 +24,14 @@ pub mod paths;
 pub mod qemu;
 pub mod rejuvenate;
 pub mod server;
+pub mod snapshot;
 pub mod vm;
 
 pub use error::AgentError;
 pub use paths::RunDir;
 pub use server::{serve, AgentOptions};
+/// The snapshot image format (re-exported for the CLI and tests).
+pub use vmcsnap_image as image;
 
 /// Writes one timestamped line to the agent's log (its stderr).
 pub fn log(msg: impl AsRef<str>) {

@@ -11,6 +11,8 @@
 //!   cluster/<vm>/qemu.log          QEMU's own stdout/stderr
 //!   cluster/<vm>/data.qcow2        the VM's data disk
 //!   cluster/<vm>/restart.state     device (and for `saved`, RAM) state of a restart
+//!   snapshots/<name>/              a committed snapshot image (docs/image-format.md)
+//!   snapshots/.disks/<name>/       the disk images frozen by it (hard links)
 //!   rejuvenations.jsonl            every rejuvenation's measured downtime
 //! /dev/shm/vmcsnap-<tag>-<cluster>-<vm>   guest RAM (tag: hash of run-dir)
 //! ```
@@ -85,6 +87,11 @@ impl RunDir {
     /// Where measured rejuvenation downtimes are appended (JSON lines).
     pub fn rejuvenation_log(&self) -> PathBuf {
         self.root.join("rejuvenations.jsonl")
+    }
+    /// Where committed snapshots live (`<run-dir>/snapshots/<name>`), and
+    /// the disk images they froze (`.disks/<name>/`, hidden from listing).
+    pub fn snapshots_dir(&self) -> PathBuf {
+        self.root.join("snapshots")
     }
     /// The shared-memory file of a VM's RAM.
     pub fn shm_path(&self, cluster: &str, vm: &str) -> PathBuf {

@@ -83,6 +83,8 @@ pub struct Report {
     pub restart_ms: f64,
     /// State loaded into the new QEMU (or, for cold, boot to ready).
     pub load_ms: f64,
+    /// Part of `restart_ms` spent waiting for the old QEMU to exit.
+    pub quit_ms: f64,
     /// Size of the state file.
     pub state_bytes: u64,
     /// Waiting for the old QEMU to read frames already sent (before pause).
@@ -142,6 +144,7 @@ pub fn rejuvenate(
         save_ms: t.save_ms,
         restart_ms: t.restart_ms,
         load_ms: t.load_ms,
+        quit_ms: t.quit_ms,
         state_bytes,
         drain_ms,
         drain_bound_hit,
@@ -163,6 +166,7 @@ struct Timings {
     save_ms: f64,
     restart_ms: f64,
     load_ms: f64,
+    quit_ms: f64,
     fell_back: bool,
 }
 
@@ -212,6 +216,7 @@ fn suspend_resume(m: &mut Member, qemu_bin: &Path, prev_bin: &Path, state: &Path
 
     let t_restart = Instant::now();
     vm.shutdown();
+    let quit_ms = t_restart.elapsed().as_secs_f64() * 1000.0;
     if !warm {
         // Saved-VM reboot: memory must come back from disk, not from RAM.
         let _ = std::fs::remove_file(&vm.config.ram_file);
@@ -231,6 +236,7 @@ fn suspend_resume(m: &mut Member, qemu_bin: &Path, prev_bin: &Path, state: &Path
         save_ms,
         restart_ms: restart_ms - load_ms,
         load_ms,
+        quit_ms,
         fell_back,
     })
 }
@@ -321,7 +327,7 @@ fn cold(m: &mut Member, qemu_bin: &Path, prev_bin: &Path) -> Result<Timings, Age
     let load_ms = new.boot_ms.unwrap_or(0) as f64;
     *vm = new;
     let downtime_ms = t.elapsed().as_secs_f64() * 1000.0;
-    Ok(Timings { downtime_ms, save_ms: 0.0, restart_ms: downtime_ms - load_ms, load_ms, fell_back })
+    Ok(Timings { downtime_ms, save_ms: 0.0, restart_ms: downtime_ms - load_ms, load_ms, quit_ms: 0.0, fell_back })
 }
 
 /// Waits for the QMP event `name` and returns its timestamp (µs).

@@ -163,6 +163,15 @@ fn dispatch(
             append(&run.rejuvenation_log(), &format!("{result}\n"))?;
             Ok(result)
         }
+        Request::Snapshot { vm, mode, name, reference } => {
+            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
+            let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
+            let vm_config = c.spec.vm.iter().find(|v| v.name == vm).map(to_json).unwrap_or_default();
+            let m = c.member_mut(&vm)?;
+            let opts = crate::snapshot::Options { mode, name, reference, vm_config };
+            let report = crate::snapshot::snapshot(m, run, opts, progress)?;
+            Ok(to_json(&report))
+        }
         Request::Down => {
             let mut c = cluster.take().ok_or(AgentError::NoCluster)?;
             let name = c.spec.cluster.name.clone();

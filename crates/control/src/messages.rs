@@ -35,6 +35,23 @@ pub enum Request {
         /// `warm`, `saved` or `cold`.
         mode: String,
     },
+    /// Take a snapshot of one VM (memory and disk in one pause) into
+    /// `<run-dir>/snapshots/<name>`. Result: the agent's snapshot report
+    /// (`{"vm", "name", "path", "mode", "downtime_ms", "disk_snapshot_ms",
+    /// "duration_ms", ...}`).
+    Snapshot {
+        /// The VM.
+        vm: String,
+        /// `hot`, `stop-copy` or `precopy`.
+        mode: String,
+        /// Snapshot name; default `<vm>-<unix time>`.
+        #[serde(default)]
+        name: Option<String>,
+        /// Debug: copy guest RAM here while the VM is paused for the
+        /// snapshot, to compare the image with.
+        #[serde(default)]
+        reference: Option<PathBuf>,
+    },
     /// Tear the cluster down. Result: `{"cluster": NAME}`.
     Down,
     /// Stop the agent (refused while a cluster is up).

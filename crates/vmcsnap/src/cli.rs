@@ -63,6 +63,42 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Snapshot a running VM (memory and disk frozen in one pause) into
+    /// <run-dir>/snapshots/NAME: hot (background snapshot, pause of
+    /// milliseconds), stop-copy (paused while copying) or precopy (live copy).
+    Snapshot {
+        /// The VM's name.
+        vm: String,
+        /// hot | stop-copy | precopy
+        #[arg(long, default_value = "hot", value_parser = ["hot", "stop-copy", "precopy"])]
+        mode: String,
+        /// Snapshot name [default: VM-UNIXTIME].
+        #[arg(long)]
+        name: Option<String>,
+        /// Debug: copy guest RAM to PATH while the VM is paused for the snapshot.
+        #[arg(long, hide = true, value_name = "PATH")]
+        reference: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the committed snapshots of the run directory.
+    Snapshots {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a snapshot's manifest and page statistics; --verify checks every CRC.
+    Inspect {
+        /// A snapshot name (under <run-dir>/snapshots) or a snapshot directory.
+        snapshot: PathBuf,
+        /// Read every block and check every CRC; exit non-zero naming each bad block.
+        #[arg(long)]
+        verify: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Availability of warm, cold and saved VMM rejuvenation (the warm-VM
     /// reboot paper's equations 1-2) from downtimes measured on this host by
     /// earlier `rejuvenate` runs.

@@ -73,6 +73,20 @@ fn run(cli: Cli) -> Result<()> {
             let v = request(&run_dir.agent_socket(), &Request::Rejuvenate { vm, mode })?;
             output::json_or(json, &v, || output::rejuvenate(&v))
         }
+        Command::Snapshot { vm, mode, name, reference, json } => {
+            let reference = reference.map(|r| std::env::current_dir().map(|d| d.join(&r)).unwrap_or(r));
+            let v = request(&run_dir.agent_socket(), &Request::Snapshot { vm, mode, name, reference })?;
+            output::json_or(json, &v, || output::snapshot(&v))
+        }
+        Command::Snapshots { json } => output::snapshots(&run_dir.snapshots_dir(), json),
+        Command::Inspect { snapshot, verify, json } => {
+            let dir = if snapshot.components().count() == 1 && !snapshot.exists() {
+                run_dir.snapshots_dir().join(&snapshot)
+            } else {
+                snapshot
+            };
+            output::inspect(&dir, verify, json)
+        }
         Command::Availability { t_vmm, t_os, json } => availability(&run_dir, t_vmm, t_os, json),
         Command::Agent { cmd } => match cmd {
             AgentCmd::Run { exit_when_idle } => {

@@ -79,3 +79,138 @@ pub fn rejuvenate(v: &Value) {
     }
     println!("total {:.1} ms", v["total_ms"].as_f64().unwrap_or(0.0));
 }
+
+/// The line printed by `snapshot`.
+pub fn snapshot(v: &Value) {
+    let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    println!(
+        "snapshot {} of {} ({}): downtime {:.1} ms, disk snapshot {:.1} ms, total {:.1} ms, {} MiB stream at {:.0} MB/s, {} pages written by the guest",
+        v["name"].as_str().unwrap_or("?"),
+        v["vm"].as_str().unwrap_or("?"),
+        v["mode"].as_str().unwrap_or("?"),
+        f("downtime_ms"),
+        f("disk_snapshot_ms"),
+        f("duration_ms"),
+        v["stream_bytes"].as_u64().unwrap_or(0) >> 20,
+        f("stream_mb_per_s"),
+        v["pages_guest_written"]
+    );
+    println!("  {}", v["path"].as_str().unwrap_or("?"));
+}
+
+/// `snapshots`: the committed snapshots under `root`.
+pub fn snapshots(root: &std::path::Path, json: bool) -> Result<()> {
+    let entries = if root.exists() { vmcsnap_agent::image::list_snapshots(root)? } else { vec![] };
+    let rows: Vec<Value> = entries
+        .iter()
+        .map(|e| match &e.status {
+            Ok(m) => serde_json::json!({
+                "name": e.name, "path": e.path, "valid": true, "vm": m.vm.name,
+                "mode": m.labels.get("snapshot_mode").or(m.labels.get("capture_mode")),
+                "created_unix_ms": m.created_unix_ms, "downtime_ms": m.metrics.downtime_ms,
+                "duration_ms": m.metrics.duration_ms, "pages_total": m.metrics.pages_total,
+                "bytes_written": m.metrics.bytes_written,
+            }),
+            Err(err) => serde_json::json!({ "name": e.name, "path": e.path, "valid": false, "error": err.to_string() }),
+        })
+        .collect();
+    if json {
+        println!("{}", serde_json::to_string(&serde_json::json!({ "root": root, "snapshots": rows }))?);
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("no snapshots in {}", root.display());
+        return Ok(());
+    }
+    println!("{:<32} {:<10} {:<10} {:>11} {:>11} {:>12}", "NAME", "VM", "MODE", "DOWNTIME_MS", "DURATION_MS", "BYTES");
+    for r in &rows {
+        if r["valid"] == true {
+            println!(
+                "{:<32} {:<10} {:<10} {:>11} {:>11} {:>12}",
+                r["name"].as_str().unwrap_or("?"),
+                r["vm"].as_str().unwrap_or("?"),
+                r["mode"].as_str().unwrap_or("?"),
+                r["downtime_ms"],
+                r["duration_ms"],
+                r["bytes_written"]
+            );
+        } else {
+            println!("{:<32} INVALID: {}", r["name"].as_str().unwrap_or("?"), r["error"].as_str().unwrap_or("?"));
+        }
+    }
+    Ok(())
+}
+
+/// `inspect`: manifest, page statistics, FAFL length; with `verify`, every
+/// CRC (fails naming each bad block).
+pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
+    use anyhow::Context;
+    let img = vmcsnap_agent::image::Image::open(dir).with_context(|| format!("snapshot {}", dir.display()))?;
+    let st = img.stats();
+    let report = verify.then(|| img.verify());
+    let bad: Vec<Value> = report
+        .iter()
+        .flat_map(|r| r.bad_blocks.iter())
+        .map(|b| serde_json::json!({ "block": b.index, "offset": b.offset, "error": b.error.to_string() }))
+        .chain(report.iter().flat_map(|r| r.other.iter()).map(|e| serde_json::json!({ "error": e.to_string() })))
+        .collect();
+    let v = serde_json::json!({
+        "path": dir,
+        "manifest": serde_json::to_value(img.manifest())?,
+        "stats": {
+            "pages_total": st.pages_total, "pages_stored": st.pages_stored, "pages_zero": st.pages_zero,
+            "pages_absent": st.pages_absent, "blocks": st.blocks, "memory_bytes": st.memory_bytes,
+            "total_bytes": st.total_bytes, "device_state_bytes": st.device_state_bytes,
+        },
+        "fafl_len": img.fafl().len(),
+        "verify": report.as_ref().map(|r| serde_json::json!({
+            "ok": r.is_ok(), "blocks_checked": r.blocks_checked, "pages_checked": r.pages_checked,
+            "bytes_read": r.bytes_read, "problems": bad,
+        })),
+    });
+    if json {
+        println!("{}", serde_json::to_string(&v)?);
+    } else {
+        let m = img.manifest();
+        println!("snapshot {}", dir.display());
+        println!("  image id   {}", m.image_id);
+        println!("  vm         {} (qemu {}, machine {})", m.vm.name, m.qemu.version, m.qemu.machine);
+        println!("  created    {} (unix ms)", m.created_unix_ms);
+        for b in &m.ram_blocks {
+            println!("  ram block  {} ({} MiB)", b.name, b.used_length >> 20);
+        }
+        for d in &m.disks {
+            println!("  disk       {} {} {}", d.node, d.format, d.path);
+        }
+        for (k, l) in &m.labels {
+            println!("  label      {k}={l}");
+        }
+        println!("  metrics    {}", serde_json::to_string(&m.metrics)?);
+        println!(
+            "  pages      {} total, {} stored, {} zero, {} absent; {} blocks, {} bytes memory, {} bytes total",
+            st.pages_total, st.pages_stored, st.pages_zero, st.pages_absent, st.blocks, st.memory_bytes, st.total_bytes
+        );
+        println!("  device     {} bytes ({})", st.device_state_bytes, m.device_state_format);
+        println!("  fafl       {} pages", img.fafl().len());
+        if let Some(r) = &report {
+            println!("  verify     {r}");
+        }
+    }
+    if let Some(r) = report {
+        if !r.is_ok() {
+            let first = r
+                .bad_blocks
+                .first()
+                .map(|b| format!("block {} at offset {}: {}", b.index, b.offset, b.error))
+                .or_else(|| r.other.first().map(|e| e.to_string()))
+                .unwrap_or_default();
+            anyhow::bail!(
+                "snapshot {} failed verification: {} bad blocks, {} other problems; first: {first}",
+                dir.display(),
+                r.bad_blocks.len(),
+                r.other.len()
+            );
+        }
+    }
+    Ok(())
+}
