@@ -23,6 +23,7 @@ mod error;
 pub mod paths;
 pub mod qemu;
 pub mod rejuvenate;
+pub mod relay;
 pub mod server;
 pub mod snapshot;
 pub mod vm;

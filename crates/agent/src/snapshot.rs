@@ -306,7 +306,9 @@ fn run_mode(
     set_caps(vm, mode == Mode::Hot, mode == Mode::Precopy)?;
     vm.execute("migrate-set-parameters", json!({ "max-bandwidth": SNAPSHOT_BANDWIDTH }))?;
     take_events(vm)?;
-    let uri = json!({ "uri": format!("unix:{}", sock.display()) });
+    // QEMU writes to a relay it owns, not to our socket: see `relay`.
+    let exe = std::env::current_exe().map_err(AgentError::io("finding the vmcsnap executable", "/proc/self/exe"))?;
+    let uri = json!({ "uri": crate::relay::exec_uri(&exe, sock) });
     let stop_us;
     match mode {
         Mode::Hot | Mode::StopCopy => {

@@ -77,6 +77,36 @@ pub enum SwitchError {
     /// The event loop could not be set up.
     #[error("cannot start the switch event loop: {0}; the process may be out of file descriptors or threads")]
     Start(#[source] io::Error),
+    /// A [`FrozenState`](crate::handover::FrozenState) given to
+    /// [`Switch::thaw`](crate::Switch::thaw) is not self-consistent.
+    #[error(
+        "cannot thaw the switch: the frozen state is invalid: {0}; \
+         thaw only states produced by SwitchHandle::freeze of a compatible vmcsnap-switch"
+    )]
+    InvalidFrozenState(String),
+    /// A file descriptor named in a frozen state is not usable.
+    #[error(
+        "cannot thaw the switch: fd {fd} ({role}) {problem}; the fds of a frozen switch \
+         must be inherited across exec (call FrozenSwitch::keep_across_exec right before \
+         exec) and not be closed or reused before Switch::thaw"
+    )]
+    InheritedFd {
+        /// The descriptor number given in the state.
+        fd: i32,
+        /// What the state says it is, e.g. `listening socket of port "vm1" (port#0)`.
+        role: String,
+        /// What is wrong with it, e.g. `is not open`.
+        problem: String,
+    },
+    /// A socket of a frozen switch could not be made inheritable.
+    #[error("cannot clear FD_CLOEXEC on fd {fd} of the frozen switch: {source}")]
+    KeepAcrossExec {
+        /// The descriptor.
+        fd: i32,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
     /// The switch was stopped (or its event loop died); the handle is unusable.
     #[error("the switch is stopped; start a new one with Switch::start")]
     Stopped,

@@ -114,6 +114,13 @@ impl Decoder {
         self.buf.len() - self.pos
     }
 
+    /// The bytes fed but not yet returned as frames (at most one partial
+    /// record once [`next_frame`](Self::next_frame) has returned `None`).
+    /// Feeding them to a fresh decoder resumes the stream where this one is.
+    pub fn pending_input(&self) -> &[u8] {
+        &self.buf[self.pos..]
+    }
+
     /// Pops the next complete frame, if one has been fed entirely.
     ///
     /// The returned slice borrows the decoder and is valid until the next
@@ -220,6 +227,25 @@ mod tests {
         assert!(matches!(err, FrameError::TooLong { .. }));
         dec.feed(&[0; 16]);
         assert_eq!(dec.next_frame().unwrap_err(), err, "decoder stays poisoned");
+    }
+
+    #[test]
+    fn pending_input_resumes_in_a_new_decoder() {
+        let mut wire = Vec::new();
+        for f in frames() {
+            encode(&f, &mut wire).unwrap();
+        }
+        let mut dec = Decoder::new();
+        dec.feed(&wire[..HEADER_LEN + 60 + 100]); // frame 0 and part of frame 1
+        assert_eq!(drain(&mut dec), vec![frames()[0].clone()]);
+        assert_eq!(
+            dec.pending_input(),
+            &wire[HEADER_LEN + 60..HEADER_LEN + 60 + 100]
+        );
+        let mut resumed = Decoder::new();
+        resumed.feed(dec.pending_input());
+        resumed.feed(&wire[HEADER_LEN + 60 + 100..]);
+        assert_eq!(drain(&mut resumed), frames()[1..].to_vec());
     }
 
     #[test]

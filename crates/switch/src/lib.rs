@@ -25,6 +25,11 @@
 //!   stops reading only fills its own queue. [`SwitchHandle`] controls it
 //!   from other threads.
 //!
+//! Beside them, [`handover`] freezes the running switch
+//! ([`SwitchHandle::freeze`]) and thaws it in a new process image after the
+//! agent `execve`s itself ([`Switch::thaw`]), keeping every connection and
+//! every frame.
+//!
 //! A QEMU client connects once and never reconnects; a new QEMU process for
 //! the same VM (restart, restore) connects again to the same socket, and the
 //! new connection replaces the old one (frames queued for the port go to the
@@ -43,13 +48,15 @@
 //! # Ok::<(), vmcsnap_switch::SwitchError>(())
 //! ```
 
-// Only `sockq` needs unsafe (one ioctl); it allows it locally.
+// Only `sockq` (one ioctl) and `handover::fds` (adopting inherited
+// descriptors) need unsafe; they allow it locally.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod core;
 pub mod error;
 pub mod framing;
+pub mod handover;
 pub mod server;
 mod sockq;
 pub mod stats;
@@ -57,5 +64,6 @@ pub mod stats;
 pub use crate::core::{Counters, Decision, MacAddr, PortId, SwitchCore};
 pub use error::{SwitchError, MAX_SOCKET_PATH_LEN};
 pub use framing::MAX_FRAME_LEN;
+pub use handover::{FrozenState, FrozenSwitch};
 pub use server::{DrainState, Switch, SwitchConfig, SwitchHandle, DEFAULT_MAX_QUEUE_BYTES};
 pub use stats::{PortStats, SwitchStats};

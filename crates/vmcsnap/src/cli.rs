@@ -113,6 +113,14 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// (internal) QEMU's end of a snapshot stream: copies stdin to the
+    /// agent's socket and drains the rest if the agent goes away.
+    #[command(hide = true)]
+    StreamRelay {
+        /// The agent's capture socket.
+        #[arg(long)]
+        to: PathBuf,
+    },
     /// Manage the per-host agent that owns the QEMU processes and the switch.
     Agent {
         #[command(subcommand)]

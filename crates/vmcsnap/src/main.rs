@@ -88,6 +88,13 @@ fn run(cli: Cli) -> Result<()> {
             output::inspect(&dir, verify, json)
         }
         Command::Availability { t_vmm, t_os, json } => availability(&run_dir, t_vmm, t_os, json),
+        Command::StreamRelay { to } => {
+            let o = vmcsnap_agent::relay::relay(std::io::stdin().lock(), &to).context("stream relay")?;
+            if o.discarded > 0 {
+                eprintln!("vmcsnap stream-relay: the agent went away; discarded {} bytes", o.discarded);
+            }
+            Ok(())
+        }
         Command::Agent { cmd } => match cmd {
             AgentCmd::Run { exit_when_idle } => {
                 vmcsnap_agent::serve(AgentOptions { run_dir, exit_when_idle }).context("agent failed")

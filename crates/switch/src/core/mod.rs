@@ -19,6 +19,7 @@
 //!
 //! Frames in queues are `Arc<[u8]>`, so flooding shares one copy.
 
+pub(crate) mod frozen;
 mod mac;
 #[cfg(test)]
 mod tests;

@@ -9,6 +9,18 @@ use socket2::SockRef;
 
 use crate::framing::{self, Decoder, HEADER_LEN};
 
+/// One record in an [`OutBuf`].
+#[derive(Debug)]
+struct Record {
+    /// Offset in `buf` where the record ends.
+    end: usize,
+    /// Length of the Ethernet frame (without the length prefix).
+    len: usize,
+    /// The frame; `None` for the remainder of a frame partly written before
+    /// a handover, which is started by definition and never taken back.
+    frame: Option<Arc<[u8]>>,
+}
+
 /// Encoded frames taken from the port's queue and being written.
 ///
 /// Frames are only moved here from the core's queue when the buffer is
@@ -17,8 +29,8 @@ use crate::framing::{self, Decoder, HEADER_LEN};
 pub(crate) struct OutBuf {
     buf: Vec<u8>,
     pos: usize,
-    /// Frames in `buf`, with the offset where each one's record ends.
-    frames: VecDeque<(usize, Arc<[u8]>)>,
+    /// Records in `buf`, in order.
+    frames: VecDeque<Record>,
 }
 
 impl OutBuf {
@@ -44,20 +56,48 @@ impl OutBuf {
             self.pos = 0;
         }
         framing::encode(&frame, &mut self.buf)?;
-        self.frames.push_back((self.buf.len(), frame));
+        self.frames.push_back(Record {
+            end: self.buf.len(),
+            len: frame.len(),
+            frame: Some(frame),
+        });
         Ok(())
     }
 
-    /// Marks `n` more bytes written; calls `done` for every frame whose
-    /// record is now complete.
-    pub(crate) fn advance(&mut self, n: usize, mut done: impl FnMut(&Arc<[u8]>)) {
+    /// A buffer holding only `remainder`, the unwritten end of the record of
+    /// a `frame_len`-byte frame (see [`partial`](Self::partial)).
+    pub(crate) fn resume(remainder: Vec<u8>, frame_len: usize) -> Self {
+        let mut out = OutBuf::default();
+        if !remainder.is_empty() {
+            let end = remainder.len();
+            out.buf = remainder;
+            out.frames.push_back(Record {
+                end,
+                len: frame_len,
+                frame: None,
+            });
+        }
+        out
+    }
+
+    /// The unwritten bytes and frame length of the partly written frame,
+    /// once [`take_unstarted`](Self::take_unstarted) has left only it.
+    pub(crate) fn partial(&self) -> Option<(Vec<u8>, usize)> {
+        debug_assert!(self.frames.len() <= 1, "call take_unstarted first");
+        let rec = self.frames.front()?;
+        Some((self.buf[self.pos..rec.end].to_vec(), rec.len))
+    }
+
+    /// Marks `n` more bytes written; calls `done` with the frame length of
+    /// every frame whose record is now complete.
+    pub(crate) fn advance(&mut self, n: usize, mut done: impl FnMut(usize)) {
         self.pos += n;
-        while let Some((end, _)) = self.frames.front() {
-            if *end > self.pos {
+        while let Some(rec) = self.frames.front() {
+            if rec.end > self.pos {
                 break;
             }
-            let (_, frame) = self.frames.pop_front().expect("front exists");
-            done(&frame);
+            done(rec.len);
+            self.frames.pop_front();
         }
     }
 
@@ -65,13 +105,16 @@ impl OutBuf {
     /// them in order. A partly written frame stays.
     pub(crate) fn take_unstarted(&mut self) -> Vec<Arc<[u8]>> {
         let mut taken = Vec::new();
-        while let Some((end, frame)) = self.frames.back() {
-            let start = end - frame.len() - HEADER_LEN;
+        while let Some(rec) = self.frames.back() {
+            let Some(frame) = &rec.frame else { break };
+            let start = rec.end - rec.len - HEADER_LEN;
             if start < self.pos {
                 break;
             }
+            let frame = frame.clone();
             self.buf.truncate(start);
-            taken.push(self.frames.pop_back().expect("back exists").1);
+            self.frames.pop_back();
+            taken.push(frame);
         }
         taken.reverse();
         taken
@@ -99,6 +142,18 @@ impl Conn {
             out: OutBuf::default(),
         }
     }
+
+    /// A connection taken over from a frozen switch: `rx_pending` is the
+    /// decoder's partial input, `out` the rest of a partly written frame.
+    pub(crate) fn resume(stream: UnixStream, rx_pending: &[u8], out: OutBuf) -> Self {
+        let mut decoder = Decoder::new();
+        decoder.feed(rx_pending);
+        Conn {
+            stream,
+            decoder,
+            out,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -115,13 +170,13 @@ mod tests {
         out.push(f(1, 10)).unwrap();
         out.push(f(2, 20)).unwrap();
         let mut done = Vec::new();
-        out.advance(13, |fr| done.push(fr[0]));
+        out.advance(13, |len| done.push(len));
         assert!(done.is_empty());
-        out.advance(1, |fr| done.push(fr[0]));
-        assert_eq!(done, vec![1]);
+        out.advance(1, |len| done.push(len));
+        assert_eq!(done, vec![10]);
         assert_eq!(out.pending_bytes(), 24);
-        out.advance(24, |fr| done.push(fr[0]));
-        assert_eq!(done, vec![1, 2]);
+        out.advance(24, |len| done.push(len));
+        assert_eq!(done, vec![10, 20]);
         assert!(out.is_empty());
     }
 
@@ -138,5 +193,33 @@ mod tests {
         out.advance(11, |_| {});
         assert!(out.is_empty());
         assert!(out.take_unstarted().is_empty());
+    }
+
+    #[test]
+    fn partial_frame_survives_resume() {
+        let mut out = OutBuf::default();
+        for i in 0..3 {
+            out.push(f(i, 10)).unwrap();
+        }
+        out.advance(14 + 5, |_| {}); // frame 1: header and 1 byte written
+        let taken: Vec<u8> = out.take_unstarted().iter().map(|fr| fr[0]).collect();
+        assert_eq!(taken, vec![2]);
+        let (rest, len) = out.partial().unwrap();
+        assert_eq!((rest, len), (vec![1u8; 9], 10));
+
+        let mut resumed = OutBuf::resume(vec![1u8; 9], 10);
+        assert_eq!((resumed.pending_frames(), resumed.pending_bytes()), (1, 9));
+        assert!(
+            resumed.take_unstarted().is_empty(),
+            "a remainder is started"
+        );
+        resumed.push(f(2, 10)).unwrap();
+        assert_eq!(resumed.take_unstarted().len(), 1);
+        let mut done = Vec::new();
+        resumed.advance(4, |len| done.push(len));
+        resumed.advance(5, |len| done.push(len));
+        assert_eq!(done, vec![10]);
+        assert!(resumed.is_empty() && resumed.partial().is_none());
+        assert!(OutBuf::resume(Vec::new(), 10).is_empty());
     }
 }

@@ -9,6 +9,8 @@ use std::time::Duration;
 use mio::net::{UnixListener, UnixStream};
 use mio::{Events, Interest, Poll, Token};
 
+mod handover;
+
 use super::conn::Conn;
 use super::listen::{self, FileId};
 use super::{Command, DrainState, SwitchConfig};
@@ -146,6 +148,11 @@ impl EventLoop {
                 Command::Drain { port, reply } => {
                     let _ = reply.send(self.drain_state(port));
                 }
+                Command::Freeze { reply } => {
+                    // Nothing is flushed after this: the sockets are handed over as they are.
+                    let _ = reply.send(self.freeze());
+                    return false;
+                }
                 Command::Stop => return false,
             }
         }
@@ -216,9 +223,17 @@ impl EventLoop {
             return Ok(DrainState::default());
         };
         // A batch holds whole frames; after a hold only a started one remains.
-        let partial_bytes = if conn.out.pending_frames() > 0 { conn.out.pending_bytes() } else { 0 };
+        let partial_bytes = if conn.out.pending_frames() > 0 {
+            conn.out.pending_bytes()
+        } else {
+            0
+        };
         let unread_bytes = crate::sockq::unsent_bytes(&conn.stream).unwrap_or(0);
-        Ok(DrainState { connected: true, partial_bytes, unread_bytes })
+        Ok(DrainState {
+            connected: true,
+            partial_bytes,
+            unread_bytes,
+        })
     }
 
     fn hold(&mut self, port: PortId) -> Result<()> {
@@ -395,7 +410,7 @@ impl EventLoop {
                 }
             }
             match conn.out.send(&conn.stream) {
-                Ok(n) => conn.out.advance(n, |f| self.core.record_tx(port, f.len())),
+                Ok(n) => conn.out.advance(n, |len| self.core.record_tx(port, len)),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {

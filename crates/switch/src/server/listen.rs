@@ -18,6 +18,18 @@ pub(crate) struct FileId {
     ino: u64,
 }
 
+impl FileId {
+    /// The identity with these `st_dev` and `st_ino`.
+    pub(crate) fn from_parts(dev: u64, ino: u64) -> Self {
+        FileId { dev, ino }
+    }
+
+    /// `(st_dev, st_ino)`.
+    pub(crate) fn parts(self) -> (u64, u64) {
+        (self.dev, self.ino)
+    }
+}
+
 /// Identity of whatever is at `path` now (without following symlinks).
 pub(crate) fn file_id(path: &Path) -> Option<FileId> {
     fs::symlink_metadata(path).ok().map(|m| FileId {

@@ -10,13 +10,18 @@
 //! a client that stops reading (a paused VM) only fills its own port's queue,
 //! up to [`SwitchConfig::max_queue_bytes`], after which frames for it are
 //! dropped and counted.
+//!
+//! [`SwitchHandle::freeze`] ends the loop without closing a socket, and
+//! [`Switch::thaw`] starts one from the frozen state, possibly in a new
+//! process image (see [`crate::handover`]).
 
 mod conn;
 mod event_loop;
 mod listen;
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -24,8 +29,10 @@ use mio::{Poll, Waker};
 
 use crate::core::{PortId, DEFAULT_MAX_MACS};
 use crate::error::{Result, SwitchError};
+use crate::handover::{self, FrozenState, FrozenSwitch};
 use crate::stats::SwitchStats;
 use event_loop::{EventLoop, WAKER};
+pub(crate) use listen::check_path as check_socket_path;
 
 /// See [`SwitchHandle::drain_state`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -83,23 +90,64 @@ impl Switch {
 
     /// Starts a switch: spawns its event-loop thread and returns a handle.
     pub fn start_with(config: SwitchConfig) -> Result<SwitchHandle> {
-        let poll = Poll::new().map_err(SwitchError::Start)?;
-        let waker = Waker::new(poll.registry(), WAKER).map_err(SwitchError::Start)?;
-        let (commands, rx) = mpsc::channel();
-        let event_loop = EventLoop::new(poll, rx, &config);
-        let thread = std::thread::Builder::new()
-            .name("vmcsnap-switch".into())
-            .spawn(move || event_loop.run())
-            .map_err(SwitchError::Start)?;
-        let inner = Inner {
-            commands,
-            waker,
-            thread: Mutex::new(Some(thread)),
-        };
-        Ok(SwitchHandle {
-            inner: Arc::new(inner),
-        })
+        spawn(|poll, rx| Ok(EventLoop::new(poll, rx, &config)))
     }
+
+    /// Rebuilds, in a new process image, a switch frozen by
+    /// [`SwitchHandle::freeze`] before `exec`, from its state and the
+    /// descriptors it names (inherited across `exec`), and starts it where
+    /// it stopped. See [`handover`](crate::handover#protocol) for the protocol.
+    ///
+    /// First the state is validated ([`FrozenState::validate`]) and every
+    /// descriptor is checked: it must be open, a unix stream socket,
+    /// listening (for a port's socket) or not (for a connection), and bound
+    /// to the port's socket path. If anything is wrong this returns
+    /// [`SwitchError::InvalidFrozenState`] or [`SwitchError::InheritedFd`]
+    /// and has taken and closed nothing. Otherwise the switch takes
+    /// ownership of the descriptors (an error from then on, such as
+    /// [`SwitchError::Start`], closes them) and sets `FD_CLOEXEC` on them.
+    ///
+    /// The descriptors must be the ones the frozen switch left, owned by
+    /// nothing else in this process: the switch will close them (on
+    /// `remove_port`, `stop`, or a replaced connection), so a number that
+    /// some other object owns would be closed twice.
+    pub fn thaw(state: FrozenState, config: SwitchConfig) -> Result<SwitchHandle> {
+        state.validate()?;
+        let fds = handover::adopt_all(&state.expected_fds())?;
+        spawn_thawed(state, fds, config)
+    }
+}
+
+/// Starts the event loop of a thawed switch; `fds` are in the order of
+/// `FrozenState::expected_fds` and owned by the new switch.
+pub(crate) fn spawn_thawed(
+    state: FrozenState,
+    fds: Vec<OwnedFd>,
+    config: SwitchConfig,
+) -> Result<SwitchHandle> {
+    handover::prepare_adopted(&fds, &state)?;
+    spawn(|poll, rx| EventLoop::thaw(poll, rx, &config, state, fds))
+}
+
+/// Creates the poll, waker and command channel, builds the event loop with
+/// `make` and spawns its thread.
+fn spawn(make: impl FnOnce(Poll, Receiver<Command>) -> Result<EventLoop>) -> Result<SwitchHandle> {
+    let poll = Poll::new().map_err(SwitchError::Start)?;
+    let waker = Waker::new(poll.registry(), WAKER).map_err(SwitchError::Start)?;
+    let (commands, rx) = mpsc::channel();
+    let event_loop = make(poll, rx)?;
+    let thread = std::thread::Builder::new()
+        .name("vmcsnap-switch".into())
+        .spawn(move || event_loop.run())
+        .map_err(SwitchError::Start)?;
+    let inner = Inner {
+        commands,
+        waker,
+        thread: Mutex::new(Some(thread)),
+    };
+    Ok(SwitchHandle {
+        inner: Arc::new(inner),
+    })
 }
 
 pub(crate) enum Command {
@@ -126,6 +174,9 @@ pub(crate) enum Command {
     Drain {
         port: PortId,
         reply: Sender<Result<DrainState>>,
+    },
+    Freeze {
+        reply: Sender<FrozenSwitch>,
     },
     Stop,
 }
@@ -228,6 +279,22 @@ impl SwitchHandle {
     /// Snapshot of every port's state and counters.
     pub fn stats(&self) -> Result<SwitchStats> {
         self.request(|reply| Command::Stats { reply })
+    }
+
+    /// Stops the event loop without closing any socket or unlinking any
+    /// socket file, and returns the sockets and everything needed to resume
+    /// ([`FrozenSwitch`]), to hand the switch over to a new process image
+    /// (see [`handover`](crate::handover#protocol)) or to [`FrozenSwitch::resume`] it.
+    ///
+    /// The loop stops between two iterations: every frame it has read is in
+    /// the state (queued, or as a partial input), and a partly written frame
+    /// is captured as its unwritten remainder. Once this returns, nothing
+    /// reads or writes the sockets. Later calls on any handle of this switch
+    /// return [`SwitchError::Stopped`].
+    pub fn freeze(&self) -> Result<FrozenSwitch> {
+        let frozen = self.request(|reply| Command::Freeze { reply })?;
+        self.inner.stop(); // joins the loop thread, which has already left its loop
+        Ok(frozen)
     }
 
     /// Stops the switch: closes every connection and listening socket,
