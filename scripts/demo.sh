@@ -20,6 +20,12 @@ for vm in alpha beta gamma; do
     $V console "$vm" --bytes 6000 | grep -E '^(memtouch|pingpong|kvload|kvserver)' | tail -n 3 || true
 done
 echo
+echo "== vmcsnap snapshot alpha --mode hot   (ms pause; memory saved copy-on-write while alpha runs)"
+$V snapshot alpha --mode hot --name demo-alpha
+$V snapshots
+echo "== vmcsnap inspect demo-alpha --verify"
+$V inspect demo-alpha --verify | head -n 12
+echo
 echo "== vmcsnap rejuvenate --all --mode warm   (restart every QEMU; guests keep memory and TCP sessions)"
 $V rejuvenate --all --mode warm
 sleep 3
