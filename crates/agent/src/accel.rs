@@ -13,7 +13,8 @@ use vmcsnap_spec::Accel;
 use crate::AgentError;
 
 /// The accelerator QEMU will use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Resolved {
     /// Hardware virtualisation.
     Kvm,

@@ -150,6 +150,16 @@ impl Cluster {
         Ok(())
     }
 
+    /// Reassembles a cluster (after an agent restart).
+    pub fn from_parts(spec: ClusterSpec, accel: Resolved, members: Vec<Member>, switch: SwitchHandle, run: RunDir) -> Cluster {
+        Cluster { spec, accel, members, switch, run }
+    }
+
+    /// Takes a cluster apart without stopping anything (for an agent restart).
+    pub fn into_parts(self) -> (ClusterSpec, Resolved, Vec<Member>, SwitchHandle, RunDir) {
+        (self.spec, self.accel, self.members, self.switch, self.run)
+    }
+
     /// What `up` reports.
     pub fn up_result(&self) -> UpResult {
         UpResult {

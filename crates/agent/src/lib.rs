@@ -19,6 +19,7 @@
 pub mod accel;
 pub mod availability;
 pub mod cluster;
+pub mod handover;
 mod error;
 pub mod paths;
 pub mod qemu;

@@ -19,7 +19,7 @@ pub const DISK_NODE: &str = "disk0";
 pub const NETDEV_ID: &str = "net0";
 
 /// Everything that decides a VM's QEMU command line.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct QemuConfig {
     /// `-name` of the process.
     pub name: String,

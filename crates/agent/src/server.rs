@@ -23,6 +23,9 @@ pub struct AgentOptions {
     /// Exit once no cluster is up after a request (an agent started on
     /// demand by the CLI goes away with its cluster).
     pub exit_when_idle: bool,
+    /// Continue from a handover file written by the previous image of this
+    /// process (`vmcsnap agent restart`).
+    pub resume: Option<std::path::PathBuf>,
 }
 
 /// Binds the control socket and serves requests until told to stop.
@@ -34,22 +37,24 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         .create(run.root())
         .map_err(AgentError::io("creating run directory", run.root()))?;
     let sock = run.agent_socket();
-    if UnixStream::connect(&sock).is_ok() {
-        return Err(AgentError::Io {
-            what: "another agent is already serving",
-            path: sock,
-            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
-        });
-    }
-    let _ = std::fs::remove_file(&sock);
-    let listener = UnixListener::bind(&sock).map_err(AgentError::io("binding", &sock))?;
-    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
-        .map_err(AgentError::io("setting permissions of", &sock))?;
+    let exe = std::env::current_exe().map_err(AgentError::io("finding the agent executable", "/proc/self/exe"))?;
+    let (listener, mut cluster, exit_when_idle, generation) = match &opts.resume {
+        Some(path) => {
+            let (l, c, e, g) = crate::handover::resume(run, path)?;
+            log(format!(
+                "agent {} resumed (generation {g}) with {} VMs",
+                std::process::id(),
+                c.as_ref().map_or(0, |c| c.members.len())
+            ));
+            (l, c, e, g)
+        }
+        None => (bind_control(run)?, None, opts.exit_when_idle, 0),
+    };
     std::fs::write(run.agent_pid(), format!("{}\n", std::process::id()))
         .map_err(AgentError::io("writing", run.agent_pid()))?;
     log(format!("agent {} serving {}", std::process::id(), sock.display()));
+    let started = std::time::SystemTime::now();
 
-    let mut cluster: Option<Cluster> = None;
     for conn in listener.incoming() {
         let stream = match conn {
             Ok(s) => s,
@@ -58,8 +63,19 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
                 continue;
             }
         };
-        let (stop, changes_state) = handle(stream, run, &mut cluster);
-        if stop || (opts.exit_when_idle && changes_state && cluster.is_none()) {
+        let info = AgentInfo { generation, started_unix_ms: crate::handover::unix_ms(started) };
+        let (action, changes_state) = handle(stream, run, &mut cluster, &info);
+        match action {
+            Action::Stop => break,
+            Action::Restart => {
+                // Returns only if the exec failed; the old image goes on.
+                let e = crate::handover::exec_restart(run, &listener, &mut cluster, exit_when_idle, generation, &exe);
+                log(format!("agent restart failed: {e}"));
+                continue;
+            }
+            Action::Continue => {}
+        }
+        if exit_when_idle && changes_state && cluster.is_none() {
             break;
         }
     }
@@ -72,29 +88,59 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
     Ok(())
 }
 
+fn bind_control(run: &RunDir) -> Result<UnixListener, AgentError> {
+    let sock = run.agent_socket();
+    if UnixStream::connect(&sock).is_ok() {
+        return Err(AgentError::Io {
+            what: "another agent is already serving",
+            path: sock,
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        });
+    }
+    let _ = std::fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock).map_err(AgentError::io("binding", &sock))?;
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
+        .map_err(AgentError::io("setting permissions of", &sock))?;
+    Ok(listener)
+}
+
+/// What the serve loop does after a request.
+enum Action {
+    Continue,
+    Stop,
+    Restart,
+}
+
+/// Facts about this agent image, for `ping`.
+struct AgentInfo {
+    generation: u64,
+    started_unix_ms: u64,
+}
+
 /// Serves one connection; returns whether the agent should stop, and
 /// whether the request was one that starts or ends a cluster (an agent
 /// started on demand exits when such a request leaves no cluster up).
-fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>) -> (bool, bool) {
+fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>, info: &AgentInfo) -> (Action, bool) {
     let mut reader = BufReader::new(match stream.try_clone() {
         Ok(s) => s,
-        Err(_) => return (false, false),
+        Err(_) => return (Action::Continue, false),
     });
     let mut out = stream;
     let request = match read_request(&mut reader) {
         Ok(r) => r,
         Err(e) => {
             let _ = write_reply(&mut out, &Reply::Failed { error: e.to_string() });
-            return (false, false);
+            return (Action::Continue, false);
         }
     };
     let changes_state = matches!(request, Request::Up { .. } | Request::Down | Request::Rejuvenate { .. });
     let mut stop = false;
+    let restart = matches!(request, Request::RestartAgent);
     let result = {
         let mut progress = |m: &str| {
             let _ = write_reply(&mut out.try_clone().expect("clone"), &Reply::Progress { message: m.to_string() });
         };
-        dispatch(request, run, cluster, &mut stop, &mut progress)
+        dispatch(request, run, cluster, &mut stop, info, &mut progress)
     };
     let reply = match result {
         Ok(result) => Reply::Done { result },
@@ -104,7 +150,14 @@ fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>) -> (b
         }
     };
     let _ = write_reply(&mut out, &reply);
-    (stop, changes_state)
+    let action = if stop {
+        Action::Stop
+    } else if restart {
+        Action::Restart
+    } else {
+        Action::Continue
+    };
+    (action, changes_state)
 }
 
 fn dispatch(
@@ -112,10 +165,17 @@ fn dispatch(
     run: &RunDir,
     cluster: &mut Option<Cluster>,
     stop: &mut bool,
+    info: &AgentInfo,
     progress: &mut dyn FnMut(&str),
 ) -> Result<serde_json::Value, AgentError> {
     match request {
-        Request::Ping => Ok(json!({ "pid": std::process::id() })),
+        Request::Ping => Ok(json!({
+            "pid": std::process::id(), "generation": info.generation, "started_unix_ms": info.started_unix_ms,
+        })),
+        Request::RestartAgent => {
+            progress("handing over to a new agent image (VMs keep running)");
+            Ok(json!({ "pid": std::process::id(), "generation": info.generation }))
+        }
         Request::Up { spec_path, spec_toml } => {
             if let Some(c) = cluster {
                 return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()));

@@ -32,7 +32,9 @@ pub struct Vm {
     pub boot_ms: Option<u64>,
     /// QEMU's own output.
     pub qemu_log: PathBuf,
-    child: Child,
+    /// `None` for a QEMU adopted from a previous agent image (after an
+    /// agent restart by exec it is still our child, known by pid only).
+    child: Option<Child>,
     qmp: Option<QmpClient>,
     scan_offset: u64,
     exit_status: Option<String>,
@@ -64,7 +66,7 @@ impl Vm {
             started_at: SystemTime::now(),
             boot_ms: None,
             qemu_log,
-            child,
+            child: Some(child),
             qmp: None,
             scan_offset: 0,
             exit_status: None,
@@ -72,11 +74,36 @@ impl Vm {
         })
     }
 
+    /// A QEMU started by a previous image of this agent process (see
+    /// `handover`): same pid, still our child; its QMP session is reopened
+    /// on first use.
+    pub fn adopt(config: QemuConfig, pid: u32, started_at: SystemTime, boot_ms: Option<u64>, qemu_log: PathBuf) -> Vm {
+        let age = SystemTime::now().duration_since(started_at).unwrap_or_default();
+        Vm {
+            name: config.name.clone(),
+            pid,
+            started: Instant::now().checked_sub(age).unwrap_or_else(Instant::now),
+            started_at,
+            boot_ms,
+            qemu_log,
+            child: None,
+            qmp: None,
+            scan_offset: 0,
+            exit_status: None,
+            config,
+        }
+    }
+
     /// Has QEMU exited? Returns its status text if so.
     pub fn exited(&mut self) -> Option<String> {
         if self.exit_status.is_none() {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                self.exit_status = Some(st.to_string());
+            match self.child.as_mut() {
+                Some(child) => {
+                    if let Ok(Some(st)) = child.try_wait() {
+                        self.exit_status = Some(st.to_string());
+                    }
+                }
+                None => self.exit_status = crate::handover::reap(self.pid),
             }
         }
         self.exit_status.clone()
@@ -156,8 +183,13 @@ impl Vm {
             }
             if self.exited().is_none() {
                 crate::log(format!("VM {}: QEMU did not quit; killing pid {}", self.name, self.pid));
-                let _ = self.child.kill();
-                let _ = self.child.wait();
+                match self.child.as_mut() {
+                    Some(child) => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    }
+                    None => crate::handover::kill_and_reap(self.pid),
+                }
                 self.exit_status = Some("killed".into());
             }
         }

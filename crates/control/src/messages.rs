@@ -54,6 +54,9 @@ pub enum Request {
     },
     /// Tear the cluster down. Result: `{"cluster": NAME}`.
     Down,
+    /// Restart the agent in place (exec of its executable, VMs untouched).
+    /// Result: `{"pid", "generation"}` of the image that answered.
+    RestartAgent,
     /// Stop the agent (refused while a cluster is up).
     Shutdown,
 }

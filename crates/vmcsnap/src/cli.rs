@@ -140,7 +140,13 @@ pub enum AgentCmd {
         /// Exit as soon as no cluster is up after a request.
         #[arg(long)]
         exit_when_idle: bool,
+        /// (internal) Continue from the handover file of `agent restart`.
+        #[arg(long, hide = true, value_name = "FILE")]
+        resume: Option<PathBuf>,
     },
+    /// Restart the agent in place (a new build of vmcsnap takes over); the
+    /// VMs, their QMP sockets and the switch's connections are kept.
+    Restart,
     /// Start the agent in the background (if not running).
     Start,
     /// Stop the agent (refused while a cluster is up).

@@ -96,8 +96,26 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Agent { cmd } => match cmd {
-            AgentCmd::Run { exit_when_idle } => {
-                vmcsnap_agent::serve(AgentOptions { run_dir, exit_when_idle }).context("agent failed")
+            AgentCmd::Run { exit_when_idle, resume } => {
+                vmcsnap_agent::serve(AgentOptions { run_dir, exit_when_idle, resume }).context("agent failed")
+            }
+            AgentCmd::Restart => {
+                let sock = run_dir.agent_socket();
+                let before = request(&sock, &Request::RestartAgent)?;
+                // The new image answers on the same socket once it has taken over.
+                let deadline = Instant::now() + std::time::Duration::from_secs(30);
+                loop {
+                    if let Ok(v) = call(&sock, &Request::Ping, Some(std::time::Duration::from_secs(5)), &mut |_| {}) {
+                        if v["generation"].as_u64() > before["generation"].as_u64() {
+                            println!("agent restarted: pid {}, generation {}", v["pid"], v["generation"]);
+                            return Ok(());
+                        }
+                    }
+                    if Instant::now() > deadline {
+                        anyhow::bail!("the agent did not come back within 30 s; see {}", run_dir.agent_log().display());
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
             }
             AgentCmd::Start => {
                 let pid = launch::ensure_agent(&run_dir, false)?;
