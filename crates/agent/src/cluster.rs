@@ -109,6 +109,8 @@ impl Cluster {
                 port_socket,
                 mac: address.mac_string(),
                 incoming: false,
+                data_dir: None,
+                module_dir: None,
             };
             let vm = Vm::spawn(qemu_bin, config, dir.join("qemu.log"))?;
             log(format!("VM {}: started QEMU pid {} ({})", vm.name, vm.pid, self.accel.name()));

@@ -47,6 +47,14 @@ pub struct QemuConfig {
     pub port_socket: PathBuf,
     /// NIC MAC address.
     pub mac: String,
+    /// QEMU's firmware directory (`-L`), needed when the binary runs from
+    /// a copy outside its installation (the fallback of a failed restart).
+    #[serde(default)]
+    pub data_dir: Option<PathBuf>,
+    /// Where QEMU loads its modules from (`QEMU_MODULE_DIR`), for the same
+    /// reason as `data_dir`.
+    #[serde(default)]
+    pub module_dir: Option<PathBuf>,
     /// Start with `-incoming defer` (device state, and maybe RAM, will be
     /// loaded through QMP `migrate-incoming` instead of booting).
     pub incoming: bool,
@@ -101,6 +109,10 @@ impl QemuConfig {
         push(format!("stream,id={NETDEV_ID},server=off,addr.type=unix,addr.path={}", self.port_socket.display()));
         push("-device".into());
         push(format!("virtio-net-device,netdev={NETDEV_ID},mac={}", self.mac));
+        if let Some(d) = &self.data_dir {
+            push("-L".into());
+            push(d.display().to_string());
+        }
         if self.incoming {
             push("-incoming".into());
             push("defer".into());
@@ -156,6 +168,8 @@ mod tests {
             port_socket: "/p.sock".into(),
             mac: "52:54:00:77:00:02".into(),
             incoming: false,
+            data_dir: None,
+            module_dir: None,
         }
     }
 

@@ -114,6 +114,16 @@ pub fn rejuvenate(
     // Keep the running binary, in case the new one cannot start.
     let exe = PathBuf::from(format!("/proc/{}/exe", member.vm.pid));
     std::fs::copy(&exe, &prev_bin).map_err(AgentError::io("copying the running QEMU binary from", &exe))?;
+    // A relocated QEMU does not find its firmware by itself: remember where
+    // the running one is installed (<prefix>/bin/qemu → <prefix>/share/qemu).
+    // Its modules (Debian builds the TCG accelerator as one) are copied too:
+    // after a package upgrade the installed ones belong to the new build.
+    let installed = std::fs::read_link(&exe).ok();
+    let prefix = installed.as_deref().and_then(|p| p.parent()?.parent()).map(Path::to_path_buf);
+    let prev_data_dir = prefix.as_ref().map(|p| p.join("share/qemu")).filter(|d| d.is_dir());
+    let prev_modules = vm_dir.join("qemu.prev.modules");
+    let prev_module_dir = prefix.as_deref().and_then(module_dir).and_then(|d| copy_dir(&d, &prev_modules).ok());
+    let prev = Prev { bin: prev_bin.clone(), data_dir: prev_data_dir, module_dir: prev_module_dir };
     let held_before = port_held(switch, member)?;
     let old_pid = member.vm.pid;
     let name = member.vm.name.clone();
@@ -122,8 +132,8 @@ pub fn rejuvenate(
     let (drain_ms, drain_bound_hit) = wait_drained(switch, member)?;
     let t0 = Instant::now();
     let result = match mode {
-        Mode::Cold => cold(member, qemu_bin, &prev_bin),
-        Mode::Warm | Mode::Saved => suspend_resume(member, qemu_bin, &prev_bin, &state, mode),
+        Mode::Cold => cold(member, qemu_bin, &prev),
+        Mode::Warm | Mode::Saved => suspend_resume(member, qemu_bin, &prev, &state, mode),
     };
     // Whatever happened, let frames flow again to whichever QEMU is there.
     let released = switch.release(member.port);
@@ -136,6 +146,7 @@ pub fn rejuvenate(
     let state_bytes = std::fs::metadata(&state).map(|m| m.len()).unwrap_or(0);
     let _ = std::fs::remove_file(&state);
     let _ = std::fs::remove_file(&prev_bin);
+    let _ = std::fs::remove_dir_all(&prev_modules);
     let report = Report {
         vm: name,
         mode,
@@ -193,7 +204,46 @@ fn caps(ignore_shared: bool) -> Value {
     json!({ "capabilities": [ { "capability": "x-ignore-shared", "state": ignore_shared } ] })
 }
 
-fn suspend_resume(m: &mut Member, qemu_bin: &Path, prev_bin: &Path, state: &Path, mode: Mode) -> Result<Timings, AgentError> {
+/// The QEMU the VM ran before, for a fallback: a copy of its binary, its
+/// firmware directory and a copy of its modules.
+struct Prev {
+    bin: PathBuf,
+    data_dir: Option<PathBuf>,
+    module_dir: Option<PathBuf>,
+}
+
+impl Prev {
+    fn config(&self, config: &crate::qemu::QemuConfig) -> crate::qemu::QemuConfig {
+        let mut c = config.clone();
+        c.data_dir = self.data_dir.clone();
+        c.module_dir = self.module_dir.clone();
+        c
+    }
+}
+
+/// `<prefix>/lib/<triple>/qemu` or `<prefix>/lib/qemu`, if it holds modules.
+fn module_dir(prefix: &Path) -> Option<PathBuf> {
+    let lib = prefix.join("lib");
+    let mut candidates = vec![lib.join("qemu")];
+    candidates.extend(std::fs::read_dir(&lib).ok()?.flatten().map(|e| e.path().join("qemu")));
+    candidates.into_iter().find(|d| {
+        std::fs::read_dir(d).map(|r| r.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".so"))).unwrap_or(false)
+    })
+}
+
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<PathBuf> {
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        if e.file_type()?.is_file() || e.file_type()?.is_symlink() {
+            std::fs::copy(e.path(), to.join(e.file_name()))?;
+        }
+    }
+    Ok(to.to_path_buf())
+}
+
+fn suspend_resume(m: &mut Member, qemu_bin: &Path, prev: &Prev, state: &Path, mode: Mode) -> Result<Timings, AgentError> {
     let warm = mode == Mode::Warm;
     let vm = &mut m.vm;
     vm.execute("migrate-set-capabilities", caps(warm))?;
@@ -224,7 +274,7 @@ fn suspend_resume(m: &mut Member, qemu_bin: &Path, prev_bin: &Path, state: &Path
     let mut config = vm.config.clone();
     config.incoming = true;
     let qemu_log = vm.qemu_log.clone();
-    let (mut new_vm, fell_back) = start_and_load(qemu_bin, prev_bin, &config, &qemu_log, state, warm)?;
+    let (mut new_vm, fell_back) = start_and_load(qemu_bin, prev, &config, &qemu_log, state, warm)?;
     let restart_ms = t_restart.elapsed().as_secs_f64() * 1000.0;
     let load_ms = new_vm.1;
     new_vm.0.execute("cont", Value::Null)?;
@@ -246,7 +296,7 @@ fn suspend_resume(m: &mut Member, qemu_bin: &Path, prev_bin: &Path, state: &Path
 /// the old binary was used.
 fn start_and_load(
     qemu_bin: &Path,
-    prev_bin: &Path,
+    prev: &Prev,
     config: &crate::qemu::QemuConfig,
     qemu_log: &Path,
     state: &Path,
@@ -256,7 +306,7 @@ fn start_and_load(
         Ok(v) => Ok((v, false)),
         Err(first) => {
             log(format!("VM {}: new QEMU failed ({first}); retrying with the previous binary", config.name));
-            try_start_and_load(prev_bin, config, qemu_log, state, warm).map(|v| (v, true)).map_err(|second| {
+            try_start_and_load(&prev.bin, &prev.config(config), qemu_log, state, warm).map(|v| (v, true)).map_err(|second| {
                 AgentError::RestartFailed {
                     vm: config.name.clone(),
                     first: first.to_string(),
@@ -292,7 +342,7 @@ fn try_start_and_load(
     }
 }
 
-fn cold(m: &mut Member, qemu_bin: &Path, prev_bin: &Path) -> Result<Timings, AgentError> {
+fn cold(m: &mut Member, qemu_bin: &Path, prev: &Prev) -> Result<Timings, AgentError> {
     let vm = &mut m.vm;
     let t = Instant::now();
     vm.shutdown();
@@ -300,8 +350,8 @@ fn cold(m: &mut Member, qemu_bin: &Path, prev_bin: &Path) -> Result<Timings, Age
     let mut config = vm.config.clone();
     config.incoming = false;
     let qemu_log = vm.qemu_log.clone();
-    let boot = |bin: &Path| -> Result<Vm, AgentError> {
-        let mut new = Vm::spawn(bin, config.clone(), qemu_log.clone())?;
+    let boot = |bin: &Path, config: crate::qemu::QemuConfig| -> Result<Vm, AgentError> {
+        let mut new = Vm::spawn(bin, config, qemu_log.clone())?;
         let deadline = Instant::now() + Duration::from_secs(120);
         while !new.poll_ready(vmcsnap_guest::READY_MARKER)? {
             if Instant::now() > deadline {
@@ -317,11 +367,11 @@ fn cold(m: &mut Member, qemu_bin: &Path, prev_bin: &Path) -> Result<Timings, Age
         new.qmp()?;
         Ok(new)
     };
-    let (new, fell_back) = match boot(qemu_bin) {
+    let (new, fell_back) = match boot(qemu_bin, config.clone()) {
         Ok(v) => (v, false),
         Err(e) => {
             log(format!("VM {}: cold boot failed ({e}); retrying with the previous binary", vm.name));
-            (boot(prev_bin)?, true)
+            (boot(&prev.bin, prev.config(&config))?, true)
         }
     };
     let load_ms = new.boot_ms.unwrap_or(0) as f64;

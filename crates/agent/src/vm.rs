@@ -51,7 +51,11 @@ impl Vm {
             // (warm/saved restart) appends to the one it continues.
             let _ = std::fs::remove_file(&config.console_log);
         }
-        let child = Command::new(qemu)
+        let mut cmd = Command::new(qemu);
+        if let Some(d) = &config.module_dir {
+            cmd.env("QEMU_MODULE_DIR", d);
+        }
+        let child = cmd
             .args(config.args())
             .stdin(Stdio::null())
             .stdout(log)
@@ -135,8 +139,29 @@ impl Vm {
     /// The QMP session, connected on first use.
     pub fn qmp(&mut self) -> Result<&mut QmpClient, AgentError> {
         if self.qmp.is_none() {
-            let c = QmpClient::connect(&self.config.qmp_socket, Duration::from_secs(10))
-                .map_err(|source| AgentError::Qmp { vm: self.name.clone(), source })?;
+            // Retry while QEMU starts up, but give up at once if it exits
+            // (a broken binary must not cost the whole timeout).
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let c = loop {
+                match QmpClient::connect(&self.config.qmp_socket, Duration::from_millis(200)) {
+                    Ok(mut c) => {
+                        c.set_timeout(Duration::from_secs(10));
+                        break c;
+                    }
+                    Err(source) => {
+                        if let Some(status) = self.exited() {
+                            return Err(AgentError::QemuExited {
+                                vm: self.name.clone(),
+                                status,
+                                output: tail(&self.qemu_log, 2000),
+                            });
+                        }
+                        if Instant::now() > deadline {
+                            return Err(AgentError::Qmp { vm: self.name.clone(), source });
+                        }
+                    }
+                }
+            };
             self.qmp = Some(c);
         }
         Ok(self.qmp.as_mut().expect("just connected"))

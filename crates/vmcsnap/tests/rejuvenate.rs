@@ -170,3 +170,31 @@ fn rejuvenate_errors_are_clear() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no vmcsnap agent") || err.contains("no cluster"), "{err}");
 }
+
+/// A new QEMU binary that cannot start: the restart falls back to a copy of
+/// the binary the VM was running, and the guest goes on.
+#[test]
+fn broken_new_qemu_falls_back_to_the_previous_binary() {
+    let _l = cluster_lock();
+    let mut env = Env::new();
+    let wrapper = env.run_dir().join("qemu-wrapper");
+    let real = String::from_utf8(std::process::Command::new("sh").args(["-c", "command -v qemu-system-x86_64"]).output().unwrap().stdout)
+        .unwrap();
+    std::fs::write(&wrapper, format!("#!/bin/sh\nexec {} \"$@\"\n", real.trim())).unwrap();
+    std::process::Command::new("chmod").arg("+x").arg(&wrapper).status().unwrap();
+    env.extra_env.push(("VMCSNAP_QEMU".into(), wrapper.display().to_string()));
+    let spec = env.write_spec(SPEC);
+    env.ok(&["up", spec.to_str().unwrap()]);
+    let total = wait_pingpong(&env, 0, 20);
+    let total = last_field(&total, "pingpong:", "total").unwrap();
+
+    // The "upgrade" is broken: the binary now fails at once.
+    std::fs::write(&wrapper, "#!/bin/sh\necho 'broken qemu' >&2\nexit 1\n").unwrap();
+    let r = rejuvenate(&env, "srv", "warm");
+    assert_eq!(r["fell_back_to_old_binary"], true, "{r}");
+    let after = wait_pingpong(&env, total, 20);
+    assert_eq!(last_field(&after, "pingpong:", "conn"), Some(1), "{after}");
+    assert_memtouch_clean(&env, "srv");
+    env.ok(&["down"]);
+    env.assert_clean();
+}
