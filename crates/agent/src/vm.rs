@@ -203,8 +203,9 @@ impl Vm {
             }
             let _ = self.execute("quit", Value::Null);
             let deadline = Instant::now() + QUIT_GRACE;
+            // Poll finely: a warm restart's downtime includes this wait.
             while self.exited().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(Duration::from_millis(1));
             }
             if self.exited().is_none() {
                 crate::log(format!("VM {}: QEMU did not quit; killing pid {}", self.name, self.pid));
