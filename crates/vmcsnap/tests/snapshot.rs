@@ -127,9 +127,12 @@ fn snapshot_modes_are_exact_and_harmless() {
 
     let mut measured = vec![];
     let mut first_hot: Option<serde_json::Value> = None;
-    for mode in ["hot", "stop-copy", "precopy"] {
-        let name = format!("s-{mode}");
-        let reference: PathBuf = env.run_dir().join(format!("ref-{mode}.bin"));
+    // Pre-copy three times: QEMU 7.2 under TCG lost writes in about one
+    // pre-copy in four until vmcsnap padded guest RAM (regression test for
+    // `qemu::TCG_DIRTY_TRACKING_PAD_KIB`).
+    for (mode, name) in [("hot", "s-hot"), ("stop-copy", "s-stop-copy"), ("precopy", "s-precopy"), ("precopy", "s-precopy2"), ("precopy", "s-precopy3")] {
+        let name = name.to_string();
+        let reference: PathBuf = env.run_dir().join(format!("ref-{name}.bin"));
         let before = memtouch_writes(&env);
         let r = env.json(&[
             "snapshot", "a", "--mode", mode, "--name", &name, "--reference", reference.to_str().unwrap(), "--json",
@@ -196,7 +199,7 @@ fn snapshot_modes_are_exact_and_harmless() {
     // Listing.
     let list = env.json(&["snapshots", "--json"]);
     let names: Vec<&str> = list["snapshots"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
-    assert_eq!(names, vec!["m-hot", "m-precopy", "m-stop-copy", "s-hot", "s-precopy", "s-stop-copy"]);
+    assert_eq!(names, vec!["m-hot", "m-precopy", "m-stop-copy", "s-hot", "s-precopy", "s-precopy2", "s-precopy3", "s-stop-copy"]);
     assert!(list["snapshots"].as_array().unwrap().iter().all(|s| s["valid"] == true));
 
     // Rejuvenation still works after snapshots (capabilities were reset,
