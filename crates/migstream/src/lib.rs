@@ -1,6 +1,10 @@
 //! Reader for QEMU 7.2 migration streams: precopy migrations and
 //! background snapshots (`migrate` with the `background-snapshot`
-//! capability), read incrementally from any [`std::io::Read`].
+//! capability), read incrementally from any [`std::io::Read`]; and, in
+//! [`postcopy`], a writer: a postcopy migration *source* that restores a
+//! snapshot into an unmodified QEMU 7.2 destination, choosing which pages
+//! go before the guest starts and in which order the rest follow (serving
+//! the destination's page requests first).
 //!
 //! vmcsnap takes VM snapshots by having QEMU migrate into a socket the
 //! agent reads. This crate turns those bytes into [`Event`]s: the RAM block
@@ -82,11 +86,18 @@
 //!
 //! # What is not supported
 //!
-//! Each gives a specific [`StreamError`]: postcopy (any postcopy command
-//! but ADVISE), XBZRLE, compressed pages, multifd (detected as pages
+//! By the reader, each with a specific [`StreamError`]: reading postcopy
+//! streams (any postcopy command but ADVISE; the crate only *writes* them,
+//! see [`postcopy`]), XBZRLE, compressed pages, multifd (detected as pages
 //! missing when the RAM data ends), RDMA, COLO, iterative sections other
 //! than "ram" (block migration, dirty bitmaps, VFIO), and hugepage-backed
 //! RAM with postcopy-ram advised.
+//!
+//! By the postcopy source: hugepage-backed destination RAM, postcopy
+//! recovery (RECV_BITMAP, RESUME_ACK, `migrate-recover`), postcopy-preempt
+//! and multifd channels, `x-ignore-shared`, destinations without section
+//! footers or configuration section (machine types ≤ 2.3), and any
+//! transport but a connected unix socket.
 //!
 //! # Limits
 //!
@@ -122,6 +133,7 @@ mod event;
 mod input;
 mod options;
 pub mod page_origin;
+pub mod postcopy;
 mod ram;
 mod reader;
 mod stats;

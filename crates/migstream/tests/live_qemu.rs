@@ -3,150 +3,30 @@
 //! `qemu-system-x86_64`) runs the writer guest (tests/data/guest, built
 //! with `as`/`ld`), migrates with `background-snapshot` into a unix socket
 //! this test listens on, and the reader consumes the bytes as they arrive.
-//! Skipped, with a message, when QEMU or binutils are missing.
+//! Fails when QEMU or binutils are missing, unless
+//! `VMCSNAP_SKIP_QEMU_TESTS=1` (helpers in tests/common/qemu.rs).
 
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::os::unix::net::UnixListener;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use common::qemu::{build_writer, qemu_or_skip, spawn_qemu, writer_args, Qmp};
+use serde_json::json;
 use vmcsnap_migstream::{Event, PageOrigin, StreamReader};
-
-/// Kills QEMU when the test ends, however it ends.
-struct Qemu(Child);
-
-impl Drop for Qemu {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct Qmp {
-    reader: BufReader<UnixStream>,
-    writer: UnixStream,
-}
-
-impl Qmp {
-    fn connect(path: &Path) -> Qmp {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let stream = loop {
-            match UnixStream::connect(path) {
-                Ok(s) => break s,
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Err(e) => panic!("QMP connect: {e}"),
-            }
-        };
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        let mut q = Qmp {
-            reader: BufReader::new(stream.try_clone().unwrap()),
-            writer: stream,
-        };
-        q.line(); // greeting
-        q.cmd("qmp_capabilities", json!({}));
-        q
-    }
-
-    fn line(&mut self) -> Value {
-        let mut l = String::new();
-        self.reader.read_line(&mut l).expect("QMP read");
-        serde_json::from_str(&l).unwrap_or_else(|e| panic!("QMP reply {l:?}: {e}"))
-    }
-
-    fn cmd(&mut self, name: &str, args: Value) -> Value {
-        let msg = json!({"execute": name, "arguments": args});
-        writeln!(self.writer, "{msg}").unwrap();
-        loop {
-            let v = self.line();
-            if v.get("event").is_some() {
-                continue;
-            }
-            if let Some(e) = v.get("error") {
-                panic!("{name}: {e}");
-            }
-            return v["return"].clone();
-        }
-    }
-}
-
-fn tool_works(cmd: &str, arg: &str) -> bool {
-    Command::new(cmd)
-        .arg(arg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn build_writer(dir: &Path) -> Option<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/guest");
-    let (obj, elf) = (dir.join("writer.o"), dir.join("writer.elf"));
-    let ok = Command::new("as")
-        .args(["--32", "-o"])
-        .arg(&obj)
-        .arg(src.join("writer.S"))
-        .status()
-        .ok()?
-        .success()
-        && Command::new("ld")
-            .args(["-m", "elf_i386", "-T"])
-            .arg(src.join("writer.ld"))
-            .arg("-o")
-            .arg(&elf)
-            .arg(&obj)
-            .status()
-            .ok()?
-            .success();
-    ok.then_some(elf)
-}
 
 #[test]
 fn background_snapshot_from_a_live_socket() {
-    let qemu_bin = std::env::var("VMCSNAP_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into());
-    assert!(
-        tool_works(&qemu_bin, "--version"),
-        "{qemu_bin} not available: install qemu-system-x86 (scripts/install-deps.sh)"
-    );
+    let Some(qemu_bin) = qemu_or_skip("background_snapshot_from_a_live_socket") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
-    let kernel = build_writer(dir.path())
-        .expect("cannot build the writer guest: install binutils (as, ld; scripts/install-deps.sh)");
+    let kernel = build_writer(dir.path());
     let (qmp_path, mig_path) = (dir.path().join("qmp.sock"), dir.path().join("mig.sock"));
     let listener = UnixListener::bind(&mig_path).unwrap();
-    let _qemu = Qemu(
-        Command::new(&qemu_bin)
-            .args([
-                "-M",
-                "microvm,memory-backend=mem",
-                "-object",
-                "memory-backend-memfd,id=mem,size=16M,share=on",
-            ])
-            .args([
-                "-accel",
-                "tcg",
-                "-nodefaults",
-                "-display",
-                "none",
-                "-m",
-                "16M",
-                "-kernel",
-            ])
-            .arg(&kernel)
-            .arg("-qmp")
-            .arg(format!("unix:{},server=on,wait=off", qmp_path.display()))
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start QEMU"),
-    );
+    let args = writer_args(&kernel, "memory-backend-memfd,id=mem,size=16M,share=on");
+    let _qemu = spawn_qemu(&qemu_bin, &args, &qmp_path, &dir.path().join("qemu.log"));
     let mut qmp = Qmp::connect(&qmp_path);
     std::thread::sleep(Duration::from_millis(300)); // let the guest run
     qmp.cmd(

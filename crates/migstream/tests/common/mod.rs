@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 pub mod encoder;
+pub mod postcopy;
+pub mod qemu;
 
 use std::io::Read;
 use std::path::Path;

@@ -1,0 +1,205 @@
+//! A postcopy migration **source**: feeds an unmodified QEMU 7.2
+//! destination (`-incoming defer`, `postcopy-ram` on, `migrate-incoming
+//! uri=unix:PATH`) from a snapshot, so that vmcsnap decides which pages the
+//! destination gets before its guest starts and in which order the rest
+//! follow.
+//!
+//! [`run_source`] connects nothing itself: it is handed the connected
+//! socket, writes the whole stream, serves the destination's page requests
+//! from the return path and returns once the destination said SHUT(0).
+//! Section numbers (§) refer to
+//! `shared/reference/qemu-7.2-migration-wire-format.md`.
+//!
+//! # Stream layout
+//!
+//! ```text
+//!  QEVM v3 | CONFIG machine                                     §1.2 §1.3
+//!  CMD OPEN_RETURN_PATH | CMD PING 1                            §1.5
+//!  CMD POSTCOPY_ADVISE (be64 0x1000, be64 0x1000)               §3.2 (zaps all RAM)
+//!  START id "ram" 0 4 : MEM_SIZE | (name, used_length)... | EOS | footer   §2.2
+//!  [PART id : before-run pages (idstr on each section's first record) | EOS | footer] ...
+//!  CMD POSTCOPY_RAM_DISCARD × n   = every page NOT sent above, merged  §8.1 §8.2
+//!  CMD PACKAGED be32 L | blob:                                  §3.2
+//!        CMD POSTCOPY_LISTEN | device FULL sections | CMD PING 3 | CMD POSTCOPY_RUN
+//!  PART id : requested pages first, background pages otherwise | EOS | footer  (× k)
+//!  END id : EOS | footer
+//!  EOF 0x00
+//!  ... then the return path is read until SHUT.
+//! ```
+//!
+//! # State machine
+//!
+//! ```text
+//!            write header..START          write before-run PARTs
+//!  Setup ──────────────────────▶ Precopy ─────────────────────▶ Discard
+//!                                                                  │ DISCARD cmds,
+//!                                                                  ▼ PACKAGED blob
+//!  Done ◀── SHUT(0) ── Eof ◀── all pages sent, END, EOF ── Postcopy (RunSent)
+//!                                                       requests ⟲ background
+//! ```
+//!
+//! * **Return path** (§4): a thread reads the destination's messages
+//!   (SHUT, PONG, REQ_PAGES_ID, REQ_PAGES) from a clone of the socket with
+//!   the pure parser in [`return_path`] and hands them to the sender over a
+//!   channel. Any garbage, an unexpected message or a request outside the
+//!   RAM ends the thread, which then shuts the socket down so that a sender
+//!   blocked in `write` wakes up; the sender reports the thread's error.
+//! * **Sender**: keeps a bitmap of pages sent and never sends a page twice
+//!   (a second `UFFDIO_COPY` pauses the destination, §3.4). Between any two
+//!   page writes it drains the channel; a requested page (plus up to
+//!   [`SourceConfig::demand_cluster`]` - 1` unsent pages after it in the
+//!   same block) goes before any further background page. Requests for
+//!   pages already sent are counted and ignored, as QEMU does.
+//! * **Discards** (§8.1, §8.2): the complement of the pages sent before
+//!   LISTEN, per block, as merged byte ranges. If every page was sent
+//!   before LISTEN the last page of [`SourceConfig::before_run`] is held
+//!   back (sent after RUN instead), so that at least one DISCARD with one
+//!   range exists.
+//! * **End**: every page of every block goes out before EOF (§8.3); then
+//!   the destination unregisters userfaultfd, sends SHUT(0) and closes.
+//!
+//! The destination must have section footers and the configuration
+//! section on (the defaults for every machine type newer than 2.3, §8.9);
+//! the source always writes both.
+
+mod encode;
+pub mod error;
+pub mod return_path;
+mod source;
+
+use std::time::Duration;
+
+pub use error::{Phase, PostcopyError};
+pub use source::run_source;
+
+/// A page of the destination: index into [`SourceConfig::blocks`], page
+/// number in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PageId {
+    /// Index of the block in [`SourceConfig::blocks`].
+    pub block: u32,
+    /// Page number within the block (byte offset / page size).
+    pub page: u32,
+}
+
+/// A RAM block as the destination has it (name and `used_length` in
+/// bytes), in setup order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DestBlock {
+    /// The block's idstr, e.g. `mem` or `pc.bios` (1 to 255 bytes).
+    pub name: String,
+    /// The block's used length in bytes, a positive multiple of the page size.
+    pub used_length: u64,
+}
+
+/// Where page contents come from (the image reader, a test's memory, ...).
+pub trait PageSource: Send {
+    /// Fills `buf` (page_size bytes) with the page; `Ok(false)` if the page
+    /// is all zeros (then `buf` may be left as it is and a ZERO record is
+    /// sent).
+    fn read_page(&mut self, id: PageId, buf: &mut [u8]) -> std::io::Result<bool>;
+}
+
+/// What to send and in which order.
+#[derive(Clone, Debug)]
+pub struct SourceConfig {
+    /// The configuration section's machine name: the destination's resolved
+    /// machine type, e.g. `microvm` or `pc-i440fx-7.2` (§8.10).
+    pub machine: String,
+    /// The destination's RAM blocks, in setup order.
+    pub blocks: Vec<DestBlock>,
+    /// The target page size: 4096 on x86 (must be a multiple of 4096).
+    pub page_size: usize,
+    /// The "ram" section id: non-zero, and not the id of any FULL section
+    /// in `device_state` (§1.4); the capturing QEMU's "ram" id (2) is safe.
+    pub ram_section_id: u32,
+    /// The device state: FULL sections verbatim, no EOF, no vmdesc (§5.3).
+    pub device_state: Vec<u8>,
+    /// Pages sent before LISTEN, in this order (duplicates ignored).
+    pub before_run: Vec<PageId>,
+    /// Per page request: the requested page plus the unsent pages among the
+    /// following pages of the same block, `demand_cluster` pages in total at
+    /// most (a window starting at the requested page). 1 (or 0) = only the
+    /// requested page. HotRestore's DMA cluster is 4.
+    pub demand_cluster: u32,
+    /// Background push order; already-sent pages are skipped; every page
+    /// not in it is pushed afterwards in (block, page) order.
+    pub background: Vec<PageId>,
+    /// `None`: push in the background right after RUN; `Some(d)`: for `d`
+    /// after RUN send only requested pages (tracing), then push the rest.
+    pub background_after: Option<Duration>,
+    /// How long to wait for SHUT after EOF.
+    pub shut_timeout: Duration,
+}
+
+impl SourceConfig {
+    /// Number of pages of block `block` (0 if there is no such block).
+    pub fn block_pages(&self, block: u32) -> u64 {
+        self.blocks
+            .get(block as usize)
+            .map_or(0, |b| b.used_length / self.page_size.max(1) as u64)
+    }
+
+    /// Number of pages of all blocks.
+    pub fn total_pages(&self) -> u64 {
+        (0..self.blocks.len() as u32)
+            .map(|b| self.block_pages(b))
+            .sum()
+    }
+}
+
+/// Progress of [`run_source`], reported as it happens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceEvent {
+    /// The PACKAGED blob (ending in POSTCOPY_RUN) has been written: the
+    /// destination starts its guest once it has loaded the device state
+    /// (unless it was started with `-S`).
+    RunSent,
+    /// The destination faulted on a page not yet sent.
+    Demand {
+        /// The requested page.
+        id: PageId,
+        /// When the request arrived, counted from RUN being written.
+        since_run: Duration,
+    },
+    /// Pages written so far (every 256 pages, and at the end).
+    Progress {
+        /// Pages written.
+        sent: u64,
+        /// Pages in all blocks.
+        total: u64,
+    },
+    /// The last page has been written; END and EOF follow.
+    AllSent,
+}
+
+/// What happened during [`run_source`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourceReport {
+    /// Pages in all blocks (all of them are sent).
+    pub pages_total: u64,
+    /// Pages sent before LISTEN.
+    pub pages_before_run: u64,
+    /// Page bytes (zero pages count 0) read and sent before LISTEN.
+    pub bytes_before_run: u64,
+    /// From the start of [`run_source`] until the PACKAGED blob was written.
+    pub run_sent_after: Duration,
+    /// Every page request for a page not yet sent when it arrived (a real
+    /// fault), in arrival order, with its arrival time since RUN was written.
+    pub demand: Vec<(Duration, PageId)>,
+    /// Requests for pages already sent or already queued (ignored, as QEMU
+    /// does).
+    pub requests_already_sent: u64,
+    /// Pages sent because of requests (including cluster neighbours).
+    pub pages_on_demand: u64,
+    /// Pages sent after RUN in background order.
+    pub pages_background: u64,
+    /// From the start of [`run_source`] until the last page was written.
+    pub all_sent_after: Duration,
+    /// The value of the destination's SHUT message (0: success).
+    pub shut_value: u32,
+    /// PONG values received, in order (PING 1 and PING 3 are sent).
+    pub pongs: Vec<u32>,
+    /// Number of DISCARD commands sent.
+    pub discard_commands: u64,
+}
