@@ -109,6 +109,7 @@ impl Cluster {
                 port_socket,
                 mac: address.mac_string(),
                 incoming: false,
+                paused: false,
                 data_dir: None,
                 module_dir: None,
             };
@@ -149,6 +150,35 @@ impl Cluster {
         for m in &mut self.members {
             m.vm.qmp()?;
         }
+        Ok(())
+    }
+
+    /// A cluster with a switch and no VM yet (a restore without a cluster
+    /// up adds its VM to it).
+    pub fn empty(run: &RunDir, spec: ClusterSpec, accel: Resolved) -> Result<Cluster, AgentError> {
+        let cluster_dir = run.cluster_dir();
+        if cluster_dir.exists() {
+            std::fs::remove_dir_all(&cluster_dir).map_err(AgentError::io("removing", &cluster_dir))?;
+        }
+        let switch = Switch::start()?;
+        Ok(Cluster { spec, accel, members: Vec::new(), switch, run: run.clone() })
+    }
+
+    /// Stops one VM: its QEMU, RAM file, sockets and switch port go; its
+    /// disk overlays and logs stay in its directory. The rest of the
+    /// cluster runs on.
+    pub fn stop_vm(&mut self, vm: &str) -> Result<(), AgentError> {
+        let i = self.members.iter().position(|m| m.vm.name == vm).ok_or_else(|| AgentError::NoSuchVm(vm.to_string()))?;
+        let mut m = self.members.remove(i);
+        m.vm.shutdown();
+        if let Err(e) = self.switch.remove_port(m.port) {
+            log(format!("stop {vm}: removing its switch port: {e}"));
+        }
+        let sample = m.vm.config.sample_socket();
+        for p in [&m.vm.config.ram_file, &m.vm.config.qmp_socket, &sample, &m.vm.config.port_socket] {
+            let _ = std::fs::remove_file(p);
+        }
+        log(format!("VM {vm}: stopped"));
         Ok(())
     }
 
@@ -265,7 +295,8 @@ impl Cluster {
         }
         self.switch.stop();
         for m in &self.members {
-            for p in [&m.vm.config.ram_file, &m.vm.config.qmp_socket, &m.vm.config.port_socket, &m.disk] {
+            let sample = m.vm.config.sample_socket();
+            for p in [&m.vm.config.ram_file, &m.vm.config.qmp_socket, &sample, &m.vm.config.port_socket, &m.disk] {
                 if let Err(e) = std::fs::remove_file(p) {
                     if e.kind() != std::io::ErrorKind::NotFound {
                         log(format!("teardown: cannot remove {}: {e}", p.display()));

@@ -95,6 +95,14 @@ pub enum AgentError {
         state: PathBuf,
     },
     /// A snapshot failed (the VM was left running).
+    #[error("restore of VM {vm:?} failed: {detail}")]
+    Restore {
+        /// The VM.
+        vm: String,
+        /// What went wrong.
+        detail: String,
+    },
+
     #[error("snapshot of VM {vm:?} failed: {detail}")]
     Snapshot {
         /// The VM.

@@ -25,6 +25,8 @@ pub mod paths;
 pub mod qemu;
 pub mod rejuvenate;
 pub mod relay;
+pub mod restore;
+pub mod sampler;
 pub mod server;
 pub mod snapshot;
 pub mod vm;

@@ -73,12 +73,21 @@ pub struct QemuConfig {
     /// reason as `data_dir`.
     #[serde(default)]
     pub module_dir: Option<PathBuf>,
+    /// Start with `-S`: the guest stays paused until `cont` (a restore with
+    /// `--paused`).
+    #[serde(default)]
+    pub paused: bool,
     /// Start with `-incoming defer` (device state, and maybe RAM, will be
     /// loaded through QMP `migrate-incoming` instead of booting).
     pub incoming: bool,
 }
 
 impl QemuConfig {
+    /// The working-set sampler's QMP socket, beside the main one.
+    pub fn sample_socket(&self) -> PathBuf {
+        self.qmp_socket.with_file_name(crate::sampler::SOCKET_NAME)
+    }
+
     /// The guest RAM QEMU is given, in KiB: `memory_mib`, plus
     /// [`TCG_DIRTY_TRACKING_PAD_KIB`] under TCG.
     pub fn ram_kib(&self) -> u64 {
@@ -123,6 +132,10 @@ impl QemuConfig {
         push("chardev:con".into());
         push("-qmp".into());
         push(format!("unix:{},server=on,wait=off", self.qmp_socket.display()));
+        // A second monitor for the working-set sampler (`crate::sampler`),
+        // so that sampling never waits for, or interleaves with, requests.
+        push("-qmp".into());
+        push(format!("unix:{},server=on,wait=off", self.sample_socket().display()));
         push("-blockdev".into());
         push(format!(
             "driver=qcow2,node-name={DISK_NODE},file.driver=file,file.filename={}",
@@ -137,6 +150,9 @@ impl QemuConfig {
         if let Some(d) = &self.data_dir {
             push("-L".into());
             push(d.display().to_string());
+        }
+        if self.paused {
+            push("-S".into());
         }
         if self.incoming {
             push("-incoming".into());
@@ -193,6 +209,7 @@ mod tests {
             port_socket: "/p.sock".into(),
             mac: "52:54:00:77:00:02".into(),
             incoming: false,
+            paused: false,
             data_dir: None,
             module_dir: None,
         }

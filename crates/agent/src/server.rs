@@ -53,6 +53,7 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
     std::fs::write(run.agent_pid(), format!("{}\n", std::process::id()))
         .map_err(AgentError::io("writing", run.agent_pid()))?;
     log(format!("agent {} serving {}", std::process::id(), sock.display()));
+    crate::sampler::start(run.clone());
     let started = std::time::SystemTime::now();
 
     for conn in listener.incoming() {
@@ -133,7 +134,8 @@ fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>, info:
             return (Action::Continue, false);
         }
     };
-    let changes_state = matches!(request, Request::Up { .. } | Request::Down | Request::Rejuvenate { .. });
+    let changes_state =
+        matches!(request, Request::Up { .. } | Request::Down | Request::Rejuvenate { .. } | Request::Restore { .. });
     let mut stop = false;
     let restart = matches!(request, Request::RestartAgent);
     let result = {
@@ -226,11 +228,30 @@ fn dispatch(
         Request::Snapshot { vm, mode, name, reference } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
             let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
-            let vm_config = c.spec.vm.iter().find(|v| v.name == vm).map(to_json).unwrap_or_default();
+            let vm_spec = c.spec.vm.iter().find(|v| v.name == vm).map(to_json).unwrap_or_default();
+            let cluster_section = to_json(&c.spec.cluster);
             let m = c.member_mut(&vm)?;
+            // Everything a restore needs to rebuild the VM: its spec entry,
+            // the cluster it belongs to, its QEMU configuration and address.
+            let vm_config = json!({
+                "spec": vm_spec, "cluster": cluster_section, "qemu": m.vm.config,
+                "ip": m.address.cidr(), "mac": m.address.mac_string(),
+            });
             let opts = crate::snapshot::Options { mode, name, reference, vm_config };
             let report = crate::snapshot::snapshot(m, run, opts, progress)?;
             Ok(to_json(&report))
+        }
+        Request::Restore { snapshot, mode, wss, paused, trace, no_background } => {
+            let mode: vmcsnap_workingset::Mode = mode.parse().map_err(AgentError::BadRequest)?;
+            let wss = wss.map_or(crate::restore::WssChoice::Auto, crate::restore::WssChoice::Pages);
+            let opts = crate::restore::Options { snapshot, mode, wss, paused, trace, no_background };
+            let report = crate::restore::restore(cluster, run, opts, progress)?;
+            Ok(to_json(&report))
+        }
+        Request::Stop { vm } => {
+            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
+            c.stop_vm(&vm)?;
+            Ok(json!({ "vm": vm }))
         }
         Request::Down => {
             let mut c = cluster.take().ok_or(AgentError::NoCluster)?;

@@ -47,6 +47,8 @@ const ACCEPT_TIMEOUT: Duration = Duration::from_secs(30);
 const PRECOPY_RELAX_AFTER: Duration = Duration::from_secs(20);
 /// Migration bandwidth during a snapshot (bytes/s): the socket is local.
 const SNAPSHOT_BANDWIDTH: u64 = 64 << 30;
+/// QMP reply timeout while a snapshot runs.
+const SNAPSHOT_QMP_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How a snapshot is taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,6 +199,10 @@ pub fn snapshot(
     copts.labels.insert("snapshot_mode".into(), mode_name(opts.mode));
 
     let saved_params = vm.execute("query-migrate-parameters", Value::Null)?;
+    // A stop-copy snapshot completes with QEMU's main loop locked: QMP
+    // answers only once the whole RAM is written (7 s for a busy 1 GiB
+    // guest under TCG in the benchmark), so wait longer than usual.
+    vm.qmp()?.set_timeout(SNAPSHOT_QMP_TIMEOUT);
     let mut cap = CaptureThread::start(listener, final_dir.clone(), copts);
     let mut ctx = Ctx {
         t: Timings::default(),
@@ -213,6 +219,9 @@ pub fn snapshot(
         let _ = vm.execute("migrate_cancel", Value::Null);
     }
     restore_settings(vm, &saved_params);
+    if let Ok(q) = vm.qmp() {
+        q.set_timeout(Duration::from_secs(10));
+    }
     let resumed = ensure_running(vm);
     if ctx.disk_done {
         // The VM writes to the overlay from now on; a restarted QEMU must too.
@@ -243,6 +252,12 @@ pub fn snapshot(
         m.disk_snapshot_ms = Some(t.disk_snapshot_ms.round() as u64);
         m.duration_ms = Some(duration_ms.round() as u64);
         m.other.insert("downtime_us".into(), json!((t.downtime_ms * 1000.0).round() as u64));
+        // HotRestore's WSS_sample: the sampler's mean over the last minutes.
+        let samples = crate::sampler::load(&vm_dir);
+        if let Some(p) = crate::sampler::mean_pages(&samples) {
+            m.other.insert("wss_sample_pages".into(), json!(p));
+            m.other.insert("wss_samples".into(), json!(samples.len()));
+        }
     }
     let committed = match captured.commit() {
         Ok(c) => c,

@@ -52,6 +52,33 @@ pub enum Request {
         #[serde(default)]
         reference: Option<PathBuf>,
     },
+    /// Restore a VM from a snapshot (joining the running cluster, or a
+    /// cluster of its own). Result: the restore report
+    /// (`{"vm", "snapshot", "mode", "restore_latency_ms", "ws_pages", ...}`).
+    Restore {
+        /// The snapshot's name.
+        snapshot: String,
+        /// `eager`, `lazy`, `workingset` or `sampling-ws`.
+        mode: String,
+        /// Working-set size in pages; `None` = HotRestore's hybrid size.
+        #[serde(default)]
+        wss: Option<u64>,
+        /// Keep the guest paused once its state is loaded.
+        #[serde(default)]
+        paused: bool,
+        /// Record this restore as a first-access trace for `analyze-ws`.
+        #[serde(default)]
+        trace: bool,
+        /// Send only demanded pages for the first 10 s.
+        #[serde(default)]
+        no_background: bool,
+    },
+    /// Stop one VM of the cluster (its QEMU, RAM and port go; the rest
+    /// runs on). Result: `{"vm": NAME}`.
+    Stop {
+        /// The VM.
+        vm: String,
+    },
     /// Tear the cluster down. Result: `{"cluster": NAME}`.
     Down,
     /// Restart the agent in place (exec of its executable, VMs untouched).

@@ -82,6 +82,49 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Restore a VM from a snapshot through postcopy: QEMU starts with only
+    /// the pages the mode loads up front and fetches the rest on demand and
+    /// in the background. Joins the running cluster (or starts one).
+    Restore {
+        /// The snapshot's name (see `vmcsnap snapshots`).
+        snapshot: String,
+        /// eager (everything first) | lazy (nothing first) | workingset
+        /// (HotRestore's FAFL working set) | sampling-ws (sampled size, no FAFL order)
+        #[arg(long, default_value = "workingset", value_parser = ["eager", "lazy", "workingset", "sampling-ws"])]
+        mode: String,
+        /// Working-set size in pages, or `auto` (HotRestore: (0.7 sample + 0.3 snapshot) / 2).
+        #[arg(long, default_value = "auto")]
+        wss: String,
+        /// Keep the guest paused once its state is loaded (`cont` it with QMP).
+        #[arg(long)]
+        paused: bool,
+        /// Record the restore's first accesses for `analyze-ws` (use with --mode lazy --no-background).
+        #[arg(long)]
+        trace: bool,
+        /// Send only the pages the guest asks for during the first 10 s.
+        #[arg(long)]
+        no_background: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop one VM of the running cluster; the others run on.
+    Stop {
+        /// The VM's name.
+        vm: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Hit rate and accuracy of a snapshot's FAFL working set at 0.25x to 2x
+    /// the computed size, against its newest traced restore.
+    AnalyzeWs {
+        /// The snapshot's name.
+        snapshot: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the committed snapshots of the run directory.
     Snapshots {
         /// Print JSON.

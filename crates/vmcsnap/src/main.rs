@@ -78,6 +78,20 @@ fn run(cli: Cli) -> Result<()> {
             let v = request(&run_dir.agent_socket(), &Request::Snapshot { vm, mode, name, reference })?;
             output::json_or(json, &v, || output::snapshot(&v))
         }
+        Command::Restore { snapshot, mode, wss, paused, trace, no_background, json } => {
+            let wss = match wss.as_str() {
+                "auto" => None,
+                n => Some(n.parse::<u64>().with_context(|| format!("--wss {n:?}: give a number of pages or auto"))?),
+            };
+            launch::ensure_agent(&run_dir, true)?;
+            let v = request(&run_dir.agent_socket(), &Request::Restore { snapshot, mode, wss, paused, trace, no_background })?;
+            output::json_or(json, &v, || output::restore(&v))
+        }
+        Command::Stop { vm, json } => {
+            let v = request(&run_dir.agent_socket(), &Request::Stop { vm })?;
+            output::json_or(json, &v, || println!("VM {} stopped", v["vm"].as_str().unwrap_or("?")))
+        }
+        Command::AnalyzeWs { snapshot, json } => output::analyze_ws(&run_dir.snapshots_dir().join(&snapshot), json),
         Command::Snapshots { json } => output::snapshots(&run_dir.snapshots_dir(), json),
         Command::Inspect { snapshot, verify, json } => {
             let dir = if snapshot.components().count() == 1 && !snapshot.exists() {

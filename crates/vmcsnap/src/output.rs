@@ -1,6 +1,6 @@
 //! Human and JSON output.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde_json::Value;
 use vmcsnap_control::{StatusResult, UpResult};
 use vmcsnap_switch::SwitchStats;
@@ -213,4 +213,80 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `restore`: the restore report.
+pub fn restore(v: &Value) {
+    let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    println!(
+        "restored {} from {} ({}{}): guest running after {:.1} ms",
+        v["vm"].as_str().unwrap_or("?"),
+        v["snapshot"].as_str().unwrap_or("?"),
+        v["mode"].as_str().unwrap_or("?"),
+        if v["paused"] == true { ", paused" } else { "" },
+        f("restore_latency_ms"),
+    );
+    let first_10s: u64 = v["demand_faults_per_100ms"].as_array().map_or(0, |a| a.iter().filter_map(Value::as_u64).sum());
+    println!(
+        "  {:>18} {:>12} {:>14} {:>14} {:>12}",
+        "pages before start", "MiB read", "demand faults", "in first 10 s", "full load"
+    );
+    println!(
+        "  {:>18} {:>12.1} {:>14} {:>14} {:>9.0} ms",
+        v["ws_pages"].as_u64().unwrap_or(0),
+        f("bytes_read_before_start") / 1048576.0,
+        v["demand_faults"].as_u64().unwrap_or(0),
+        first_10s,
+        f("full_load_ms")
+    );
+    println!(
+        "  working set: wss {} (sample {}, snapshot {}){}",
+        v["wss"],
+        v["wss_sample"].as_u64().map_or("-".to_string(), |n| n.to_string()),
+        v["wss_snapshot"],
+        if v["learned"] == true { ", FAFL queue improved by an earlier restore" } else { "" }
+    );
+}
+
+/// `analyze-ws`: hit rate and accuracy of the snapshot's FAFL working set
+/// against its newest traced restore.
+pub fn analyze_ws(dir: &std::path::Path, json: bool) -> Result<()> {
+    use vmcsnap_agent::restore::traces;
+    let img = vmcsnap_agent::image::Image::open(dir).with_context(|| format!("snapshot {}", dir.display()))?;
+    let Some(trace) = traces::newest(dir, |r| r.trace) else {
+        anyhow::bail!(
+            "snapshot {} has no traced restore: run `vmcsnap restore {} --mode lazy --trace --no-background` first",
+            dir.display(),
+            dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        );
+    };
+    let fafl = img.fafl();
+    let sample = img.manifest().metrics.other.get("wss_sample_pages").and_then(Value::as_u64);
+    let wss = vmcsnap_workingset::hybrid_wss(sample, fafl.len() as u64);
+    let factors = [0.25, 0.5, 0.7, 1.0, 1.5, 2.0];
+    let accesses = trace.fault_keys();
+    let queue = vmcsnap_workingset::fafl_queue(fafl, None);
+    let rows = vmcsnap_workingset::analyze(&queue, &accesses, wss, &factors);
+    let v = serde_json::json!({
+        "snapshot": dir, "wss": wss, "wss_sample": sample, "wss_snapshot": fafl.len(),
+        "trace_pages": accesses.len(), "trace_unix_ms": trace.unix_ms, "fafl": rows,
+    });
+    json_or(json, &v, || {
+        println!(
+            "FAFL working set of {} (computed WSS {wss} pages) against a trace of {} first accesses:",
+            dir.display(),
+            accesses.len()
+        );
+        println!("  {:>6} {:>8} {:>9} {:>9}", "x WSS", "pages", "hit rate", "accuracy");
+        for q in &rows {
+            println!(
+                "  {:>6.2} {:>8} {:>9.3} {:>9.3}{}",
+                q.factor,
+                q.size,
+                q.hit_rate,
+                q.accuracy,
+                if q.trace_long_enough { "" } else { "  (trace shorter than 1.2 x size)" }
+            );
+        }
+    })
 }

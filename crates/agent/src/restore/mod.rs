@@ -1,0 +1,36 @@
+//! Restoring a VM from a snapshot through QEMU's postcopy machinery.
+//!
+//! The agent is the migration **source**: a fresh QEMU started with
+//! `-incoming defer` and the `postcopy-ram` capability is the destination,
+//! and `vmcsnap_migstream::postcopy::run_source` feeds it from the image.
+//! The restore plan (`vmcsnap_workingset`) decides which pages go before
+//! the guest starts and in which order the rest follow:
+//!
+//! ```text
+//!  request ─▶ open image ─▶ plan ─▶ start QEMU -incoming ─▶ connect
+//!     │                                                      │
+//!     │   header, ADVISE, ram setup, [working set], DISCARD, PACKAGED(LISTEN, devices, RUN)
+//!     │                                                      ▼
+//!     └── restore_latency_ms ◀──────── guest running (RESUME) ── demand faults ⇄ pages
+//!                                                            │   background push
+//!                                         full_load_ms ◀─────┘   EOF, SHUT
+//! ```
+//!
+//! The VM runs on a new qcow2 overlay over the snapshot's frozen disk, with
+//! its snapshot-time MAC and address, and joins the cluster's switch (a
+//! cluster of its own if none is up). A VM of that name that is running is
+//! refused. A failure at any step stops the new QEMU and removes what the
+//! restore created; the snapshot is never modified except for the
+//! `restores/` record of what this restore learned ([`traces`]).
+//!
+//! Corrupt pages: every page's CRC32C is checked when it is read. A bad
+//! page among those loaded before the guest starts fails the restore before
+//! the guest ever runs; a bad page needed later fails the restore when it is
+//! needed and the restored VM is stopped: it never runs on a wrong page.
+//! `vmcsnap inspect --verify` checks a whole image beforehand.
+
+pub mod pages;
+mod run;
+pub mod traces;
+
+pub use run::{restore, Options, Report, WssChoice};

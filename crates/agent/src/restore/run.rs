@@ -1,0 +1,499 @@
+//! The restore itself: see the module docs of [`crate::restore`].
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use vmcsnap_image::{Image, PageKey};
+use vmcsnap_migstream::postcopy::{self, DestBlock, PageId, SourceConfig, SourceEvent};
+use vmcsnap_spec::{ClusterSection, ClusterSpec, VmAddress, VmSpec};
+use vmcsnap_workingset::{self as ws, Mode};
+
+use super::pages::{image_order, ImagePages};
+use super::traces::{self, Record};
+use crate::cluster::{Cluster, Member};
+use crate::qemu::{self, QemuConfig};
+use crate::vm::Vm;
+use crate::{log, AgentError, RunDir};
+
+/// With `--no-background`, how long only demand-faulted pages are sent
+/// before the rest is pushed (every page must arrive before the stream
+/// ends).
+pub const TRACE_WINDOW: Duration = Duration::from_secs(10);
+/// The section id of "ram" in the stream we send (what QEMU itself uses).
+const RAM_SECTION_ID: u32 = 2;
+
+/// How many pages go before the guest starts (`workingset`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WssChoice {
+    /// HotRestore's hybrid size from the snapshot's sample and trace.
+    Auto,
+    /// This many pages.
+    Pages(u64),
+}
+
+/// What the request asks for.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The snapshot's name.
+    pub snapshot: String,
+    /// The restore mode.
+    pub mode: Mode,
+    /// Working-set size.
+    pub wss: WssChoice,
+    /// Keep the guest paused once its state is loaded.
+    pub paused: bool,
+    /// Record the restore as a trace for `analyze-ws`.
+    pub trace: bool,
+    /// Send only demanded pages for [`TRACE_WINDOW`] after the start.
+    pub no_background: bool,
+}
+
+/// What one restore measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The VM.
+    pub vm: String,
+    /// The snapshot.
+    pub snapshot: String,
+    /// The mode.
+    pub mode: Mode,
+    /// Kept paused.
+    pub paused: bool,
+    /// Request to guest running (to its state loaded, with `--paused`).
+    pub restore_latency_ms: f64,
+    /// Pages loaded before the guest started.
+    pub ws_pages: u64,
+    /// The working-set size the mode asked for (before capping to the queue).
+    pub wss: u64,
+    /// HotRestore's inputs: WSS_sample (if sampled) and WSS_snapshot.
+    pub wss_sample: Option<u64>,
+    /// Pages the guest wrote during the full snapshot.
+    pub wss_snapshot: u64,
+    /// Whether the FAFL queue used what an earlier restore learned.
+    pub learned: bool,
+    /// Memory-image bytes read before the guest started.
+    pub bytes_read_before_start: u64,
+    /// Demand faults (requests for pages not yet sent).
+    pub demand_faults: u64,
+    /// Demand faults per 100 ms for the first 10 s after the start.
+    pub demand_faults_per_100ms: Vec<u64>,
+    /// Request until every page was sent.
+    pub full_load_ms: f64,
+    /// Pages of the VM.
+    pub pages_total: u64,
+    /// Pages sent because of demand faults (with their cluster).
+    pub pages_on_demand: u64,
+    /// Pages pushed in the background.
+    pub pages_background: u64,
+    /// The overlay the VM runs on.
+    pub overlay: PathBuf,
+    /// Where this restore's record went.
+    pub record: PathBuf,
+}
+
+fn fail(vm: &str, detail: impl std::fmt::Display) -> AgentError {
+    AgentError::Restore { vm: vm.to_string(), detail: detail.to_string() }
+}
+
+/// What the snapshot says about the VM it was taken of.
+struct Saved {
+    qemu: QemuConfig,
+    spec: VmSpec,
+    cluster: ClusterSection,
+    address: VmAddress,
+}
+
+fn saved_vm(img: &Image, snapshot: &str) -> Result<Saved, AgentError> {
+    let c = &img.manifest().vm.config;
+    let old = || {
+        AgentError::BadRequest(format!(
+            "snapshot {snapshot:?} does not record its VM's QEMU configuration (made by an older vmcsnap): take a new snapshot"
+        ))
+    };
+    let qemu: QemuConfig = serde_json::from_value(c["qemu"].clone()).map_err(|_| old())?;
+    let spec: VmSpec = serde_json::from_value(c["spec"].clone()).map_err(|_| old())?;
+    let cluster: ClusterSection = serde_json::from_value(c["cluster"].clone()).map_err(|_| old())?;
+    let address = parse_address(c["ip"].as_str().unwrap_or(""), c["mac"].as_str().unwrap_or("")).ok_or_else(old)?;
+    Ok(Saved { qemu, spec, cluster, address })
+}
+
+fn parse_address(cidr: &str, mac: &str) -> Option<VmAddress> {
+    let (ip, prefix) = cidr.split_once('/')?;
+    let mut m = [0u8; 6];
+    let parts: Vec<&str> = mac.split(':').collect();
+    if parts.len() != 6 {
+        return None;
+    }
+    for (i, p) in parts.iter().enumerate() {
+        m[i] = u8::from_str_radix(p, 16).ok()?;
+    }
+    Some(VmAddress { ip: ip.parse().ok()?, prefix: prefix.parse().ok()?, mac: m })
+}
+
+/// Restores `opts.snapshot` into `cluster` (creating a cluster of its own
+/// if none is up).
+pub fn restore(
+    cluster: &mut Option<Cluster>,
+    run: &RunDir,
+    opts: Options,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Report, AgentError> {
+    let t0 = Instant::now();
+    let t0_wall = SystemTime::now();
+    let root = run.snapshots_dir();
+    let dir = root.join(&opts.snapshot);
+    if !vmcsnap_image::manifest::is_plain_name(&opts.snapshot) || !dir.join("manifest").is_file() {
+        return Err(AgentError::BadRequest(format!(
+            "no snapshot named {:?} in {} (see `vmcsnap snapshots`)",
+            opts.snapshot,
+            root.display()
+        )));
+    }
+    let img = Image::open(&dir).map_err(|e| AgentError::BadRequest(format!("snapshot {:?}: {e}", opts.snapshot)))?;
+    let saved = saved_vm(&img, &opts.snapshot)?;
+    let name = saved.qemu.name.clone();
+    if let Some(c) = cluster.as_ref() {
+        if c.members.iter().any(|m| m.vm.name == name) {
+            return Err(AgentError::BadRequest(format!(
+                "VM {name:?} is running in cluster {:?}: stop it first (`vmcsnap stop {name}`)",
+                c.spec.cluster.name
+            )));
+        }
+    }
+    let qemu_bin = qemu::find_qemu()?;
+    let qemu_img = qemu::find_qemu_img()?;
+    let frozen = img
+        .manifest()
+        .disks
+        .first()
+        .map(|d| PathBuf::from(&d.path))
+        .ok_or_else(|| fail(&name, "the snapshot has no frozen disk"))?;
+    if !frozen.is_file() {
+        return Err(fail(&name, format!("its frozen disk {} is gone", frozen.display())));
+    }
+    let plan_inputs = plan(&img, &opts, &dir)?;
+    let assets = vmcsnap_guest::ensure_assets(&vmcsnap_guest::default_cache_root(), progress)?;
+
+    // The cluster to join.
+    let created = cluster.is_none();
+    if created {
+        let spec = ClusterSpec { cluster: saved.cluster.clone(), vm: vec![saved.spec.clone()] };
+        *cluster = Some(Cluster::empty(run, spec, saved.qemu.accel)?);
+    }
+    let c = cluster.as_mut().expect("set above");
+    let result = start_and_feed(c, run, &opts, &img, &saved, &qemu_bin, &qemu_img, &frozen, &assets, plan_inputs, t0, t0_wall, progress);
+    match result {
+        Ok((member, report)) => {
+            if !c.spec.vm.iter().any(|v| v.name == name) {
+                c.spec.vm.push(saved.spec.clone());
+            }
+            c.members.push(member);
+            log(format!(
+                "restore {} of {name} ({}): latency {:.1} ms, {} pages before start, {} demand faults, full load {:.1} ms",
+                opts.snapshot,
+                opts.mode.name(),
+                report.restore_latency_ms,
+                report.ws_pages,
+                report.demand_faults,
+                report.full_load_ms
+            ));
+            Ok(report)
+        }
+        Err(e) => {
+            if created {
+                if let Some(mut c) = cluster.take() {
+                    c.teardown();
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The plan and the numbers behind it.
+struct Planned {
+    plan: ws::Plan,
+    wss: u64,
+    wss_sample: Option<u64>,
+    wss_snapshot: u64,
+    learned: bool,
+}
+
+fn plan(img: &Image, opts: &Options, dir: &Path) -> Result<Planned, AgentError> {
+    let bad = |e: String| AgentError::BadRequest(format!("snapshot {:?}: {e}", opts.snapshot));
+    let order = image_order(img).map_err(|e| bad(e.to_string()))?;
+    let block_pages: Vec<u32> = (0..img.ram_blocks().len() as u32).map(|b| img.ram_block_pages(b)).collect();
+    let fafl = img.fafl();
+    let learned = traces::newest(dir, |r| !r.faults.is_empty());
+    let learned_keys = learned.as_ref().map(|r| (r.preloaded_keys(), r.fault_keys()));
+    let queue = ws::fafl_queue(fafl, learned_keys.as_ref().map(|(p, f)| (p.as_slice(), f.as_slice())));
+    let wss_sample = img.manifest().metrics.other.get("wss_sample_pages").and_then(Value::as_u64);
+    let wss_snapshot = fafl.len() as u64;
+    let wss = match opts.wss {
+        WssChoice::Auto => ws::hybrid_wss(wss_sample, wss_snapshot),
+        WssChoice::Pages(n) => n,
+    };
+    let input = ws::PlanInput { block_pages: &block_pages, image_order: &order, queue: &queue, wss, wss_sample };
+    let plan = ws::make_plan(opts.mode, &input).map_err(|e| bad(e.to_string()))?;
+    Ok(Planned { plan, wss, wss_sample, wss_snapshot, learned: learned.is_some() })
+}
+
+fn unix_us(t: SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start_and_feed(
+    c: &mut Cluster,
+    run: &RunDir,
+    opts: &Options,
+    img: &Image,
+    saved: &Saved,
+    qemu_bin: &Path,
+    qemu_img: &Path,
+    frozen: &Path,
+    assets: &vmcsnap_guest::GuestAssets,
+    planned: Planned,
+    t0: Instant,
+    t0_wall: SystemTime,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Member, Report), AgentError> {
+    let name = saved.qemu.name.clone();
+    let dir = run.vm_dir(&name);
+    std::fs::create_dir_all(&dir).map_err(AgentError::io("creating", &dir))?;
+    let stamp = crate::handover::unix_ms(SystemTime::now());
+    let overlay = dir.join(format!("data-{stamp}.qcow2"));
+    let out = std::process::Command::new(qemu_img)
+        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+        .arg(frozen)
+        .arg(&overlay)
+        .output()
+        .map_err(AgentError::io("running qemu-img for", &overlay))?;
+    if !out.status.success() {
+        return Err(fail(&name, format!("qemu-img create {}: {}", overlay.display(), String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    let mut config = saved.qemu.clone();
+    config.ram_file = run.shm_path(&c.spec.cluster.name, &name);
+    let _ = std::fs::remove_file(&config.ram_file);
+    config.kernel = assets.kernel.clone();
+    config.initrd = assets.initrd.clone();
+    config.console_log = dir.join("console.log");
+    config.qmp_socket = dir.join("qmp.sock");
+    config.port_socket = dir.join("port.sock");
+    config.disk = overlay.clone();
+    config.incoming = true;
+    config.paused = opts.paused;
+    config.data_dir = None;
+    config.module_dir = None;
+    let mem = img.ram_block_id("mem").map(|b| img.ram_blocks()[b as usize].used_length);
+    if mem != Some(config.ram_kib() * 1024) {
+        let _ = std::fs::remove_file(&overlay);
+        return Err(fail(&name, format!(
+            "the image's RAM block \"mem\" has {mem:?} bytes but this VM would get {} ({} accelerator): restore on a host like the one the snapshot was taken on",
+            config.ram_kib() * 1024,
+            config.accel.name()
+        )));
+    }
+    let port = c.switch.add_port(&name, &config.port_socket)?;
+    let mut vm = match Vm::spawn(qemu_bin, config.clone(), dir.join("qemu.log")) {
+        Ok(vm) => vm,
+        Err(e) => {
+            let _ = c.switch.remove_port(port);
+            let _ = std::fs::remove_file(&overlay);
+            return Err(e);
+        }
+    };
+    progress(&format!("{name}: restoring {} ({}), QEMU pid {}", opts.snapshot, opts.mode.name(), vm.pid));
+    match feed(&mut vm, opts, img, &dir, planned, t0, t0_wall, progress) {
+        Ok(mut report) => {
+            report.overlay = overlay.clone();
+            let member = Member { vm, address: saved.address, port, disk: overlay };
+            Ok((member, report))
+        }
+        Err(e) => {
+            log(format!("restore of {name} failed, stopping its QEMU: {e}"));
+            vm.shutdown();
+            let _ = c.switch.remove_port(port);
+            for p in [&config.ram_file, &config.qmp_socket, &config.sample_socket(), &config.port_socket, &overlay] {
+                let _ = std::fs::remove_file(p);
+            }
+            Err(e)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn feed(
+    vm: &mut Vm,
+    opts: &Options,
+    img: &Image,
+    snap_dir: &Path,
+    planned: Planned,
+    t0: Instant,
+    t0_wall: SystemTime,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Report, AgentError> {
+    let name = vm.name.clone();
+    let vm_dir = vm.config.qmp_socket.parent().expect("in the VM dir").to_path_buf();
+    let incoming = vm_dir.join("incoming.sock");
+    let _ = std::fs::remove_file(&incoming);
+    vm.qmp()?.set_timeout(Duration::from_secs(60));
+    vm.execute(
+        "migrate-set-capabilities",
+        json!({ "capabilities": [ { "capability": "postcopy-ram", "state": true } ] }),
+    )?;
+    vm.execute("migrate-incoming", json!({ "uri": format!("unix:{}", incoming.display()) }))?;
+    let stream = connect(vm, &incoming)?;
+    let _ = std::fs::remove_file(&incoming);
+
+    let to_id = |k: &PageKey| PageId { block: k.ram_block, page: k.page };
+    let device_state = img.device_state().map_err(|e| fail(&name, format!("device state: {e}")))?;
+    let scfg = SourceConfig {
+        machine: img.manifest().qemu.machine.clone(),
+        blocks: img.ram_blocks().iter().map(|b| DestBlock { name: b.name.clone(), used_length: b.used_length }).collect(),
+        page_size: img.page_size(),
+        ram_section_id: RAM_SECTION_ID,
+        device_state,
+        before_run: planned.plan.before_run.iter().map(to_id).collect(),
+        demand_cluster: planned.plan.demand_cluster,
+        background: planned.plan.background.iter().map(to_id).collect(),
+        background_after: opts.no_background.then_some(TRACE_WINDOW),
+        shut_timeout: Duration::from_secs(60),
+    };
+    let mut pages = ImagePages::new(img, &planned.plan.before_run).map_err(|e| fail(&name, e))?;
+    let bytes_read = pages.bytes_read.clone();
+    let (tx, rx) = mpsc::channel::<(SourceEvent, Instant)>();
+    let source_start = Instant::now();
+    let mut latency_ms = None;
+    let mut bytes_before = 0;
+    let outcome = std::thread::scope(|s| {
+        let h = s.spawn(move || {
+            postcopy::run_source(&scfg, &mut pages, stream, &mut |ev| {
+                let _ = tx.send((ev, Instant::now()));
+            })
+        });
+        let mut last_progress = Instant::now();
+        let mut waiting_for_resume = false;
+        loop {
+            match rx.recv_timeout(Duration::from_millis(20)) {
+                Ok((SourceEvent::RunSent, at)) => {
+                    bytes_before = bytes_read.load(Ordering::Relaxed);
+                    progress(&format!(
+                        "{name}: device state and {} pages sent, guest starting",
+                        planned.plan.before_run.len()
+                    ));
+                    if opts.paused {
+                        latency_ms = Some(at.duration_since(t0).as_secs_f64() * 1000.0);
+                    } else {
+                        waiting_for_resume = true;
+                    }
+                }
+                Ok((SourceEvent::Progress { sent, total }, _)) if last_progress.elapsed() > Duration::from_millis(500) => {
+                    last_progress = Instant::now();
+                    progress(&format!("{name}: {sent} of {total} pages loaded"));
+                }
+                Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) if !waiting_for_resume => break,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {}
+            }
+            if waiting_for_resume {
+                // The guest starts once QEMU has loaded the package; its
+                // QMP may stall meanwhile (it faults on missing pages).
+                if let Ok(q) = vm.qmp() {
+                    if let Ok(e) = q.wait_event("RESUME", Duration::from_millis(20)) {
+                        latency_ms = Some(e.timestamp_us.saturating_sub(unix_us(t0_wall)) as f64 / 1000.0);
+                        waiting_for_resume = false;
+                    }
+                }
+                if h.is_finished() && waiting_for_resume && latency_ms.is_none() {
+                    // One last look, then give up on the event.
+                    if let Ok(Ok(e)) = vm.qmp().map(|q| q.wait_event("RESUME", Duration::from_secs(2))) {
+                        latency_ms = Some(e.timestamp_us.saturating_sub(unix_us(t0_wall)) as f64 / 1000.0);
+                    }
+                    waiting_for_resume = false;
+                }
+            }
+        }
+        h.join().expect("postcopy source thread panicked")
+    });
+    let rep = outcome.map_err(|e| fail(&name, e))?;
+    let full_load_ms = (source_start.duration_since(t0) + rep.all_sent_after).as_secs_f64() * 1000.0;
+    wait_completed(vm)?;
+    let restore_latency_ms = latency_ms.ok_or_else(|| fail(&name, "the guest did not start (no RESUME event)"))?;
+    let mut per_100ms = vec![0u64; 100];
+    for (d, _) in &rep.demand {
+        let i = (d.as_millis() / 100) as usize;
+        if i < per_100ms.len() {
+            per_100ms[i] += 1;
+        }
+    }
+    let record = Record {
+        unix_ms: crate::handover::unix_ms(SystemTime::now()),
+        mode: opts.mode.name().to_string(),
+        trace: opts.trace,
+        preloaded: planned.plan.before_run.iter().map(|k| (k.ram_block, k.page)).collect(),
+        faults: rep.demand.iter().map(|(d, id)| (id.block, id.page, d.as_secs_f64() * 1000.0)).collect(),
+    };
+    let record_path = traces::save(snap_dir, &record).map_err(AgentError::io("writing the restore record in", snap_dir))?;
+    Ok(Report {
+        vm: name,
+        snapshot: opts.snapshot.clone(),
+        mode: opts.mode,
+        paused: opts.paused,
+        restore_latency_ms,
+        ws_pages: rep.pages_before_run,
+        wss: planned.wss,
+        wss_sample: planned.wss_sample,
+        wss_snapshot: planned.wss_snapshot,
+        learned: planned.learned,
+        bytes_read_before_start: bytes_before,
+        demand_faults: rep.demand.len() as u64,
+        demand_faults_per_100ms: per_100ms,
+        full_load_ms,
+        pages_total: rep.pages_total,
+        pages_on_demand: rep.pages_on_demand,
+        pages_background: rep.pages_background,
+        overlay: PathBuf::new(),
+        record: record_path,
+    })
+}
+
+/// Connects to the destination's incoming socket once QEMU listens.
+fn connect(vm: &mut Vm, path: &Path) -> Result<UnixStream, AgentError> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match UnixStream::connect(path) {
+            Ok(s) => return Ok(s),
+            Err(e) => {
+                if let Some(status) = vm.exited() {
+                    return Err(fail(&vm.name, format!("QEMU exited ({status}): {}", crate::vm::tail(&vm.qemu_log, 1500))));
+                }
+                if Instant::now() > deadline {
+                    return Err(AgentError::io("connecting to the restore destination", path)(e));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    }
+}
+
+/// Waits until the destination reports the migration completed.
+fn wait_completed(vm: &mut Vm) -> Result<(), AgentError> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let st = vm.execute("query-migrate", Value::Null)?;
+        match st["status"].as_str().unwrap_or("") {
+            "completed" => return Ok(()),
+            "failed" | "cancelled" => {
+                return Err(fail(&vm.name, format!("the destination reports {}", st["status"])));
+            }
+            _ if Instant::now() > deadline => return Err(fail(&vm.name, "the destination did not complete within 60 s")),
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
