@@ -17,6 +17,10 @@ use vmcsnap_control::{call, ConsoleResult, Request, StatusResult, UpResult};
 use cli::{AgentCmd, Cli, Command, GuestCmd};
 
 fn main() {
+    // Like any Unix filter, end quietly when the reader of our output goes
+    // away (`vmcsnap status | head`) instead of panicking in println!.
+    // SAFETY: signal(2) with SIG_DFL for SIGPIPE, before any thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
         eprintln!("vmcsnap: error: {}", error_chain(e.chain()));

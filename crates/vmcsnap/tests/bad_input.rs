@@ -78,3 +78,23 @@ fn commands_without_a_cluster_say_so() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("no cluster is up"));
 }
+
+/// Regression: `vmcsnap status | head` panicked ("failed printing to
+/// stdout: Broken pipe") when the reader had gone.
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    use std::process::{Command, Stdio};
+    let env = common::Env::new();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vmcsnap"))
+        .arg("--run-dir")
+        .arg(env.run_dir())
+        .arg("status")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader goes away before anything is printed
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
