@@ -11,7 +11,10 @@ Medians are reported; the machine is shared and noisy, so compare modes within o
 Usage: bench/rejuvenate.py [--reps N] [--sizes 256,1024,4096] [--vms 1,2,4] [--out DIR]
 Needs: target/release/vmcsnap (make build), matplotlib (pip-installed if missing).
 """
-import argparse, json, os, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, subprocess, sys, tempfile, time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VMCSNAP = os.path.join(ROOT, "target", "release", "vmcsnap")
@@ -19,10 +22,10 @@ MODES = ["warm", "saved", "cold"]
 
 
 def run(run_dir, *args):
-    out = subprocess.run([VMCSNAP, "--run-dir", run_dir, *args], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"vmcsnap {' '.join(args)} failed:\n{out.stderr}")
-    return json.loads(out.stdout) if "--json" in args else out.stdout
+    try:
+        return benchlib.run(VMCSNAP, run_dir, *args)
+    except benchlib.Failed as e:
+        raise SystemExit(str(e))
 
 
 def spec(n, mem):
@@ -78,35 +81,25 @@ def by_count(counts, reps):
     return rows
 
 
-def med(xs):
-    return statistics.median(xs) if xs else float("nan")
 
 
 def summarize(size_rows, count_rows, sizes, counts):
     s = {"by_size": {}, "by_count": {}}
     for mode in MODES:
-        s["by_size"][mode] = {str(m): med([r["downtime_ms"] for r in size_rows if r["mode"] == mode and r["memory_mib"] == m]) for m in sizes}
+        s["by_size"][mode] = {str(m): benchlib.med([r["downtime_ms"] for r in size_rows if r["mode"] == mode and r["memory_mib"] == m]) for m in sizes}
         s["by_count"][mode] = {
             str(n): {
-                "median_vm_downtime_ms": med([d for r in count_rows if r["mode"] == mode and r["vms"] == n for d in r["downtimes_ms"]]),
-                "median_total_ms": med([r["total_ms"] for r in count_rows if r["mode"] == mode and r["vms"] == n]),
+                "median_vm_downtime_ms": benchlib.med([d for r in count_rows if r["mode"] == mode and r["vms"] == n for d in r["downtimes_ms"]]),
+                "median_total_ms": benchlib.med([r["total_ms"] for r in count_rows if r["mode"] == mode and r["vms"] == n]),
             } for n in counts
         }
     return s
 
 
 def plot(summary, sizes, path):
-    try:
-        import matplotlib
-    except ImportError:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=False)
-        try:
-            import matplotlib
-        except ImportError:
-            print("matplotlib unavailable; no plot (pip install matplotlib)", file=sys.stderr)
-            return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = benchlib.pyplot()
+    if plt is None:
+        return
     fig, ax = plt.subplots(figsize=(6, 4))
     for mode, marker in zip(MODES, "os^"):
         ax.plot(sizes, [summary["by_size"][mode][str(m)] / 1000 for m in sizes], marker=marker, label=mode)

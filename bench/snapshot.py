@@ -23,6 +23,9 @@ Needs: target/release/vmcsnap (make build), matplotlib (pip-installed if missing
 """
 import argparse, json, os, re, shutil, statistics, subprocess, sys, tempfile, threading, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VMCSNAP = os.path.join(ROOT, "target", "release", "vmcsnap")
 MODES = ["hot", "stop-copy", "precopy"]
@@ -31,15 +34,11 @@ MEMTOUCH_RE = re.compile(r"memtouch: t=(\d+) writes=(\d+) writes_per_s=(\d+)")
 BEFORE_LINES = 5
 
 
-class Failed(Exception):
-    pass
+Failed = benchlib.Failed
 
 
 def run(run_dir, *args):
-    out = subprocess.run([VMCSNAP, "--run-dir", run_dir, *args], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise Failed(f"vmcsnap {' '.join(args)} failed:\n{out.stderr}")
-    return json.loads(out.stdout) if "--json" in args else out.stdout
+    return benchlib.run(VMCSNAP, run_dir, *args)
 
 
 def workload(name, mem):
@@ -157,9 +156,6 @@ def measure_config(mem, wl, reps, gap):
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def med(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else float("nan")
 
 
 def summarize(rows, configs):
@@ -170,14 +166,14 @@ def summarize(rows, configs):
         for mode in MODES:
             all_rs = [r for r in rows if r["memory_mib"] == mem and r["workload"] == wl and r["mode"] == mode]
             rs = [r for r in all_rs if "error" not in r]
-            s[mode] = {k: med([r[k] for r in rs]) for k in
+            s[mode] = {k: benchlib.med([r[k] for r in rs]) for k in
                        ("downtime_ms", "duration_ms", "disk_snapshot_ms", "image_bytes", "stream_bytes")}
-            s[mode]["image_over_stream"] = med([r["image_bytes"] / r["stream_bytes"] for r in rs])
+            s[mode]["image_over_stream"] = benchlib.med([r["image_bytes"] / r["stream_bytes"] for r in rs])
             s[mode]["n"] = len(rs)
             s[mode]["failed"] = len(all_rs) - len(rs)
             mts = [r["memtouch"] for r in rs if r.get("memtouch")]
             if mts:
-                s[mode]["memtouch_ratio"] = med([m["ratio"] for m in mts])
+                s[mode]["memtouch_ratio"] = benchlib.med([m["ratio"] for m in mts])
                 s[mode]["memtouch_slowdown_pct"] = (1 - s[mode]["memtouch_ratio"]) * 100
         hot, sc = s["hot"], s["stop-copy"]
         s["hot_over_stopcopy"] = {"downtime": hot["downtime_ms"] / sc["downtime_ms"],
@@ -195,17 +191,9 @@ def summarize(rows, configs):
 
 
 def plot(summary, path):
-    try:
-        import matplotlib
-    except ImportError:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=False)
-        try:
-            import matplotlib
-        except ImportError:
-            print("matplotlib unavailable; no plot (pip install matplotlib)", file=sys.stderr)
-            return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = benchlib.pyplot()
+    if plt is None:
+        return
     keys = list(summary)
     fig, ax = plt.subplots(figsize=(7, 4))
     w = 0.8 / len(MODES)

@@ -54,14 +54,7 @@ impl Cluster {
         }
         let assets = vmcsnap_guest::ensure_assets(&vmcsnap_guest::default_cache_root(), progress)?;
 
-        let cluster_dir = run.cluster_dir();
-        if cluster_dir.exists() {
-            // Left over from an earlier cluster of this run directory: only
-            // logs remain there after a clean `down`.
-            std::fs::remove_dir_all(&cluster_dir).map_err(AgentError::io("removing", &cluster_dir))?;
-        }
-        let switch = Switch::start()?;
-        let mut cluster = Cluster { spec: spec.clone(), accel, members: Vec::new(), switch, run: run.clone() };
+        let mut cluster = Cluster::empty(run, spec, accel)?;
         match cluster.boot(&qemu_bin, &assets, progress) {
             Ok(()) => Ok(cluster),
             Err(e) => {
@@ -158,6 +151,8 @@ impl Cluster {
     pub fn empty(run: &RunDir, spec: ClusterSpec, accel: Resolved) -> Result<Cluster, AgentError> {
         let cluster_dir = run.cluster_dir();
         if cluster_dir.exists() {
+            // Left over from an earlier cluster of this run directory: only
+            // logs remain there after a clean `down`.
             std::fs::remove_dir_all(&cluster_dir).map_err(AgentError::io("removing", &cluster_dir))?;
         }
         let switch = Switch::start()?;
@@ -174,10 +169,7 @@ impl Cluster {
         if let Err(e) = self.switch.remove_port(m.port) {
             log(format!("stop {vm}: removing its switch port: {e}"));
         }
-        let sample = m.vm.config.sample_socket();
-        for p in [&m.vm.config.ram_file, &m.vm.config.qmp_socket, &sample, &m.vm.config.port_socket] {
-            let _ = std::fs::remove_file(p);
-        }
+        m.vm.config.remove_runtime_files();
         log(format!("VM {vm}: stopped"));
         Ok(())
     }
@@ -295,12 +287,10 @@ impl Cluster {
         }
         self.switch.stop();
         for m in &self.members {
-            let sample = m.vm.config.sample_socket();
-            for p in [&m.vm.config.ram_file, &m.vm.config.qmp_socket, &sample, &m.vm.config.port_socket, &m.disk] {
-                if let Err(e) = std::fs::remove_file(p) {
-                    if e.kind() != std::io::ErrorKind::NotFound {
-                        log(format!("teardown: cannot remove {}: {e}", p.display()));
-                    }
+            m.vm.config.remove_runtime_files();
+            if let Err(e) = std::fs::remove_file(&m.disk) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    log(format!("teardown: cannot remove {}: {e}", m.disk.display()));
                 }
             }
         }

@@ -88,6 +88,19 @@ impl QemuConfig {
         self.qmp_socket.with_file_name(crate::sampler::SOCKET_NAME)
     }
 
+    /// Removes what a stopped QEMU of this config leaves behind: the RAM
+    /// file and its sockets (not the disk, not the logs). Files already
+    /// gone are fine; other failures are logged.
+    pub fn remove_runtime_files(&self) {
+        for p in [&self.ram_file, &self.qmp_socket, &self.sample_socket(), &self.port_socket] {
+            if let Err(e) = std::fs::remove_file(p) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    crate::log(format!("VM {}: cannot remove {}: {e}", self.name, p.display()));
+                }
+            }
+        }
+    }
+
     /// The guest RAM QEMU is given, in KiB: `memory_mib`, plus
     /// [`TCG_DIRTY_TRACKING_PAD_KIB`] under TCG.
     pub fn ram_kib(&self) -> u64 {

@@ -9,10 +9,9 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::os::unix::net::UnixListener;
 use std::time::{Duration, Instant};
 
-use common::qemu::{build_writer, qemu_or_skip, spawn_qemu, writer_args, Qmp};
+use common::qemu::{build_writer, qemu_or_skip, start_background_snapshot};
 use serde_json::json;
 use vmcsnap_migstream::{Event, PageOrigin, StreamReader};
 
@@ -23,24 +22,7 @@ fn background_snapshot_from_a_live_socket() {
     };
     let dir = tempfile::tempdir().unwrap();
     let kernel = build_writer(dir.path());
-    let (qmp_path, mig_path) = (dir.path().join("qmp.sock"), dir.path().join("mig.sock"));
-    let listener = UnixListener::bind(&mig_path).unwrap();
-    let args = writer_args(&kernel, "memory-backend-memfd,id=mem,size=16M,share=on");
-    let _qemu = spawn_qemu(&qemu_bin, &args, &qmp_path, &dir.path().join("qemu.log"));
-    let mut qmp = Qmp::connect(&qmp_path);
-    std::thread::sleep(Duration::from_millis(300)); // let the guest run
-    qmp.cmd(
-        "migrate-set-capabilities",
-        json!({"capabilities": [{"capability": "background-snapshot", "state": true}]}),
-    );
-    qmp.cmd(
-        "migrate",
-        json!({"uri": format!("unix:{}", mig_path.display())}),
-    );
-
-    let (conn, _) = listener.accept().unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
+    let (_qemu, mut qmp, conn) = start_background_snapshot(&qemu_bin, &kernel, dir.path(), "");
     let mut reader = StreamReader::new(conn);
     let (mut seen, mut written_out_of_order) = (BTreeSet::new(), Vec::new());
     let mut device_state = 0;

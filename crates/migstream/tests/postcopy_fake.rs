@@ -312,16 +312,10 @@ fn whole_protocol_with_requests_clusters_and_background_order() {
     );
 }
 
-#[test]
-fn every_page_before_run_holds_one_back_for_the_discard() {
+/// Runs the source against a fake destination that answers EOF with
+/// SHUT(0); checks the stream and returns the report and what was seen.
+fn run_to_shut(cfg: &SourceConfig) -> (vmcsnap_migstream::postcopy::SourceReport, Seen) {
     let (_dir, listener, path) = socket();
-    let mut cfg = config();
-    cfg.before_run = (0..3u32)
-        .flat_map(|b| (0..cfg.block_pages(b) as u32).map(move |p| id(b, p)))
-        .rev()
-        .collect();
-    let last = *cfg.before_run.last().unwrap();
-    assert_eq!(last, id(0, 0));
     let pages = Arc::new(synthetic_pages(&cfg.blocks));
     let dest = fake_destination(listener, |item, rp| {
         if *item == Item::Eof {
@@ -330,16 +324,23 @@ fn every_page_before_run_holds_one_back_for_the_discard() {
         true
     });
     let stream = UnixStream::connect(&path).unwrap();
-    let run = run_guarded(
-        cfg.clone(),
-        MemPages::new(pages.clone()),
-        stream,
-        GUARD,
-        |_| {},
-    );
+    let run = run_guarded(cfg.clone(), MemPages::new(pages.clone()), stream, GUARD, |_| {});
     let report = run.result.expect("run_source");
     let (items, _) = dest.join().unwrap();
-    let seen = check_stream(&items, &cfg, &pages);
+    let seen = check_stream(&items, cfg, &pages);
+    (report, seen)
+}
+
+#[test]
+fn every_page_before_run_holds_one_back_for_the_discard() {
+    let mut cfg = config();
+    cfg.before_run = (0..3u32)
+        .flat_map(|b| (0..cfg.block_pages(b) as u32).map(move |p| id(b, p)))
+        .rev()
+        .collect();
+    let last = *cfg.before_run.last().unwrap();
+    assert_eq!(last, id(0, 0));
+    let (report, seen) = run_to_shut(&cfg);
     assert_eq!(seen.discards, vec![("mem".to_string(), 0, 4096)]);
     assert_eq!(seen.commands, vec![6]);
     assert_eq!(seen.pages.last(), Some(&(last, false)));
@@ -349,29 +350,11 @@ fn every_page_before_run_holds_one_back_for_the_discard() {
 
 #[test]
 fn nothing_before_run_discards_every_block_whole() {
-    let (_dir, listener, path) = socket();
     let mut cfg = config();
     // Long names and many ranges: several DISCARD commands per block.
     cfg.before_run = (0..600).step_by(2).map(|p| id(0, p)).collect();
     cfg.blocks[0].name = "m".repeat(255);
-    let pages = Arc::new(synthetic_pages(&cfg.blocks));
-    let dest = fake_destination(listener, |item, rp| {
-        if *item == Item::Eof {
-            rp.send(RpMessage::Shut(0));
-        }
-        true
-    });
-    let stream = UnixStream::connect(&path).unwrap();
-    let run = run_guarded(
-        cfg.clone(),
-        MemPages::new(pages.clone()),
-        stream,
-        GUARD,
-        |_| {},
-    );
-    let report = run.result.expect("run_source");
-    let (items, _) = dest.join().unwrap();
-    let seen = check_stream(&items, &cfg, &pages);
+    let (report, seen) = run_to_shut(&cfg);
     assert_eq!(seen.discards.len(), 300 + 2);
     assert!(report.discard_commands >= 3, "{}", report.discard_commands);
     assert_eq!(report.discard_commands as usize, seen.commands.len());

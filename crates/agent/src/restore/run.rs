@@ -176,8 +176,10 @@ pub fn restore(
     if !frozen.is_file() {
         return Err(fail(&name, format!("its frozen disk {} is gone", frozen.display())));
     }
-    let plan_inputs = plan(&img, &opts, &dir)?;
+    let planned = plan(&img, &opts, &dir)?;
     let assets = vmcsnap_guest::ensure_assets(&vmcsnap_guest::default_cache_root(), progress)?;
+    let job = Job { opts: &opts, img: &img, snap_dir: &dir, saved, qemu_bin, qemu_img, frozen, assets, planned, t0, t0_wall };
+    let saved = &job.saved;
 
     // The cluster to join.
     let created = cluster.is_none();
@@ -186,7 +188,7 @@ pub fn restore(
         *cluster = Some(Cluster::empty(run, spec, saved.qemu.accel)?);
     }
     let c = cluster.as_mut().expect("set above");
-    let result = start_and_feed(c, run, &opts, &img, &saved, &qemu_bin, &qemu_img, &frozen, &assets, plan_inputs, t0, t0_wall, progress);
+    let result = start_and_feed(c, run, &job, progress);
     match result {
         Ok((member, report)) => {
             if !c.spec.vm.iter().any(|v| v.name == name) {
@@ -224,6 +226,22 @@ struct Planned {
     learned: bool,
 }
 
+/// Everything checked and prepared before a QEMU starts.
+struct Job<'a> {
+    opts: &'a Options,
+    img: &'a Image,
+    snap_dir: &'a Path,
+    saved: Saved,
+    qemu_bin: PathBuf,
+    qemu_img: PathBuf,
+    frozen: PathBuf,
+    assets: vmcsnap_guest::GuestAssets,
+    planned: Planned,
+    /// When the request arrived (monotonic and wall clock).
+    t0: Instant,
+    t0_wall: SystemTime,
+}
+
 fn plan(img: &Image, opts: &Options, dir: &Path) -> Result<Planned, AgentError> {
     let bad = |e: String| AgentError::BadRequest(format!("snapshot {:?}: {e}", opts.snapshot));
     let order = image_order(img).map_err(|e| bad(e.to_string()))?;
@@ -247,30 +265,20 @@ fn unix_us(t: SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn start_and_feed(
     c: &mut Cluster,
     run: &RunDir,
-    opts: &Options,
-    img: &Image,
-    saved: &Saved,
-    qemu_bin: &Path,
-    qemu_img: &Path,
-    frozen: &Path,
-    assets: &vmcsnap_guest::GuestAssets,
-    planned: Planned,
-    t0: Instant,
-    t0_wall: SystemTime,
-    progress: &mut dyn FnMut(&str),
-) -> Result<(Member, Report), AgentError> {
+    job: &Job,
+    progress: &mut dyn FnMut(&str)) -> Result<(Member, Report), AgentError> {
+    let Job { opts, img, saved, assets, .. } = job;
     let name = saved.qemu.name.clone();
     let dir = run.vm_dir(&name);
     std::fs::create_dir_all(&dir).map_err(AgentError::io("creating", &dir))?;
     let stamp = crate::handover::unix_ms(SystemTime::now());
     let overlay = dir.join(format!("data-{stamp}.qcow2"));
-    let out = std::process::Command::new(qemu_img)
+    let out = std::process::Command::new(&job.qemu_img)
         .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
-        .arg(frozen)
+        .arg(&job.frozen)
         .arg(&overlay)
         .output()
         .map_err(AgentError::io("running qemu-img for", &overlay))?;
@@ -300,7 +308,7 @@ fn start_and_feed(
         )));
     }
     let port = c.switch.add_port(&name, &config.port_socket)?;
-    let mut vm = match Vm::spawn(qemu_bin, config.clone(), dir.join("qemu.log")) {
+    let mut vm = match Vm::spawn(&job.qemu_bin, config.clone(), dir.join("qemu.log")) {
         Ok(vm) => vm,
         Err(e) => {
             let _ = c.switch.remove_port(port);
@@ -309,7 +317,7 @@ fn start_and_feed(
         }
     };
     progress(&format!("{name}: restoring {} ({}), QEMU pid {}", opts.snapshot, opts.mode.name(), vm.pid));
-    match feed(&mut vm, opts, img, &dir, planned, t0, t0_wall, progress) {
+    match feed(&mut vm, job, progress) {
         Ok(mut report) => {
             report.overlay = overlay.clone();
             let member = Member { vm, address: saved.address, port, disk: overlay };
@@ -319,25 +327,16 @@ fn start_and_feed(
             log(format!("restore of {name} failed, stopping its QEMU: {e}"));
             vm.shutdown();
             let _ = c.switch.remove_port(port);
-            for p in [&config.ram_file, &config.qmp_socket, &config.sample_socket(), &config.port_socket, &overlay] {
-                let _ = std::fs::remove_file(p);
-            }
+            config.remove_runtime_files();
+            let _ = std::fs::remove_file(&overlay);
             Err(e)
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn feed(
-    vm: &mut Vm,
-    opts: &Options,
-    img: &Image,
-    snap_dir: &Path,
-    planned: Planned,
-    t0: Instant,
-    t0_wall: SystemTime,
-    progress: &mut dyn FnMut(&str),
-) -> Result<Report, AgentError> {
+fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Result<Report, AgentError> {
+    let Job { opts, img, snap_dir, planned, t0, t0_wall, .. } = job;
+    let (t0, t0_wall) = (*t0, *t0_wall);
     let name = vm.name.clone();
     let vm_dir = vm.config.qmp_socket.parent().expect("in the VM dir").to_path_buf();
     let incoming = vm_dir.join("incoming.sock");

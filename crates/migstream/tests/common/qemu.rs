@@ -195,11 +195,21 @@ impl Snapshot {
 
 /// Runs the writer guest for a moment, takes a background snapshot over a
 /// unix socket and reads it into memory; QEMU is gone when this returns.
-pub fn capture_writer(qemu_bin: &str, kernel: &Path, dir: &Path) -> Snapshot {
-    let (qmp_path, mig_path) = (dir.join("src-qmp.sock"), dir.join("src-mig.sock"));
+/// Boots the writer guest (memfd RAM), lets it run 300 ms and starts a
+/// background snapshot into a unix socket in `dir` (files named
+/// `<prefix>qmp.sock`, `<prefix>mig.sock`, `<prefix>qemu.log`). Returns
+/// QEMU, its QMP session and the accepted migration connection.
+pub fn start_background_snapshot(
+    qemu_bin: &str,
+    kernel: &Path,
+    dir: &Path,
+    prefix: &str,
+) -> (Qemu, Qmp, UnixStream) {
+    let qmp_path = dir.join(format!("{prefix}qmp.sock"));
+    let mig_path = dir.join(format!("{prefix}mig.sock"));
     let listener = UnixListener::bind(&mig_path).unwrap();
     let args = writer_args(kernel, "memory-backend-memfd,id=mem,size=16M,share=on");
-    let _qemu = spawn_qemu(qemu_bin, &args, &qmp_path, &dir.join("src.log"));
+    let qemu = spawn_qemu(qemu_bin, &args, &qmp_path, &dir.join(format!("{prefix}qemu.log")));
     let mut qmp = Qmp::connect(&qmp_path);
     std::thread::sleep(Duration::from_millis(300)); // let the guest run
     qmp.cmd(
@@ -213,6 +223,11 @@ pub fn capture_writer(qemu_bin: &str, kernel: &Path, dir: &Path) -> Snapshot {
     let (conn, _) = listener.accept().unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
+    (qemu, qmp, conn)
+}
+
+pub fn capture_writer(qemu_bin: &str, kernel: &Path, dir: &Path) -> Snapshot {
+    let (_qemu, mut qmp, conn) = start_background_snapshot(qemu_bin, kernel, dir, "src-");
     let mut reader = StreamReader::new(conn);
     let mut snap = Snapshot {
         machine: String::new(),

@@ -1,0 +1,36 @@
+"""Helpers shared by the benchmarks in bench/ (not a benchmark itself)."""
+import json, statistics, subprocess, sys
+
+
+class Failed(Exception):
+    """A vmcsnap command failed; the message holds its stderr."""
+
+
+def run(vmcsnap, run_dir, *args):
+    """Runs `vmcsnap --run-dir RUN_DIR ARGS`; parsed JSON if --json, else stdout. Raises Failed."""
+    out = subprocess.run([vmcsnap, "--run-dir", run_dir, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise Failed(f"vmcsnap {' '.join(args)} failed:\n{out.stderr}")
+    return json.loads(out.stdout) if "--json" in args else out.stdout
+
+
+def med(xs):
+    """Median of the values that are not None; NaN if there are none."""
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def pyplot():
+    """matplotlib.pyplot with the Agg backend (pip-installed if missing), or None."""
+    try:
+        import matplotlib
+    except ImportError:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=False)
+        try:
+            import matplotlib
+        except ImportError:
+            print("matplotlib unavailable; no plot (pip install matplotlib)", file=sys.stderr)
+            return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
