@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The demo: boot examples/demo.toml, show the VMs talking, tear it down.
+# The demo: boot examples/demo.toml, show the VMs talking, snapshot, warm
+# restart, restore (eager vs working set), tear it down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=target/release/vmcsnap
@@ -31,6 +32,17 @@ $V rejuvenate --all --mode warm
 sleep 3
 echo "== beta after the restart (same pingpong connection: conn=1)"
 $V console beta --bytes 3000 | grep -E '^(pingpong|kvload)' | tail -n 2 || true
+echo
+echo "== restore alpha from demo-alpha: eager (every page first) vs workingset (HotRestore: working set first, rest on demand)"
+latency() { python3 -c 'import json,sys; r=json.load(sys.stdin); print("%8.1f ms  (%d pages before start, %d demand faults, full load %.0f ms)" % (r["restore_latency_ms"], r["ws_pages"], r["demand_faults"], r["full_load_ms"]))'; }
+for mode in eager workingset; do
+    $V stop alpha >/dev/null
+    printf '%-11s guest running after ' "$mode"
+    $V restore demo-alpha --mode "$mode" --json | latency
+done
+sleep 3
+echo "== beta's pingpong client talks to the restored alpha"
+$V console beta --bytes 3000 | grep -E '^pingpong' | tail -n 2 || true
 echo
 echo "== vmcsnap down"
 $V down

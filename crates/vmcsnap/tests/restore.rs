@@ -119,8 +119,66 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
         check_alive(&env, a_from, b_from, &format!("{mode} restore of {snap}"));
     }
 
-    // --paused: once loaded, the destination's RAM is the image.
+    // Tracing: nothing preloaded, only demanded pages for 10 s; analyze-ws
+    // scores the FAFL working set against those first accesses.
+    let (a_from, b_from) = (env.console("a").len(), env.console("b").len());
     env.ok(&["stop", "a"]);
+    let r = env.json(&["restore", "s-hot", "--mode", "lazy", "--trace", "--no-background", "--json"]);
+    let faults = r["demand_faults"].as_u64().unwrap();
+    assert!(faults > 0, "{r}");
+    check_alive(&env, a_from, b_from, "traced restore");
+    let a = env.json(&["analyze-ws", "s-hot", "--json"]);
+    assert_eq!(a["trace_pages"].as_u64(), Some(faults), "{a}");
+    let rows = a["fafl"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "{a}");
+    for q in rows {
+        for k in ["hit_rate", "accuracy"] {
+            let x = q[k].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&x), "{k} {x} in {a}");
+        }
+    }
+    eprintln!("analyze-ws: {a}");
+    // The next restore learns from the faults just recorded.
+    env.ok(&["stop", "a"]);
+    let r = env.json(&["restore", "s-hot", "--mode", "workingset", "--json"]);
+    assert_eq!(r["learned"], true, "{r}");
+
+    // The destination QEMU dies mid-restore: a clear error, nothing of a left.
+    env.ok(&["stop", "a"]);
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_vmcsnap"))
+        .arg("--run-dir")
+        .arg(env.run_dir())
+        .args(["restore", "s-pre", "--mode", "lazy", "--no-background"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let incoming = || {
+        env.processes().into_iter().find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains("-incoming"))
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let pid = loop {
+        if let Some(p) = incoming() {
+            break p;
+        }
+        assert!(std::time::Instant::now() < deadline, "no destination QEMU appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::thread::sleep(Duration::from_millis(1500)); // the guest runs, faulting pages in
+    // SAFETY: kill(2) on the destination QEMU's pid, read from /proc just now.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("restore of VM \"a\" failed"), "{err}");
+    assert!(incoming().is_none(), "a destination QEMU is left");
+    let st = env.json(&["status", "--json"]);
+    assert_eq!(st["vms"].as_array().unwrap().len(), 1, "only b runs: {st}");
+
+    // --paused: once loaded, the destination's RAM is the image (a is not
+    // running: the killed restore left nothing).
     env.json(&["restore", "s-hot", "--mode", "lazy", "--paused", "--json"]);
     let st = env.json(&["status", "--json"]);
     let a = st["vms"].as_array().unwrap().iter().find(|v| v["name"] == "a").unwrap().clone();
