@@ -165,18 +165,30 @@ pub fn snapshot(
         log(format!("snapshot: cleaning stale temporary directories: {e}"));
     }
 
-    // Outside the pause: the frozen disk's name (a hard link to the qcow2
-    // the VM runs on now, which becomes read-only backing once the overlay
-    // is on top), the overlay's name, the capture socket.
+    // Outside the pause: the frozen disk (hard links of the chain the VM
+    // runs on now, whose top becomes read-only backing once the overlay is
+    // on top; see `disk_chain`), the overlay, the capture socket.
     let vm_dir = vm.config.console_log.parent().expect("console log is in the VM dir").to_path_buf();
     let disks_dir = root.join(".disks").join(&name);
     let _ = std::fs::remove_dir_all(&disks_dir);
     std::fs::create_dir_all(&disks_dir).map_err(AgentError::io("creating", &disks_dir))?;
     let current_disk = vm.config.disk.clone();
-    let frozen = disks_dir.join(format!("{}.qcow2", crate::qemu::DISK_NODE));
-    std::fs::hard_link(&current_disk, &frozen).map_err(AgentError::io("hard-linking the disk to", &frozen))?;
+    let qemu_img = crate::qemu::find_qemu_img()?;
     let stamp = unix_ms();
     let overlay = vm_dir.join(format!("data-{stamp}.qcow2"));
+    let prepared = crate::disk_chain::chain(&qemu_img, &current_disk).and_then(|chain| {
+        let frozen = crate::disk_chain::freeze(&chain, &disks_dir)?;
+        crate::disk_chain::create_overlay(&qemu_img, &current_disk, chain.virtual_size, &overlay)?;
+        Ok(frozen)
+    });
+    let frozen = match prepared {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&disks_dir);
+            let _ = std::fs::remove_file(&overlay);
+            return Err(e);
+        }
+    };
     let sock = vm_dir.join("snapshot.sock");
     let _ = std::fs::remove_file(&sock);
     let listener = UnixListener::bind(&sock).map_err(AgentError::io("binding", &sock))?;
@@ -239,6 +251,9 @@ pub fn snapshot(
         Ok(c) => c,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&disks_dir);
+            if !ctx.disk_done {
+                let _ = std::fs::remove_file(&overlay);
+            }
             log(format!("snapshot {name} of {} failed: {e}", vm.name));
             return Err(e);
         }
@@ -427,7 +442,8 @@ fn disk_snapshot(vm: &mut Vm, ctx: &mut Ctx) -> Result<(), AgentError> {
                 "snapshot-file": ctx.overlay,
                 "snapshot-node-name": new_node,
                 "format": "qcow2",
-                "mode": "absolute-paths",
+                // Made beforehand, with a relative backing name (`disk_chain`).
+                "mode": "existing",
             }
         } ] }),
     )?;

@@ -202,4 +202,22 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
 
     env.ok(&["down"]);
     env.assert_clean();
+
+    // Without a cluster (and after `down` removed the VM's directory):
+    // the restore starts the agent and a cluster of its own. s-pre is the
+    // third snapshot, so its frozen disk is a chain of three files
+    // (regression: the chain used to point into the removed directory).
+    let r = env.json(&["restore", "s-pre", "--mode", "workingset", "--json"]);
+    assert_eq!(r["vm"], "a");
+    let st = env.json(&["status", "--json"]);
+    assert_eq!(st["cluster"], "rs", "{st}");
+    assert_eq!(st["vms"].as_array().unwrap().len(), 1, "{st}");
+    let from = env.console("a").len();
+    env.wait_console("a", "memtouch after a restore without a cluster", Duration::from_secs(120), |c| {
+        c.get(from..).unwrap_or("").lines().filter(|l| l.starts_with("memtouch: t=")).count() >= 2
+    });
+    let after = console_after(&env, "a", from);
+    assert!(!after.contains("MEMTOUCH-CORRUPTION") && !after.contains("EXT4-fs error"), "{after}");
+    env.ok(&["down"]);
+    env.assert_clean();
 }
