@@ -53,20 +53,44 @@ pub fn save(snapshot: &Path, rec: &Record) -> std::io::Result<PathBuf> {
     let tmp = dir.join(format!(".{}-{}.json.tmp", rec.unix_ms, rec.mode));
     std::fs::write(&tmp, serde_json::to_vec(rec).map_err(std::io::Error::other)?)?;
     std::fs::rename(&tmp, &path)?;
+    prune(&dir);
     Ok(path)
+}
+
+/// Records kept per snapshot (the newest; a record of a large VM is a few MB).
+pub const KEEP: usize = 8;
+
+fn records(dir: &Path) -> Vec<PathBuf> {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json") && !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+        .collect();
+    // Oldest first, by the Unix-ms prefix of the name.
+    names.sort_by_key(|p| {
+        let n = p.file_name().unwrap().to_string_lossy().into_owned();
+        (n.split('-').next().and_then(|t| t.parse::<u64>().ok()).unwrap_or(0), n)
+    });
+    names
+}
+
+fn prune(dir: &Path) {
+    let names = records(dir);
+    for old in &names[..names.len().saturating_sub(KEEP)] {
+        let _ = std::fs::remove_file(old);
+    }
 }
 
 /// The newest record of `snapshot` satisfying `keep` (records that do not
 /// parse are skipped).
 pub fn newest(snapshot: &Path, keep: impl Fn(&Record) -> bool) -> Option<Record> {
-    let mut names: Vec<PathBuf> = std::fs::read_dir(snapshot.join(DIR))
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json") && !p.file_name().unwrap().to_string_lossy().starts_with('.'))
-        .collect();
-    names.sort();
-    names.iter().rev().filter_map(|p| serde_json::from_slice::<Record>(&std::fs::read(p).ok()?).ok()).find(|r| keep(r))
+    records(&snapshot.join(DIR))
+        .iter()
+        .rev()
+        .filter_map(|p| serde_json::from_slice::<Record>(&std::fs::read(p).ok()?).ok())
+        .find(|r| keep(r))
 }
 
 #[cfg(test)]
@@ -84,5 +108,10 @@ mod tests {
         assert_eq!(newest(d.path(), |_| true).unwrap().unix_ms, 20);
         assert_eq!(newest(d.path(), |r| r.trace).unwrap().unix_ms, 10);
         assert_eq!(r(1, false).fault_keys(), vec![PageKey::new(0, 2)]);
+        for t in 100..100 + KEEP as u64 + 2 {
+            save(d.path(), &r(t, false)).unwrap();
+        }
+        assert_eq!(records(&d.path().join(DIR)).len(), KEEP, "older records are pruned");
+        assert_eq!(newest(d.path(), |_| true).unwrap().unix_ms, 100 + KEEP as u64 + 1);
     }
 }
