@@ -107,6 +107,49 @@ pub enum SwitchError {
         #[source]
         source: io::Error,
     },
+    /// A cut session is already active.
+    #[error(
+        "a cluster snapshot cut session (epoch {epoch}) is already active; wait for it to \
+         end (end_cut_session) or abort it (abort_cut_session) before beginning another"
+    )]
+    CutSessionActive {
+        /// Epoch of the active session.
+        epoch: u64,
+    },
+    /// No cut session is active.
+    #[error("no cluster snapshot cut session is active; call begin_cut_session first")]
+    NoCutSession,
+    /// The port is not part of the active cut session.
+    #[error("{port} is not part of the cluster snapshot cut session (epoch {epoch}); list it in begin_cut_session")]
+    NotInCutSession {
+        /// The port.
+        port: PortId,
+        /// Epoch of the active session.
+        epoch: u64,
+    },
+    /// The port was already cut in the active session.
+    #[error("{port} was already cut in the cluster snapshot cut session (epoch {epoch}); each port is cut once per session")]
+    AlreadyCut {
+        /// The port.
+        port: PortId,
+        /// Epoch of the active session.
+        epoch: u64,
+    },
+    /// Releasing the port would hand it frames sent after another VM's cut.
+    #[error(
+        "{0} stays held: frames sent after another VM's cut are queued for it and it is not \
+         cut yet; cut it (prepare_cut, cut) before releasing it, or abort the cut session"
+    )]
+    HeldByCutSession(PortId),
+    /// Freezing (handover) is not possible during a cut session.
+    #[error(
+        "cannot freeze the switch while a cluster snapshot cut session (epoch {epoch}) is \
+         active; finish (end_cut_session) or abort (abort_cut_session) the cluster snapshot first"
+    )]
+    FreezeDuringCutSession {
+        /// Epoch of the active session.
+        epoch: u64,
+    },
     /// The switch was stopped (or its event loop died); the handle is unusable.
     #[error("the switch is stopped; start a new one with Switch::start")]
     Stopped,

@@ -7,23 +7,35 @@
 //!
 //! # Design
 //!
-//! The switch is the one place every frame between VMs passes, so that later
-//! features (packet coloring, holding a VM's traffic during its snapshot,
-//! logging and replaying in-flight frames) can be added in one spot. It is
-//! split in three layers:
+//! The switch is the one place every frame between VMs passes, so holding
+//! a VM's traffic during its snapshot, coloring frames and logging the
+//! channel state of a cluster snapshot all happen here. It is split in
+//! layers:
 //!
 //! - [`framing`]: an incremental decoder and an encoder of the wire format.
 //! - [`core`]: [`SwitchCore`], a pure state machine without I/O. It learns
 //!   source MACs, makes the forwarding decision ([`SwitchCore::route`]),
 //!   keeps a bounded tx queue per port (which is what makes holding a port
 //!   natural: a held port's queue simply is not drained) and all counters.
-//!   It is unit-tested without sockets.
+//!   Queue entries carry a tag (sender, color, reception time). It has no
+//!   clock: the event loop passes the time in. It is unit-tested without
+//!   sockets.
+//! - [`mediator`]: the packet mediator for consistent cluster snapshots
+//!   (HotSnap-style coloring, log and resend). During a *cut session* each
+//!   VM's port is pre or post its cut; the core holds a pre port that would
+//!   get a post frame (and reports it, so the agent snapshots that VM at
+//!   once), and logs each pre frame handed to a post port as channel state.
+//!   The module holds the session types and pure rules; the core applies
+//!   them when it queues and dequeues frames.
 //! - [`server`]: one event-loop thread (mio, non-blocking sockets) that owns
 //!   the listening and client sockets, feeds received frames to the core and
 //!   drains each port's queue into its socket as far as the socket takes
 //!   without blocking. It never blocks on a write: a paused VM whose QEMU
 //!   stops reading only fills its own queue. [`SwitchHandle`] controls it
-//!   from other threads.
+//!   from other threads, including the cut protocol
+//!   ([`SwitchHandle::begin_cut_session`], [`prepare_cut`](SwitchHandle::prepare_cut),
+//!   [`cut`](SwitchHandle::cut), [`release`](SwitchHandle::release),
+//!   [`end_cut_session`](SwitchHandle::end_cut_session)).
 //!
 //! Beside them, [`handover`] freezes the running switch
 //! ([`SwitchHandle::freeze`]) and thaws it in a new process image after the
@@ -47,6 +59,26 @@
 //! switch.stop();
 //! # Ok::<(), vmcsnap_switch::SwitchError>(())
 //! ```
+//!
+//! A cluster snapshot (see [`mediator`] for the rules):
+//!
+//! ```no_run
+//! # use std::{path::Path, time::Duration};
+//! # let switch = vmcsnap_switch::Switch::start()?;
+//! # let vms = [switch.add_port("vm1", Path::new("/run/vmcsnap/vm1.sock"))?];
+//! let (tx, triggers) = std::sync::mpsc::channel();
+//! switch.begin_cut_session(1, &vms, tx)?;
+//! for &vm in &vms { // in any order; a port on `triggers` goes next
+//!     let prep = switch.prepare_cut(vm, Duration::from_millis(50))?;
+//!     // QMP stop
+//!     let cut = switch.cut(vm)?;
+//!     // transient snapshot, QMP cont
+//!     switch.release(vm)?;
+//! }
+//! // wait (bounded) for session_stats().pending_pre_frames == 0
+//! let log = switch.end_cut_session()?; // the channel state, to store with the snapshot
+//! # Ok::<(), vmcsnap_switch::SwitchError>(())
+//! ```
 
 // Only `sockq` (one ioctl) and `handover::fds` (adopting inherited
 // descriptors) need unsafe; they allow it locally.
@@ -57,13 +89,18 @@ pub mod core;
 pub mod error;
 pub mod framing;
 pub mod handover;
+pub mod mediator;
 pub mod server;
 mod sockq;
 pub mod stats;
 
-pub use crate::core::{Counters, Decision, MacAddr, PortId, SwitchCore};
+pub use crate::core::{Counters, Decision, MacAddr, PortId, QueuedFrame, SwitchCore};
 pub use error::{SwitchError, MAX_SOCKET_PATH_LEN};
 pub use framing::MAX_FRAME_LEN;
 pub use handover::{FrozenState, FrozenSwitch};
+pub use mediator::{
+    Color, CutReport, LogReason, LoggedFrame, PairCount, PrepareReport, SessionLog, SessionPort,
+    SessionStats, DEFAULT_MAX_LOG_BYTES,
+};
 pub use server::{DrainState, Switch, SwitchConfig, SwitchHandle, DEFAULT_MAX_QUEUE_BYTES};
 pub use stats::{PortStats, SwitchStats};

@@ -29,6 +29,7 @@ pub(crate) struct CoreImage {
 
 impl SwitchCore {
     /// A copy of the whole state (queued frames are shared, not copied).
+    /// Frame tags and a cut session are not part of it.
     pub(crate) fn export(&self) -> CoreImage {
         let ports = self
             .ports
@@ -38,7 +39,7 @@ impl SwitchCore {
                 name: p.name.clone(),
                 connected: p.connected,
                 holding: p.holding,
-                queue: p.queue.iter().cloned().collect(),
+                queue: p.queue.iter().map(|f| f.data.clone()).collect(),
                 counters: p.counters,
             })
             .collect();
@@ -64,11 +65,21 @@ impl SwitchCore {
         core.totals = image.totals;
         for p in image.ports {
             let queued_bytes = p.queue.iter().map(|f| f.len()).sum();
+            let queue = p
+                .queue
+                .into_iter()
+                .map(|data| {
+                    let mut f = QueuedFrame::untagged(data);
+                    f.tag.seq = core.next_seq;
+                    core.next_seq += 1;
+                    f
+                })
+                .collect();
             let port = Port {
                 name: p.name,
                 connected: p.connected,
                 holding: p.holding,
-                queue: p.queue.into(),
+                queue,
                 queued_bytes,
                 counters: p.counters,
             };

@@ -17,10 +17,22 @@
 //!   disconnected and not held: a disconnect, or a release while
 //!   disconnected, discards the queue and counts the frames as drops.
 //!
-//! Frames in queues are `Arc<[u8]>`, so flooding shares one copy.
+//! Queue entries are [`QueuedFrame`]s: the frame as an `Arc<[u8]>` (so
+//! flooding shares one copy) and its [`FrameTag`], what the switch recorded
+//! when it received it (sender, color in a cut session, time).
+//!
+//! During a cut session ([`begin_session`](SwitchCore::begin_session)) the
+//! core also applies the rules of the [packet mediator](crate::mediator):
+//! [`enqueue`](SwitchCore::enqueue) auto-holds pre ports that get post
+//! frames, [`pop_tx`](SwitchCore::pop_tx) logs channel state. The core has
+//! no clock: the I/O layer tells it the time with
+//! [`set_now`](SwitchCore::set_now), and tags and logs use the last value.
 
 pub(crate) mod frozen;
 mod mac;
+mod session;
+#[cfg(test)]
+mod session_tests;
 #[cfg(test)]
 mod tests;
 
@@ -28,9 +40,12 @@ pub use mac::MacAddr;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
+use std::ops::Deref;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+
+use crate::mediator::{FrameTag, Session};
 
 /// Shortest frame the switch forwards: an Ethernet header (dst, src, type).
 pub const MIN_FRAME_LEN: usize = 14;
@@ -83,6 +98,39 @@ pub struct Counters {
     pub protocol_errors: u64,
     /// How many times a client connected to the port.
     pub connections: u64,
+    /// Frames handed to this port that were logged as channel state of a
+    /// cluster snapshot (see [`crate::mediator`]).
+    #[serde(default)]
+    pub logged: u64,
+}
+
+/// One entry of a tx queue: a frame and what the switch knows about it.
+///
+/// Dereferences to the frame bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedFrame {
+    /// The Ethernet frame, shared between the copies of a flood.
+    pub data: Arc<[u8]>,
+    /// Sender, color and reception time.
+    pub tag: FrameTag,
+}
+
+impl QueuedFrame {
+    /// A frame without sender (injected) and color.
+    pub fn untagged(data: Arc<[u8]>) -> Self {
+        QueuedFrame {
+            data,
+            tag: FrameTag::default(),
+        }
+    }
+}
+
+impl Deref for QueuedFrame {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.data
+    }
 }
 
 /// Why [`SwitchCore::route`] dropped a frame at ingress.
@@ -154,7 +202,7 @@ struct Port {
     name: String,
     connected: bool,
     holding: bool,
-    queue: VecDeque<Arc<[u8]>>,
+    queue: VecDeque<QueuedFrame>,
     queued_bytes: usize,
     counters: Counters,
 }
@@ -168,6 +216,14 @@ pub struct SwitchCore {
     max_queue_bytes: usize,
     max_macs: usize,
     totals: Counters,
+    /// Unix time in µs, as last told by [`set_now`](Self::set_now).
+    now_us: u64,
+    /// Sequence number the next queued frame gets.
+    next_seq: u64,
+    /// The active cut session.
+    session: Option<Session>,
+    /// Serial of the last session begun (0: none yet).
+    last_session_serial: u64,
 }
 
 impl SwitchCore {
@@ -180,7 +236,17 @@ impl SwitchCore {
             max_queue_bytes,
             max_macs: DEFAULT_MAX_MACS,
             totals: Counters::default(),
+            now_us: 0,
+            next_seq: 0,
+            session: None,
+            last_session_serial: 0,
         }
+    }
+
+    /// Sets the core's clock (unix time in µs), used for the timestamps of
+    /// frame tags and logged frames from now on.
+    pub fn set_now(&mut self, unix_us: u64) {
+        self.now_us = unix_us;
     }
 
     /// Caps the MAC table at `max_macs` entries (default [`DEFAULT_MAX_MACS`]).
@@ -246,6 +312,9 @@ impl SwitchCore {
             p.counters.connections += 1;
             self.totals.connections += 1;
         }
+        if let Some(s) = self.session.as_mut() {
+            s.connection_changed(id);
+        }
     }
 
     /// Marks the port's client as gone. Unless the port is held, its queue is
@@ -253,6 +322,9 @@ impl SwitchCore {
     pub fn client_disconnected(&mut self, id: PortId) {
         if let Some(p) = self.ports.get_mut(&id) {
             p.connected = false;
+        }
+        if let Some(s) = self.session.as_mut() {
+            s.connection_changed(id);
         }
         self.discard_if_unreachable(id);
     }
@@ -266,10 +338,25 @@ impl SwitchCore {
     /// Releases a held port; its queue is sent in order once connected (or
     /// discarded as drops if no client is connected). Returns false if there
     /// is no such port.
+    ///
+    /// A port that [`release_blocked`](Self::release_blocked) stays held.
     pub fn release(&mut self, id: PortId) -> bool {
+        if self.release_blocked(id) {
+            return self.ports.contains_key(&id);
+        }
         let found = self.ports.get_mut(&id).map(|p| p.holding = false).is_some();
+        if let Some(s) = self.session.as_mut() {
+            s.released(id);
+        }
         self.discard_if_unreachable(id);
         found
+    }
+
+    /// Whether [`release`](Self::release) would keep the port held: in a
+    /// cut session, it is not cut yet and post-cut frames are queued for it
+    /// (releasing it would hand them to a VM before its cut).
+    pub fn release_blocked(&self, id: PortId) -> bool {
+        self.session.as_ref().is_some_and(|s| s.blocks_release(id))
     }
 
     /// Forwarding decision for `frame` received on `ingress`, from the
@@ -299,11 +386,17 @@ impl SwitchCore {
     }
 
     /// Handles a frame received on `ingress`: counts it, learns its source
-    /// MAC, routes it and enqueues it on every destination port.
+    /// MAC, routes it and enqueues it on every destination port, tagged with
+    /// its sender and the sender's color.
     pub fn receive(&mut self, ingress: PortId, frame: &[u8]) -> Decision {
-        let Some(port) = self.ports.get_mut(&ingress) else {
+        if !self.ports.contains_key(&ingress) {
             return Decision::Drop(DropReason::UnknownIngress);
-        };
+        }
+        let tag = self.ingress_tag(ingress);
+        if let Some(s) = self.session.as_mut() {
+            s.frame_received(ingress);
+        }
+        let port = self.ports.get_mut(&ingress).expect("checked above");
         let len = frame.len() as u64;
         port.counters.rx_frames += 1;
         port.counters.rx_bytes += len;
@@ -319,25 +412,48 @@ impl SwitchCore {
         let targets = decision.targets();
         if !targets.is_empty() {
             let shared: Arc<[u8]> = Arc::from(frame);
+            let unicast = matches!(decision, Decision::Unicast(_));
             for &t in targets {
-                self.enqueue(t, shared.clone());
+                self.count_pair(ingress, t, frame.len(), unicast);
+                let entry = QueuedFrame {
+                    data: shared.clone(),
+                    tag,
+                };
+                self.enqueue_tagged(t, entry);
             }
         }
         decision
     }
 
-    /// Appends a frame to a port's tx queue, applying the queue policy of the
-    /// [module docs](self). Also the entry point for injecting frames.
+    /// Appends an untagged frame to a port's tx queue, applying the queue
+    /// policy of the [module docs](self). The entry point for injecting frames.
     pub fn enqueue(&mut self, id: PortId, frame: Arc<[u8]>) -> Enqueued {
+        self.enqueue_tagged(id, QueuedFrame::untagged(frame))
+    }
+
+    /// Appends a frame to a port's tx queue, applying the queue policy of the
+    /// [module docs](self) and, in a cut session, rule 1 of the
+    /// [mediator](crate::mediator) (a post frame auto-holds a pre port).
+    pub fn enqueue_tagged(&mut self, id: PortId, mut frame: QueuedFrame) -> Enqueued {
         let Some(p) = self.ports.get_mut(&id) else {
             return Enqueued::NoPort;
         };
+        if let Some(s) = self.session.as_mut() {
+            let color = s.color_of(&frame.tag);
+            if s.on_enqueue(id, color) && !p.holding {
+                p.holding = true;
+                s.note_session_hold(id);
+            }
+        }
         let fits = p.queued_bytes + frame.len() <= self.max_queue_bytes;
         if !(p.connected || p.holding) || !fits {
             p.counters.drops += 1;
             self.totals.drops += 1;
             return Enqueued::Dropped;
         }
+        frame.tag.seq = self.next_seq;
+        frame.tag.log_ref = None;
+        self.next_seq += 1;
         p.queued_bytes += frame.len();
         p.queue.push_back(frame);
         if p.holding {
@@ -350,26 +466,37 @@ impl SwitchCore {
     }
 
     /// Takes the next frame to transmit, if the port is connected, not held,
-    /// and has one queued.
-    pub fn pop_tx(&mut self, id: PortId) -> Option<Arc<[u8]>> {
+    /// and has one queued. In a cut session this is where rules 2 and 3 of
+    /// the [mediator](crate::mediator) apply: the frame is handed over now.
+    pub fn pop_tx(&mut self, id: PortId) -> Option<QueuedFrame> {
         let p = self.ports.get_mut(&id)?;
         if !p.connected || p.holding {
             return None;
         }
-        let frame = p.queue.pop_front()?;
+        let mut frame = p.queue.pop_front()?;
         p.queued_bytes -= frame.len();
+        if self.session.is_some() {
+            self.mediate_pop(id, &mut frame);
+        }
         Some(frame)
     }
 
     /// Puts frames taken with [`pop_tx`](Self::pop_tx) but not written back
     /// at the head of the queue, keeping their order. The queue bound is not
-    /// applied (they were within it when queued). If the port is disconnected
-    /// and not held they are dropped.
-    pub fn requeue_front(&mut self, id: PortId, frames: Vec<Arc<[u8]>>) {
+    /// applied (they were within it when queued). Frames the session logged
+    /// leave the log again (they were not handed over after all). If the
+    /// port is disconnected and not held they are dropped.
+    pub fn requeue_front(&mut self, id: PortId, frames: Vec<QueuedFrame>) {
         let Some(p) = self.ports.get_mut(&id) else {
             return;
         };
-        for frame in frames.into_iter().rev() {
+        for mut frame in frames.into_iter().rev() {
+            if let Some(r) = frame.tag.log_ref.take() {
+                if self.session.as_mut().is_some_and(|s| s.unlog(r)) {
+                    p.counters.logged = p.counters.logged.saturating_sub(1);
+                    self.totals.logged = self.totals.logged.saturating_sub(1);
+                }
+            }
             p.queued_bytes += frame.len();
             p.queue.push_front(frame);
         }

@@ -61,7 +61,7 @@
 //! on a path removes a stale one).
 
 mod fds;
-mod hex;
+pub(crate) mod hex;
 
 use std::collections::HashSet;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};

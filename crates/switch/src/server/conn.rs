@@ -2,11 +2,11 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::sync::Arc;
 
 use mio::net::UnixStream;
 use socket2::SockRef;
 
+use crate::core::QueuedFrame;
 use crate::framing::{self, Decoder, HEADER_LEN};
 
 /// One record in an [`OutBuf`].
@@ -18,7 +18,7 @@ struct Record {
     len: usize,
     /// The frame; `None` for the remainder of a frame partly written before
     /// a handover, which is started by definition and never taken back.
-    frame: Option<Arc<[u8]>>,
+    frame: Option<QueuedFrame>,
 }
 
 /// Encoded frames taken from the port's queue and being written.
@@ -50,7 +50,7 @@ impl OutBuf {
 
     /// Appends one frame. Frames reaching the switch were checked on ingress,
     /// so encoding cannot fail; an oversized one would be skipped.
-    pub(crate) fn push(&mut self, frame: Arc<[u8]>) -> Result<(), framing::FrameError> {
+    pub(crate) fn push(&mut self, frame: QueuedFrame) -> Result<(), framing::FrameError> {
         if self.is_empty() {
             self.buf.clear();
             self.pos = 0;
@@ -103,7 +103,7 @@ impl OutBuf {
 
     /// Removes the frames of which no byte has been written yet and returns
     /// them in order. A partly written frame stays.
-    pub(crate) fn take_unstarted(&mut self) -> Vec<Arc<[u8]>> {
+    pub(crate) fn take_unstarted(&mut self) -> Vec<QueuedFrame> {
         let mut taken = Vec::new();
         while let Some(rec) = self.frames.back() {
             let Some(frame) = &rec.frame else { break };
@@ -158,10 +158,12 @@ impl Conn {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
-    fn f(n: u8, len: usize) -> Arc<[u8]> {
-        Arc::from(vec![n; len])
+    fn f(n: u8, len: usize) -> QueuedFrame {
+        QueuedFrame::untagged(Arc::from(vec![n; len]))
     }
 
     #[test]

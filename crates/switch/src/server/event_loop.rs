@@ -3,13 +3,16 @@
 use std::collections::{BTreeSet, HashMap};
 use std::io::{self, Read};
 use std::path::PathBuf;
-use std::sync::mpsc::{Receiver, TryRecvError};
-use std::time::Duration;
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mio::net::{UnixListener, UnixStream};
 use mio::{Events, Interest, Poll, Token};
 
 mod handover;
+mod session;
+#[cfg(test)]
+mod tests;
 
 use super::conn::Conn;
 use super::listen::{self, FileId};
@@ -57,6 +60,24 @@ pub(crate) struct EventLoop {
     /// Connections with unread data left after their read budget.
     pending_read: Vec<PortId>,
     read_buf: Vec<u8>,
+    /// Log bound of cut sessions.
+    max_log_bytes: usize,
+    /// Where the active cut session reports triggered ports.
+    triggers: Option<Sender<PortId>>,
+}
+
+/// Current unix time in µs.
+fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Frames and bytes read by [`EventLoop::read_conn`].
+#[derive(Debug, Default, Clone, Copy)]
+struct ReadCount {
+    frames: u64,
+    bytes: u64,
 }
 
 impl EventLoop {
@@ -71,6 +92,8 @@ impl EventLoop {
             dirty: BTreeSet::new(),
             pending_read: Vec::new(),
             read_buf: vec![0; 64 << 10],
+            max_log_bytes: config.max_log_bytes,
+            triggers: None,
         }
     }
 
@@ -112,6 +135,7 @@ impl EventLoop {
             if !self.handle_commands() {
                 break;
             }
+            self.send_triggers();
             self.flush_dirty();
         }
         self.shutdown();
@@ -125,6 +149,7 @@ impl EventLoop {
                 Err(TryRecvError::Empty) => return true,
                 Err(TryRecvError::Disconnected) => return false,
             };
+            self.core.set_now(unix_us());
             match cmd {
                 Command::AddPort { name, path, reply } => {
                     let _ = reply.send(self.add_port(name, path));
@@ -136,11 +161,7 @@ impl EventLoop {
                     let _ = reply.send(self.hold(port));
                 }
                 Command::Release { port, reply } => {
-                    let res = self.known(port).map(|()| {
-                        self.core.release(port);
-                        self.dirty.insert(port);
-                    });
-                    let _ = reply.send(res);
+                    let _ = reply.send(self.release(port));
                 }
                 Command::Stats { reply } => {
                     let _ = reply.send(self.stats());
@@ -149,9 +170,43 @@ impl EventLoop {
                     let _ = reply.send(self.drain_state(port));
                 }
                 Command::Freeze { reply } => {
+                    if let Some(epoch) = self.core.session_epoch() {
+                        let _ = reply.send(Err(SwitchError::FreezeDuringCutSession { epoch }));
+                        continue;
+                    }
                     // Nothing is flushed after this: the sockets are handed over as they are.
-                    let _ = reply.send(self.freeze());
+                    let _ = reply.send(Ok(self.freeze()));
                     return false;
+                }
+                Command::BeginCutSession {
+                    epoch,
+                    ports,
+                    triggers,
+                    reply,
+                } => {
+                    let _ = reply.send(self.begin_cut_session(epoch, &ports, triggers));
+                }
+                Command::PrepareCut { port, reply } => {
+                    let _ = reply.send(self.prepare_cut(port));
+                }
+                Command::PrepareDone {
+                    port,
+                    report,
+                    reply,
+                } => {
+                    let _ = reply.send(self.prepare_done(port, report));
+                }
+                Command::Cut { port, reply } => {
+                    let _ = reply.send(self.cut(port));
+                }
+                Command::SessionStats { reply } => {
+                    let _ = reply.send(self.core.session_stats());
+                }
+                Command::EndCutSession { reply } => {
+                    let _ = reply.send(self.end_cut_session());
+                }
+                Command::AbortCutSession { reply } => {
+                    let _ = reply.send(self.abort_cut_session());
                 }
                 Command::Stop => return false,
             }
@@ -239,12 +294,26 @@ impl EventLoop {
     fn hold(&mut self, port: PortId) -> Result<()> {
         self.known(port)?;
         self.core.hold(port);
-        // Take back frames of the current batch that were not started, so
-        // only a frame already partly written can still reach the client.
+        self.take_back_unstarted(port);
+        Ok(())
+    }
+
+    /// Takes back frames of the current batch that were not started, so
+    /// only a frame already partly written can still reach the client.
+    fn take_back_unstarted(&mut self, port: PortId) {
         if let Some(conn) = self.ports.get_mut(&port).and_then(|io| io.conn.as_mut()) {
             let unstarted = conn.out.take_unstarted();
             self.core.requeue_front(port, unstarted);
         }
+    }
+
+    fn release(&mut self, port: PortId) -> Result<()> {
+        self.known(port)?;
+        if self.core.release_blocked(port) {
+            return Err(SwitchError::HeldByCutSession(port));
+        }
+        self.core.release(port);
+        self.dirty.insert(port);
         Ok(())
     }
 
@@ -339,12 +408,21 @@ impl EventLoop {
         log::debug!("{port}: connection closed ({why:?})");
     }
 
-    /// Reads and switches frames from the port's connection.
+    /// Reads and switches frames from the port's connection, up to the read
+    /// budget.
     fn read(&mut self, port: PortId) {
+        self.read_conn(port, Some(READ_BUDGET));
+    }
+
+    /// Reads and switches frames from the port's connection: up to `budget`
+    /// bytes (then the port gets another turn later), or with `None` until
+    /// the socket has nothing more. Returns the complete frames switched.
+    fn read_conn(&mut self, port: PortId, budget: Option<usize>) -> ReadCount {
+        let mut count = ReadCount::default();
         let Some(conn) = self.ports.get_mut(&port).and_then(|io| io.conn.as_mut()) else {
-            return;
+            return count;
         };
-        let mut budget = READ_BUDGET;
+        let mut budget = budget;
         let closed = loop {
             let n = match conn.stream.read(&mut self.read_buf) {
                 Ok(0) => break Some(Close::Eof),
@@ -357,9 +435,12 @@ impl EventLoop {
                 }
             };
             conn.decoder.feed(&self.read_buf[..n]);
+            self.core.set_now(unix_us());
             let bad = loop {
                 match conn.decoder.next_frame() {
                     Ok(Some(frame)) => {
+                        count.frames += 1;
+                        count.bytes += frame.len() as u64;
                         let decision = self.core.receive(port, frame);
                         self.dirty.extend(decision.targets());
                     }
@@ -373,15 +454,18 @@ impl EventLoop {
             if bad {
                 break Some(Close::ProtocolError);
             }
-            budget = budget.saturating_sub(n);
-            if budget == 0 {
-                self.pending_read.push(port);
-                break None;
+            if let Some(b) = budget.as_mut() {
+                *b = b.saturating_sub(n);
+                if *b == 0 {
+                    self.pending_read.push(port);
+                    break None;
+                }
             }
         };
         if let Some(why) = closed {
             self.close_conn(port, why);
         }
+        count
     }
 
     fn flush_dirty(&mut self) {
@@ -395,6 +479,7 @@ impl EventLoop {
         let Some(conn) = self.ports.get_mut(&port).and_then(|io| io.conn.as_mut()) else {
             return;
         };
+        self.core.set_now(unix_us());
         let failed = loop {
             if conn.out.is_empty() {
                 while conn.out.pending_bytes() < WRITE_BATCH {

@@ -16,6 +16,7 @@
 //! process image (see [`crate::handover`]).
 
 mod conn;
+mod cut;
 mod event_loop;
 mod listen;
 
@@ -30,6 +31,7 @@ use mio::{Poll, Waker};
 use crate::core::{PortId, DEFAULT_MAX_MACS};
 use crate::error::{Result, SwitchError};
 use crate::handover::{self, FrozenState, FrozenSwitch};
+use crate::mediator::{CutReport, PrepareReport, SessionLog, SessionStats, DEFAULT_MAX_LOG_BYTES};
 use crate::stats::SwitchStats;
 use event_loop::{EventLoop, WAKER};
 pub(crate) use listen::check_path as check_socket_path;
@@ -67,6 +69,10 @@ pub struct SwitchConfig {
     pub max_queue_bytes: usize,
     /// Most MAC addresses learned; unknown addresses beyond it are flooded.
     pub max_macs: usize,
+    /// Most frame bytes a cut session logs (see [`crate::mediator`]);
+    /// frames beyond it are delivered unlogged and counted in
+    /// [`SessionStats::log_overflow`].
+    pub max_log_bytes: usize,
 }
 
 impl Default for SwitchConfig {
@@ -74,6 +80,7 @@ impl Default for SwitchConfig {
         SwitchConfig {
             max_queue_bytes: DEFAULT_MAX_QUEUE_BYTES,
             max_macs: DEFAULT_MAX_MACS,
+            max_log_bytes: DEFAULT_MAX_LOG_BYTES,
         }
     }
 }
@@ -176,7 +183,35 @@ pub(crate) enum Command {
         reply: Sender<Result<DrainState>>,
     },
     Freeze {
-        reply: Sender<FrozenSwitch>,
+        reply: Sender<Result<FrozenSwitch>>,
+    },
+    BeginCutSession {
+        epoch: u64,
+        ports: Vec<PortId>,
+        triggers: Sender<PortId>,
+        reply: Sender<Result<()>>,
+    },
+    PrepareCut {
+        port: PortId,
+        reply: Sender<Result<()>>,
+    },
+    PrepareDone {
+        port: PortId,
+        report: PrepareReport,
+        reply: Sender<Result<()>>,
+    },
+    Cut {
+        port: PortId,
+        reply: Sender<Result<CutReport>>,
+    },
+    SessionStats {
+        reply: Sender<Option<SessionStats>>,
+    },
+    EndCutSession {
+        reply: Sender<Result<SessionLog>>,
+    },
+    AbortCutSession {
+        reply: Sender<Result<SessionStats>>,
     },
     Stop,
 }
@@ -272,6 +307,10 @@ impl SwitchHandle {
 
     /// Releases a held port: its queued frames are written in order. If no
     /// client is connected at that moment, they are dropped and counted.
+    ///
+    /// During a cut session, releasing a port that is not cut yet while
+    /// frames sent after another VM's cut are queued for it fails with
+    /// [`SwitchError::HeldByCutSession`] (the port stays held).
     pub fn release(&self, port: PortId) -> Result<()> {
         self.request(|reply| Command::Release { port, reply })?
     }
@@ -291,8 +330,12 @@ impl SwitchHandle {
     /// is captured as its unwritten remainder. Once this returns, nothing
     /// reads or writes the sockets. Later calls on any handle of this switch
     /// return [`SwitchError::Stopped`].
+    ///
+    /// Fails with [`SwitchError::FreezeDuringCutSession`] (and the switch
+    /// keeps running) while a cut session is active: session state is not
+    /// part of the frozen state.
     pub fn freeze(&self) -> Result<FrozenSwitch> {
-        let frozen = self.request(|reply| Command::Freeze { reply })?;
+        let frozen = self.request(|reply| Command::Freeze { reply })??;
         self.inner.stop(); // joins the loop thread, which has already left its loop
         Ok(frozen)
     }
