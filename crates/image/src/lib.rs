@@ -36,6 +36,9 @@
 //!   each bad block; [`Image::plan_reads`] turns a set of pages into merged
 //!   sequential reads.
 //! * [`list_snapshots`] and [`cleanup_stale`] manage a directory of snapshots.
+//! * [`cluster`] and [`channel_log`] hold the formats of a *cluster
+//!   snapshot* (`cluster.json`, `channel-state.bin`, one per-VM snapshot per
+//!   VM under `vms/`); `docs/cluster-snapshot.md` describes them.
 //!
 //! ```no_run
 //! use vmcsnap_image::{Image, ImageMeta, ImageWriter, PageKey, RamBlock};
@@ -64,6 +67,8 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod channel_log;
+pub mod cluster;
 pub mod error;
 mod fileio;
 pub mod format;
@@ -77,6 +82,15 @@ pub mod trace;
 pub mod verify;
 pub mod writer;
 
+pub use channel_log::{
+    encode_channel_log, parse_channel_log, read_channel_log, write_channel_log, ChannelFrame,
+    ChannelLogError, ChannelLogSummary, FrameReason,
+};
+pub use cluster::{
+    check_cluster_committed, commit_cluster_dir, edges_from_frames, is_cluster_snapshot,
+    list_cluster_snapshots, ChannelStateRef, ClusterError, ClusterManifest, ClusterSnapshotEntry,
+    ClusterVm, Edge, Timeline, CHANNEL_LOG, CLUSTER_MANIFEST,
+};
 pub use error::{ReadError, Version};
 pub use format::{FileKind, PageKey, FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSION};
 pub use index::{BlockInfo, ZeroBitmap};

@@ -4,7 +4,9 @@
 //! A snapshot directory is `<root>/<name>`. A writer works in
 //! `<root>/<name>.tmp-<pid>-<n>` and renames it at commit, so a temporary
 //! directory is never listed; a directory without a valid manifest whose
-//! files have the sizes it names is listed as invalid.
+//! files have the sizes it names is listed as invalid. Cluster snapshots
+//! (directories holding a `cluster.json`) are listed by
+//! [`crate::cluster::list_cluster_snapshots`], not here.
 
 use std::fs;
 use std::io;
@@ -12,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
+use crate::cluster::is_cluster_snapshot;
 use crate::error::ReadError;
 use crate::format::FileKind;
 use crate::manifest::Manifest;
@@ -85,8 +88,9 @@ pub fn check_committed(dir: &Path) -> Result<Manifest, ReadError> {
 }
 
 /// Lists the snapshot directories under `root`, sorted by name. Temporary
-/// directories of writers (finished or not), hidden entries and plain
-/// files are skipped.
+/// directories of writers (finished or not), hidden entries, plain files
+/// and cluster snapshots ([`crate::cluster::is_cluster_snapshot`], listed by
+/// [`crate::cluster::list_cluster_snapshots`]) are skipped.
 pub fn list_snapshots(root: &Path) -> Result<Vec<SnapshotEntry>, ListError> {
     let rd = fs::read_dir(root).map_err(|e| ListError::Io {
         path: root.into(),
@@ -105,7 +109,7 @@ pub fn list_snapshots(root: &Path) -> Result<Vec<SnapshotEntry>, ListError> {
             continue;
         }
         let path = ent.path();
-        if !path.is_dir() {
+        if !path.is_dir() || is_cluster_snapshot(&path) {
             continue;
         }
         let status = check_committed(&path).map(Box::new);

@@ -3,9 +3,16 @@
 //! [`reseal`] recomputes the CRCs of a deliberately damaged file so the
 //! damage reaches the structural checks behind the CRCs; [`exercise`]
 //! opens an image and calls every read operation on it.
+//! [`reseal_channel_log`] and [`exercise_channel_log`] do the same for a
+//! cluster snapshot's channel-state file.
 
 use std::path::Path;
 
+use crate::channel_log::{
+    encode_channel_log, parse_channel_log, ChannelFrame, ChannelLogError, CHANNEL_HEADER_LEN,
+    CHANNEL_TRAILER_LEN, MAX_CHANNEL_HEADER_LEN, RECORD_MAGIC, TRAILER_MAGIC,
+};
+use crate::cluster::edges_from_frames;
 use crate::error::ReadError;
 use crate::format::{
     get_u16, get_u32, put_u32, FileKind, BLOCK_ENTRY_LEN, BLOCK_HEADER_LEN, BLOCK_MAGIC,
@@ -113,4 +120,69 @@ pub fn exercise(dir: &Path) -> Result<(), ReadError> {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Recomputes every CRC of `data`, a (possibly damaged) channel-state
+/// file, as far as its structure allows: the header's, each record's that
+/// lies within the data, the trailer's. Leaves everything else alone.
+pub fn reseal_channel_log(data: &mut [u8]) {
+    if data.len() < 16 {
+        return;
+    }
+    let header_len = get_u32(data, 12) as usize;
+    if !(CHANNEL_HEADER_LEN..=MAX_CHANNEL_HEADER_LEN).contains(&header_len)
+        || header_len > data.len()
+    {
+        return;
+    }
+    let crc = crc32c::crc32c(&data[..header_len - 4]);
+    put_u32(data, header_len - 4, crc);
+    let mut pos = header_len;
+    while pos + 4 <= data.len() && data[pos..pos + 4] == RECORD_MAGIC {
+        let mut p = pos + 4;
+        for _ in 0..2 {
+            match data.get(p) {
+                Some(&n) => p += 1 + usize::from(n),
+                None => return,
+            }
+        }
+        if p + 21 > data.len() {
+            return;
+        }
+        let crc_off = p + 21 + get_u32(data, p + 17) as usize;
+        if crc_off + 4 > data.len() {
+            return;
+        }
+        let crc = crc32c::crc32c(&data[pos..crc_off]);
+        put_u32(data, crc_off, crc);
+        pos = crc_off + 4;
+    }
+    if pos + CHANNEL_TRAILER_LEN <= data.len() && data[pos..pos + 8] == TRAILER_MAGIC {
+        let crc = crc32c::crc32c(&data[pos..pos + 24]);
+        put_u32(data, pos + 24, crc);
+    }
+}
+
+/// Parses `bytes` as a channel-state file (what the `channel_log` fuzz
+/// target runs). If that succeeds, the frames must encode again, and
+/// re-encoding must give back the same records and trailer (and the same
+/// file, if the header is the one this build writes); panics otherwise,
+/// which is a bug. Must never panic on a parse error.
+pub fn exercise_channel_log(bytes: &[u8]) -> Result<Vec<ChannelFrame>, ChannelLogError> {
+    let frames = parse_channel_log(bytes)?;
+    let _ = edges_from_frames(&frames);
+    let again = match encode_channel_log(&frames) {
+        Ok(v) => v,
+        Err(e) => panic!("parsed frames do not encode again: {e}"),
+    };
+    let header_len = get_u32(bytes, 12) as usize;
+    assert_eq!(
+        again[CHANNEL_HEADER_LEN..],
+        bytes[header_len..],
+        "re-encoding changed the records or the trailer"
+    );
+    if bytes[..CHANNEL_HEADER_LEN] == again[..CHANNEL_HEADER_LEN] {
+        assert_eq!(again, bytes, "re-encoding changed the file");
+    }
+    Ok(frames)
 }
