@@ -103,6 +103,10 @@ pub enum AgentError {
         detail: String,
     },
 
+    /// A cluster snapshot failed or was abandoned.
+    #[error("cluster snapshot failed: {0}; every VM was left running and no snapshot was kept")]
+    ClusterSnapshot(String),
+
     #[error("snapshot of VM {vm:?} failed: {detail}")]
     Snapshot {
         /// The VM.

@@ -228,17 +228,17 @@ fn dispatch(
         Request::Snapshot { vm, mode, name, reference } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
             let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
-            let vm_spec = c.spec.vm.iter().find(|v| v.name == vm).map(to_json).unwrap_or_default();
-            let cluster_section = to_json(&c.spec.cluster);
+            let vm_config = crate::cluster_snapshot::vm_config(c, &vm)?;
             let m = c.member_mut(&vm)?;
-            // Everything a restore needs to rebuild the VM: its spec entry,
-            // the cluster it belongs to, its QEMU configuration and address.
-            let vm_config = json!({
-                "spec": vm_spec, "cluster": cluster_section, "qemu": m.vm.config,
-                "ip": m.address.cidr(), "mac": m.address.mac_string(),
-            });
-            let opts = crate::snapshot::Options { mode, name, reference, vm_config };
-            let report = crate::snapshot::snapshot(m, run, opts, progress)?;
+            let opts = crate::snapshot::Options { mode, name, reference, vm_config, target: None };
+            let report = crate::snapshot::snapshot(m, run, opts, &mut crate::snapshot::NoHooks, progress)?;
+            Ok(to_json(&report))
+        }
+        Request::ClusterSnapshot { mode, name } => {
+            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
+            let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
+            let opts = crate::cluster_snapshot::Options { mode, name };
+            let report = crate::cluster_snapshot::snapshot_cluster(c, run, opts, progress)?;
             Ok(to_json(&report))
         }
         Request::Restore { snapshot, mode, wss, paused, trace, no_background } => {

@@ -96,7 +96,54 @@ pub struct Options {
     pub reference: Option<PathBuf>,
     /// The VM's spec entry, for the manifest.
     pub vm_config: Value,
+    /// Where the snapshot goes; `None`: `<run>/snapshots/<name>`, frozen
+    /// disks in `<run>/snapshots/.disks/<name>`.
+    pub target: Option<Target>,
 }
+
+/// Where a snapshot goes when it is part of something larger (a VM's
+/// snapshot inside a cluster snapshot).
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The directory the snapshot directory `<name>` is created in.
+    pub root: PathBuf,
+    /// The directory the frozen disk chain is hard-linked into.
+    pub disks_dir: PathBuf,
+}
+
+/// Calls a snapshot makes around the VM's pause, so that a cluster snapshot
+/// can cut the VM's network exactly (see `cluster_snapshot`). Errors from
+/// the hooks fail the snapshot (and the VM is resumed).
+pub trait Hooks {
+    /// Everything that can be done before the snapshot proper is done (disk
+    /// overlay made, capture listening, migration settings in place); the
+    /// next step pauses the VM (hot, stop-copy) or starts the pre-copy. A
+    /// cluster snapshot waits here until every VM is this far, so that the
+    /// pauses start together. An error abandons the snapshot.
+    fn ready(&mut self) -> Result<(), AgentError> {
+        Ok(())
+    }
+    /// Hot and stop-copy: just before the VM is paused.
+    fn before_pause(&mut self) -> Result<(), AgentError> {
+        Ok(())
+    }
+    /// Right after the VM was paused (all modes; for pre-copy, QEMU paused
+    /// it for the switch-over and `before_pause` was not called).
+    fn paused(&mut self) -> Result<(), AgentError> {
+        Ok(())
+    }
+    /// The VM runs again after its transient snapshot (hot: QEMU resumed it
+    /// once write protection was on; stop-copy and pre-copy: after `cont`).
+    fn running(&mut self) {}
+    /// Whether the snapshot should be abandoned (polled while it runs).
+    fn cancelled(&self) -> Option<String> {
+        None
+    }
+}
+
+/// No hooks: a snapshot of one VM.
+pub struct NoHooks;
+impl Hooks for NoHooks {}
 
 /// What one snapshot measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -133,6 +180,16 @@ pub struct Report {
     pub overlay: PathBuf,
     /// Where the debug reference copy of RAM went, if asked.
     pub reference: Option<PathBuf>,
+    /// Unix µs: the snapshot began.
+    pub start_unix_us: u64,
+    /// Unix µs of QEMU's STOP event.
+    pub pause_start_unix_us: u64,
+    /// Unix µs of QEMU's RESUME event.
+    pub pause_end_unix_us: u64,
+    /// Unix µs: the VM's transient snapshot was over (running again, hooks told).
+    pub transient_done_unix_us: u64,
+    /// Unix µs: the image was committed.
+    pub complete_unix_us: u64,
 }
 
 /// Takes a snapshot of `member`.
@@ -140,13 +197,15 @@ pub fn snapshot(
     member: &mut Member,
     run: &RunDir,
     opts: Options,
+    hooks: &mut dyn Hooks,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report, AgentError> {
     let t_req = Instant::now();
+    let start_unix_us = unix_us();
     let vm = &mut member.vm;
     let vm_name = vm.name.clone();
     let fail = |detail: String| AgentError::Snapshot { vm: vm_name.clone(), detail };
-    let root = run.snapshots_dir();
+    let root = opts.target.as_ref().map_or_else(|| run.snapshots_dir(), |t| t.root.clone());
     let name = opts.name.clone().unwrap_or_else(|| default_name(&root, &vm.name));
     if !vmcsnap_image::manifest::is_plain_name(&name) || name.starts_with('.') || name.contains(".tmp-") {
         return Err(AgentError::BadRequest(format!(
@@ -169,7 +228,7 @@ pub fn snapshot(
     // runs on now, whose top becomes read-only backing once the overlay is
     // on top; see `disk_chain`), the overlay, the capture socket.
     let vm_dir = vm.config.console_log.parent().expect("console log is in the VM dir").to_path_buf();
-    let disks_dir = root.join(".disks").join(&name);
+    let disks_dir = opts.target.as_ref().map_or_else(|| root.join(".disks").join(&name), |t| t.disks_dir.clone());
     let _ = std::fs::remove_dir_all(&disks_dir);
     std::fs::create_dir_all(&disks_dir).map_err(AgentError::io("creating", &disks_dir))?;
     let current_disk = vm.config.disk.clone();
@@ -224,7 +283,7 @@ pub fn snapshot(
         overlay: overlay.clone(),
         reference: opts.reference.clone(),
     };
-    let result = run_mode(vm, opts.mode, &sock, &mut cap, &mut ctx, progress);
+    let result = run_mode(vm, opts.mode, &sock, &mut cap, &mut ctx, hooks, progress);
     // Whatever happened: the VM must run on, with rejuvenation's settings
     // back to what they were.
     if result.is_err() && ctx.migrating {
@@ -298,6 +357,11 @@ pub fn snapshot(
         frozen_disk: frozen,
         overlay,
         reference: opts.reference,
+        start_unix_us,
+        pause_start_unix_us: t.stop_us,
+        pause_end_unix_us: t.resume_us,
+        transient_done_unix_us: t.transient_done_us,
+        complete_unix_us: unix_us(),
     };
     progress(&format!(
         "{}: snapshot {} committed: downtime {:.1} ms, disk {:.1} ms, total {:.1} ms",
@@ -314,6 +378,9 @@ pub fn snapshot(
 struct Timings {
     downtime_ms: f64,
     disk_snapshot_ms: f64,
+    stop_us: u64,
+    resume_us: u64,
+    transient_done_us: u64,
 }
 
 struct Ctx {
@@ -331,6 +398,7 @@ fn run_mode(
     sock: &Path,
     cap: &mut CaptureThread,
     ctx: &mut Ctx,
+    hooks: &mut dyn Hooks,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(), AgentError> {
     set_caps(vm, mode == Mode::Hot, mode == Mode::Precopy)?;
@@ -339,39 +407,78 @@ fn run_mode(
     // QEMU writes to a relay it owns, not to our socket: see `relay`.
     let exe = std::env::current_exe().map_err(AgentError::io("finding the vmcsnap executable", "/proc/self/exe"))?;
     let uri = json!({ "uri": crate::relay::exec_uri(&exe, sock) });
-    let stop_us;
+    hooks.ready()?;
     match mode {
         Mode::Hot | Mode::StopCopy => {
             progress(&format!("{}: pausing for the {} snapshot", vm.name, if mode == Mode::Hot { "hot" } else { "stop-copy" }));
+            hooks.before_pause()?;
             vm.execute("stop", Value::Null)?;
-            stop_us = event_ts(vm, "STOP")?;
+            ctx.t.stop_us = event_ts(vm, "STOP")?;
+            hooks.paused()?;
             copy_reference(vm, ctx)?;
             disk_snapshot(vm, ctx)?;
             ctx.migrating = true;
             vm.execute("migrate", uri)?;
-            wait_migration(vm, &["completed"], cap, progress)?;
+            if mode == Mode::Hot {
+                // QEMU resumes the guest by itself once write protection is on.
+                ctx.t.resume_us = wait_resume(vm)?;
+                ctx.t.transient_done_us = unix_us();
+                hooks.running();
+            }
+            wait_migration(vm, &["completed"], cap, hooks, progress)?;
             if mode == Mode::StopCopy {
                 vm.execute("cont", Value::Null)?;
+                ctx.t.resume_us = event_ts(vm, "RESUME")?;
+                ctx.t.transient_done_us = unix_us();
+                hooks.running();
             }
         }
         Mode::Precopy => {
             progress(&format!("{}: live pre-copy", vm.name));
             ctx.migrating = true;
             vm.execute("migrate", uri)?;
-            wait_migration(vm, &["pre-switchover"], cap, progress)?;
-            stop_us = event_ts(vm, "STOP")?;
+            wait_migration(vm, &["pre-switchover"], cap, hooks, progress)?;
+            ctx.t.stop_us = event_ts(vm, "STOP")?;
+            hooks.paused()?;
             copy_reference(vm, ctx)?;
             disk_snapshot(vm, ctx)?;
             vm.execute("migrate-continue", json!({ "state": "pre-switchover" }))?;
-            wait_migration(vm, &["completed"], cap, progress)?;
+            wait_migration(vm, &["completed"], cap, hooks, progress)?;
             vm.execute("cont", Value::Null)?;
+            ctx.t.resume_us = event_ts(vm, "RESUME")?;
+            ctx.t.transient_done_us = unix_us();
+            hooks.running();
         }
     }
     ctx.migrating = false;
-    // Hot: QEMU resumed the guest by itself once write protection was on.
-    let resume_us = event_ts(vm, "RESUME")?;
-    ctx.t.downtime_ms = resume_us.saturating_sub(stop_us) as f64 / 1000.0;
+    ctx.t.downtime_ms = ctx.t.resume_us.saturating_sub(ctx.t.stop_us) as f64 / 1000.0;
     Ok(())
+}
+
+/// Hot mode: waits for QEMU to resume the guest after saving device state
+/// and write-protecting RAM; returns the RESUME event's timestamp (µs).
+fn wait_resume(vm: &mut Vm) -> Result<u64, AgentError> {
+    let start = Instant::now();
+    loop {
+        let vm_name = vm.name.clone();
+        match vm.qmp()?.wait_event("RESUME", Duration::from_millis(20)) {
+            Ok(ev) => return Ok(ev.timestamp_us),
+            Err(vmcsnap_qmp::QmpError::Timeout(..)) => {}
+            Err(source) => return Err(AgentError::Qmp { vm: vm_name, source }),
+        }
+        let st = vm.execute("query-migrate", Value::Null)?;
+        let status = st["status"].as_str().unwrap_or("");
+        if status == "failed" || status == "cancelled" {
+            let detail = st["error-desc"].as_str().unwrap_or("no detail from QEMU").to_string();
+            return Err(AgentError::Migration { vm: vm.name.clone(), what: "snapshot".into(), detail });
+        }
+        if start.elapsed() > ACCEPT_TIMEOUT {
+            return Err(AgentError::Snapshot {
+                vm: vm.name.clone(),
+                detail: format!("QEMU did not resume the guest within {ACCEPT_TIMEOUT:?} of starting the background snapshot"),
+            });
+        }
+    }
 }
 
 fn set_caps(vm: &mut Vm, background: bool, pause_before_switchover: bool) -> Result<Value, AgentError> {
@@ -472,11 +579,15 @@ fn wait_migration(
     vm: &mut Vm,
     until: &[&str],
     cap: &mut CaptureThread,
+    hooks: &dyn Hooks,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(), AgentError> {
     let start = Instant::now();
     let mut relaxed = false;
     loop {
+        if let Some(why) = hooks.cancelled() {
+            return Err(AgentError::Snapshot { vm: vm.name.clone(), detail: format!("cancelled: {why}") });
+        }
         for m in cap.progress.try_iter() {
             progress(&format!("{}: {m}", vm.name));
         }
@@ -623,6 +734,10 @@ fn default_name(root: &Path, vm: &str) -> String {
         n += 1;
     }
     name
+}
+
+fn unix_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }
 
 fn unix_ms() -> u64 {

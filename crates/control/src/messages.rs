@@ -52,6 +52,17 @@ pub enum Request {
         #[serde(default)]
         reference: Option<PathBuf>,
     },
+    /// Take a consistent snapshot of every VM of the cluster at once
+    /// (HotSnap's coordinated protocol, with the switch's packet mediator)
+    /// into `<run-dir>/snapshots/<name>`. Result: the cluster snapshot
+    /// report (`{"name", "path", "mode", "vms": [...], "backoff", "switch", ...}`).
+    ClusterSnapshot {
+        /// `hot`, `stop-copy` or `precopy`.
+        mode: String,
+        /// Snapshot name; default `<cluster>-<unix time>`.
+        #[serde(default)]
+        name: Option<String>,
+    },
     /// Restore a VM from a snapshot (joining the running cluster, or a
     /// cluster of its own). Result: the restore report
     /// (`{"vm", "snapshot", "mode", "restore_latency_ms", "ws_pages", ...}`).

@@ -66,17 +66,24 @@ pub enum Command {
     /// Snapshot a running VM (memory and disk frozen in one pause) into
     /// <run-dir>/snapshots/NAME: hot (background snapshot, pause of
     /// milliseconds), stop-copy (paused while copying) or precopy (live copy).
+    /// With --cluster, every VM at once, consistently: HotSnap's coordinated
+    /// protocol, with frames in flight at the cut logged in the snapshot.
     Snapshot {
         /// The VM's name.
-        vm: String,
+        #[arg(required_unless_present = "cluster", conflicts_with = "cluster")]
+        vm: Option<String>,
+        /// Snapshot the whole cluster (a cluster snapshot: cluster.json,
+        /// channel-state.bin and one snapshot per VM under vms/).
+        #[arg(long)]
+        cluster: bool,
         /// hot | stop-copy | precopy
         #[arg(long, default_value = "hot", value_parser = ["hot", "stop-copy", "precopy"])]
         mode: String,
-        /// Snapshot name [default: VM-UNIXTIME].
+        /// Snapshot name [default: VM-UNIXTIME, or CLUSTER-UNIXTIME].
         #[arg(long)]
         name: Option<String>,
         /// Debug: copy guest RAM to PATH while the VM is paused for the snapshot.
-        #[arg(long, hide = true, value_name = "PATH")]
+        #[arg(long, hide = true, value_name = "PATH", conflicts_with = "cluster")]
         reference: Option<PathBuf>,
         /// Print JSON.
         #[arg(long)]
@@ -132,9 +139,13 @@ pub enum Command {
         json: bool,
     },
     /// Show a snapshot's manifest and page statistics; --verify checks every CRC.
+    /// A cluster snapshot shows its VMs, timeline, W(i,j) edges and counters.
     Inspect {
         /// A snapshot name (under <run-dir>/snapshots) or a snapshot directory.
         snapshot: PathBuf,
+        /// The snapshot is a cluster snapshot (detected anyway when it has cluster.json).
+        #[arg(long)]
+        cluster: bool,
         /// Read every block and check every CRC; exit non-zero naming each bad block.
         #[arg(long)]
         verify: bool,

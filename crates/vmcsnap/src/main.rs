@@ -5,6 +5,7 @@
 mod cli;
 mod launch;
 mod output;
+mod output_cluster;
 
 use std::path::Path;
 use std::time::Instant;
@@ -77,7 +78,12 @@ fn run(cli: Cli) -> Result<()> {
             let v = request(&run_dir.agent_socket(), &Request::Rejuvenate { vm, mode })?;
             output::json_or(json, &v, || output::rejuvenate(&v))
         }
-        Command::Snapshot { vm, mode, name, reference, json } => {
+        Command::Snapshot { vm: None, cluster: true, mode, name, json, .. } => {
+            let v = request(&run_dir.agent_socket(), &Request::ClusterSnapshot { mode, name })?;
+            output_cluster::json_or_snapshot(json, &v)
+        }
+        Command::Snapshot { vm, mode, name, reference, json, .. } => {
+            let vm = vm.context("name the VM to snapshot, or give --cluster")?;
             let reference = reference.map(|r| std::env::current_dir().map(|d| d.join(&r)).unwrap_or(r));
             let v = request(&run_dir.agent_socket(), &Request::Snapshot { vm, mode, name, reference })?;
             output::json_or(json, &v, || output::snapshot(&v))
@@ -97,13 +103,17 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::AnalyzeWs { snapshot, json } => output::analyze_ws(&run_dir.snapshots_dir().join(&snapshot), json),
         Command::Snapshots { json } => output::snapshots(&run_dir.snapshots_dir(), json),
-        Command::Inspect { snapshot, verify, json } => {
+        Command::Inspect { snapshot, cluster, verify, json } => {
             let dir = if snapshot.components().count() == 1 && !snapshot.exists() {
                 run_dir.snapshots_dir().join(&snapshot)
             } else {
                 snapshot
             };
-            output::inspect(&dir, verify, json)
+            if cluster || vmcsnap_agent::image::cluster::is_cluster_snapshot(&dir) {
+                output_cluster::inspect(&dir, verify, json)
+            } else {
+                output::inspect(&dir, verify, json)
+            }
         }
         Command::Availability { t_vmm, t_os, json } => availability(&run_dir, t_vmm, t_os, json),
         Command::StreamRelay { to } => {

@@ -114,12 +114,30 @@ pub fn snapshots(root: &std::path::Path, json: bool) -> Result<()> {
             Err(err) => serde_json::json!({ "name": e.name, "path": e.path, "valid": false, "error": err.to_string() }),
         })
         .collect();
+    let clusters = crate::output_cluster::rows(root)?;
     if json {
-        println!("{}", serde_json::to_string(&serde_json::json!({ "root": root, "snapshots": rows }))?);
+        println!("{}", serde_json::to_string(&serde_json::json!({ "root": root, "snapshots": rows, "cluster_snapshots": clusters }))?);
         return Ok(());
     }
-    if rows.is_empty() {
+    if rows.is_empty() && clusters.is_empty() {
         println!("no snapshots in {}", root.display());
+        return Ok(());
+    }
+    for c in &clusters {
+        if c["valid"] == true {
+            println!(
+                "{:<32} cluster {} ({}), VMs {}, {} frames of channel state",
+                c["name"].as_str().unwrap_or("?"),
+                c["cluster"].as_str().unwrap_or("?"),
+                c["mode"].as_str().unwrap_or("?"),
+                c["vms"].as_array().map(|v| v.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",")).unwrap_or_default(),
+                c["channel_state_frames"]
+            );
+        } else {
+            println!("{:<32} INVALID cluster snapshot: {}", c["name"].as_str().unwrap_or("?"), c["error"].as_str().unwrap_or("?"));
+        }
+    }
+    if rows.is_empty() {
         return Ok(());
     }
     println!("{:<32} {:<10} {:<10} {:>11} {:>11} {:>12}", "NAME", "VM", "MODE", "DOWNTIME_MS", "DURATION_MS", "BYTES");

@@ -1,0 +1,183 @@
+//! What a cluster snapshot measures besides the per-VM reports: HotSnap's
+//! TCP backoff per communicating pair, and the guests' own view (TCP
+//! retransmissions, pingpong's longest gap) read from their consoles.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::snapshot::Mode;
+
+/// The moments of one VM's snapshot that backoff is computed from (unix µs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Moments {
+    /// QEMU's STOP event.
+    pub pause_start_us: u64,
+    /// QEMU's RESUME event.
+    pub pause_end_us: u64,
+    /// The VM's snapshot completed (image committed).
+    pub complete_us: u64,
+}
+
+/// TCP backoff of one pair of VMs that exchanged frames during the snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PairBackoff {
+    /// One VM.
+    pub a: String,
+    /// The other.
+    pub b: String,
+    /// HotSnap's TCP backoff duration of the pair, ms.
+    pub backoff_ms: f64,
+}
+
+/// HotSnap's backoff figures for a cluster snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Backoff {
+    /// Per communicating pair.
+    pub pairs: Vec<PairBackoff>,
+    /// The cluster's backoff: the average over the pairs, ms (0 without pairs).
+    pub avg_ms: f64,
+    /// The largest pair backoff, ms.
+    pub max_ms: f64,
+}
+
+/// HotSnap's TCP backoff (§5.3): for each pair that communicates, from the
+/// first pause start of the two to the last pause end (hot) or the last
+/// snapshot completion (pre-copy, stop-copy: the VM is only consistent with
+/// its peer once its snapshot is complete). Pairs naming a VM without
+/// moments are skipped.
+pub fn backoff(mode: Mode, moments: &BTreeMap<String, Moments>, pairs: &[(String, String)]) -> Backoff {
+    let mut out = Vec::new();
+    for (a, b) in pairs {
+        let (Some(ma), Some(mb)) = (moments.get(a), moments.get(b)) else { continue };
+        let start = ma.pause_start_us.min(mb.pause_start_us);
+        let end = match mode {
+            Mode::Hot => ma.pause_end_us.max(mb.pause_end_us),
+            Mode::StopCopy | Mode::Precopy => ma.complete_us.max(mb.complete_us),
+        };
+        out.push(PairBackoff { a: a.clone(), b: b.clone(), backoff_ms: end.saturating_sub(start) as f64 / 1000.0 });
+    }
+    let n = out.len();
+    let avg_ms = if n == 0 { 0.0 } else { out.iter().map(|p| p.backoff_ms).sum::<f64>() / n as f64 };
+    let max_ms = out.iter().map(|p| p.backoff_ms).fold(0.0, f64::max);
+    Backoff { pairs: out, avg_ms, max_ms }
+}
+
+/// Unordered pairs of distinct VMs with traffic in either direction, from
+/// directed (from, to, frames) counts; sorted, each pair once.
+pub fn communicating_pairs<'a>(directed: impl IntoIterator<Item = (&'a str, &'a str, u64)>) -> Vec<(String, String)> {
+    let mut set = std::collections::BTreeSet::new();
+    for (from, to, frames) in directed {
+        if frames == 0 || from == to {
+            continue;
+        }
+        let (a, b) = if from < to { (from, to) } else { (to, from) };
+        set.insert((a.to_string(), b.to_string()));
+    }
+    set.into_iter().collect()
+}
+
+/// What a guest's console said after a given offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct GuestView {
+    /// The last `retrans=` of the guest's `vmcsnap-stat` lines (its TCP
+    /// RetransSegs), if any line was seen.
+    pub retrans: Option<u64>,
+    /// The largest per-second `maxgap_ms=` of pingpong client lines.
+    pub pingpong_max_gap_ms: Option<u64>,
+    /// How many `vmcsnap-stat` lines were seen (one per second).
+    pub stat_lines: u64,
+}
+
+/// Parses console text (see guest/README.md for the line formats).
+pub fn parse_console(text: &str) -> GuestView {
+    let mut v = GuestView::default();
+    for line in text.lines() {
+        if line.starts_with("vmcsnap-stat ") {
+            v.stat_lines += 1;
+            if let Some(n) = field(line, "retrans") {
+                v.retrans = Some(n);
+            }
+        } else if line.starts_with("pingpong: ") {
+            if let Some(g) = field(line, "maxgap_ms") {
+                v.pingpong_max_gap_ms = Some(v.pingpong_max_gap_ms.map_or(g, |m| m.max(g)));
+            }
+        }
+    }
+    v
+}
+
+/// A console log's length now (where to read from later).
+pub fn console_offset(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+/// The console text from `offset` on (lossy UTF-8; empty if unreadable).
+pub fn console_since(path: &Path, offset: u64) -> String {
+    let mut out = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        if f.seek(SeekFrom::Start(offset)).is_ok() {
+            let _ = f.read_to_end(&mut out);
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The last retrans count in the last few KiB of a console.
+pub fn retrans_now(path: &Path) -> Option<u64> {
+    let len = console_offset(path);
+    parse_console(&console_since(path, len.saturating_sub(8192))).retrans
+}
+
+fn field(line: &str, key: &str) -> Option<u64> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(ps: u64, pe: u64, c: u64) -> Moments {
+        Moments { pause_start_us: ps, pause_end_us: pe, complete_us: c }
+    }
+
+    #[test]
+    fn backoff_follows_hotsnap_per_mode() {
+        let mut mo = BTreeMap::new();
+        mo.insert("a".to_string(), m(1_000, 21_000, 900_000));
+        mo.insert("b".to_string(), m(5_000, 30_000, 2_000_000));
+        mo.insert("c".to_string(), m(2_000, 12_000, 400_000));
+        let pairs = vec![("a".into(), "b".into()), ("b".into(), "c".into()), ("a".into(), "zz".into())];
+        let hot = backoff(Mode::Hot, &mo, &pairs);
+        assert_eq!(hot.pairs.len(), 2, "the pair naming an unknown VM is skipped");
+        assert_eq!(hot.pairs[0].backoff_ms, 29.0); // 1 ms .. 30 ms
+        assert_eq!(hot.pairs[1].backoff_ms, 28.0); // 2 ms .. 30 ms
+        assert_eq!(hot.avg_ms, 28.5);
+        assert_eq!(hot.max_ms, 29.0);
+        let pre = backoff(Mode::Precopy, &mo, &pairs);
+        assert_eq!(pre.pairs[0].backoff_ms, 1999.0); // 1 ms .. 2000 ms
+        assert_eq!(backoff(Mode::Hot, &mo, &[]).avg_ms, 0.0);
+    }
+
+    #[test]
+    fn pairs_are_unordered_distinct_and_need_traffic() {
+        let p = communicating_pairs([("b", "a", 3), ("a", "b", 1), ("a", "c", 0), ("c", "c", 9), ("c", "a", 2)]);
+        assert_eq!(p, vec![("a".to_string(), "b".to_string()), ("a".to_string(), "c".to_string())]);
+    }
+
+    #[test]
+    fn console_lines_give_retrans_and_pingpong_gap() {
+        let text = "vmcsnap-stat name=a uptime=1.0 retrans=3\n\
+                    pingpong: t=1 conn=1 reqs=700 total=700 maxgap_ms=4 maxgap_all_ms=9\n\
+                    noise retrans=99\n\
+                    pingpong: t=2 conn=1 reqs=650 total=1350 maxgap_ms=31 maxgap_all_ms=31\n\
+                    vmcsnap-stat name=a uptime=2.0 retrans=5\n";
+        let v = parse_console(text);
+        assert_eq!(v.retrans, Some(5));
+        assert_eq!(v.pingpong_max_gap_ms, Some(31));
+        assert_eq!(v.stat_lines, 2);
+        assert_eq!(parse_console("").retrans, None);
+    }
+}

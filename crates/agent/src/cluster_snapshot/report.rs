@@ -1,0 +1,295 @@
+//! Completing a cluster snapshot: the switch session's log becomes the
+//! channel-state file, the per-VM timelines and the W(i,j) edges go into
+//! cluster.json, backoff and the guests' view are measured, and the
+//! temporary directory is renamed.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use serde_json::json;
+use vmcsnap_image::channel_log::{write_channel_log, ChannelFrame, FrameReason};
+use vmcsnap_image::cluster::{commit_cluster_dir, ChannelStateRef, ClusterManifest, ClusterVm, Edge, Timeline, CHANNEL_LOG};
+use vmcsnap_switch::{LogReason, SessionStats};
+
+use super::metrics::{self, Backoff, Moments};
+use super::peer::VmOutcome;
+use super::ProtocolStats;
+use crate::cluster::Cluster;
+use crate::snapshot::Mode;
+use crate::AgentError;
+
+/// How long the switch may still hold pre-snapshot frames for post-snapshot
+/// VMs (their sockets full) after the protocol completed.
+const PENDING_PRE_BOUND: Duration = Duration::from_secs(2);
+/// How long to wait for every guest's next `vmcsnap-stat` line (one per
+/// second) after the snapshot, for its retransmission count.
+const GUEST_STAT_WAIT: Duration = Duration::from_millis(2500);
+
+/// A guest's console before the snapshot.
+pub struct GuestBefore {
+    path: PathBuf,
+    offset: u64,
+    retrans: Option<u64>,
+}
+
+impl GuestBefore {
+    /// Reads where the console is and the guest's retransmission count.
+    pub fn read(console: &Path) -> GuestBefore {
+        GuestBefore { path: console.to_path_buf(), offset: metrics::console_offset(console), retrans: metrics::retrans_now(console) }
+    }
+}
+
+/// One VM in the cluster snapshot report. Times are ms since the cluster
+/// snapshot's request.
+#[derive(Debug, Clone, Serialize)]
+pub struct VmReport {
+    /// The VM.
+    pub vm: String,
+    /// Guest paused (QMP STOP to RESUME), ms.
+    pub downtime_ms: f64,
+    /// The VM's snapshot started (its peer got SNAPSHOT or a trigger).
+    pub start_ms: f64,
+    /// QMP STOP.
+    pub pause_start_ms: f64,
+    /// QMP RESUME.
+    pub pause_end_ms: f64,
+    /// Transient snapshot over, port released.
+    pub transient_done_ms: f64,
+    /// Image committed.
+    pub complete_ms: f64,
+    /// Before the pause: how long the switch waited for the VM's QEMU to
+    /// read what was written to it, µs.
+    pub drain_wait_us: u64,
+    /// Whether that wait hit its bound (frames may then reach the VM after
+    /// its cut without being logged).
+    pub drain_bound_hit: bool,
+    /// SIOCOUTQ when the wait ended (0 = everything read).
+    pub unread_bytes_at_cut: u64,
+    /// Frames the switch read from the VM after it paused (sent before the cut).
+    pub frames_drained_at_cut: u64,
+    /// The guest's TCP RetransSegs before and after the snapshot.
+    pub retrans_before: Option<u64>,
+    /// After (the next console stat line after completion).
+    pub retrans_after: Option<u64>,
+    /// Pingpong's longest gap between replies during the snapshot, ms.
+    pub pingpong_max_gap_ms: Option<u64>,
+    /// Pages stored in the image.
+    pub pages_stored: u64,
+    /// The VM's snapshot directory.
+    pub path: PathBuf,
+}
+
+/// What `vmcsnap snapshot --cluster` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterReport {
+    /// The cluster snapshot's name.
+    pub name: String,
+    /// Its directory.
+    pub path: PathBuf,
+    /// The cluster.
+    pub cluster: String,
+    /// The mode.
+    pub mode: Mode,
+    /// Request to commit, ms.
+    pub duration_ms: f64,
+    /// Per VM, in spec order.
+    pub vms: Vec<VmReport>,
+    /// HotSnap's TCP backoff.
+    pub backoff: Backoff,
+    /// Average and largest per-VM downtime, ms.
+    pub downtime_avg_ms: f64,
+    /// Largest per-VM downtime, ms.
+    pub downtime_max_ms: f64,
+    /// Frames logged as channel state.
+    pub channel_state_frames: u64,
+    /// Their bytes.
+    pub channel_state_bytes: u64,
+    /// W(i,j): frames from VM i to VM j logged at the cut.
+    pub edges: Vec<Edge>,
+    /// The switch's accounting of the session.
+    pub switch: SessionStats,
+    /// The protocol's figures.
+    pub protocol: ProtocolStats,
+}
+
+/// Inputs of [`finish`].
+pub struct Finish<'a> {
+    pub name: &'a str,
+    pub mode: Mode,
+    pub tmp: &'a Path,
+    pub final_dir: &'a Path,
+    pub start_unix_us: u64,
+    pub t0: Instant,
+    pub vms: Vec<VmOutcome>,
+    pub before: Vec<GuestBefore>,
+    pub protocol: ProtocolStats,
+}
+
+/// Ends the switch session, writes the channel state and the manifest,
+/// measures, and commits the cluster snapshot.
+pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentError> {
+    let fail = |m: String| AgentError::ClusterSnapshot(m);
+    let deadline = Instant::now() + PENDING_PRE_BOUND;
+    while let Some(st) = c.switch.session_stats()? {
+        if st.pending_pre_frames == 0 || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let log = c.switch.end_cut_session()?;
+    let st = log.stats.clone();
+    if st.violations > 0 {
+        return Err(fail(format!("the switch delivered {} post-snapshot frames to pre-snapshot VMs; the cut is not consistent", st.violations)));
+    }
+    if st.log_overflow > 0 {
+        return Err(fail(format!("{} in-flight frames did not fit the switch's channel-state log", st.log_overflow)));
+    }
+    let frames: Vec<ChannelFrame> = log
+        .frames
+        .iter()
+        .map(|l| ChannelFrame {
+            sender: l.sender.clone(),
+            receiver: l.receiver.clone(),
+            received_unix_us: l.received_unix_us,
+            delivered_unix_us: l.delivered_unix_us,
+            reason: match l.reason {
+                LogReason::HeldAtCut => FrameReason::HeldAtCut,
+                LogReason::InFlight => FrameReason::InFlight,
+            },
+            data: l.data.clone(),
+        })
+        .collect();
+    let summary = write_channel_log(&f.tmp.join(CHANNEL_LOG), &frames).map_err(|e| fail(format!("writing the channel state: {e}")))?;
+    let mut w: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+    for fr in &frames {
+        let e = w.entry((fr.sender.clone(), fr.receiver.clone())).or_default();
+        e.0 += 1;
+        e.1 += fr.data.len() as u64;
+    }
+    let edges: Vec<Edge> =
+        w.into_iter().map(|((from, to), (frames, bytes))| Edge { from, to, frames, bytes }).collect();
+
+    let mut moments = BTreeMap::new();
+    for v in &f.vms {
+        let r = v.report.as_ref().ok_or_else(|| fail(format!("VM {} has no snapshot", v.vm)))?;
+        moments.insert(
+            v.vm.clone(),
+            Moments { pause_start_us: r.pause_start_unix_us, pause_end_us: r.pause_end_unix_us, complete_us: r.complete_unix_us },
+        );
+    }
+    let pairs = metrics::communicating_pairs(st.pairs.iter().map(|p| (p.from.as_str(), p.to.as_str(), p.unicast_frames)));
+    let backoff = metrics::backoff(f.mode, &moments, &pairs);
+
+    // The guests' own view: wait for a stat line written after completion.
+    let after_us = unix_us();
+    let wait_until = Instant::now() + GUEST_STAT_WAIT;
+    // The console has no host timestamps: count its stat lines (one per
+    // second since the snapshot started), and want one more than elapsed.
+    let min_lines = after_us.saturating_sub(f.start_unix_us) / 1_000_000 + 2;
+    let views = loop {
+        let views: Vec<metrics::GuestView> =
+            f.before.iter().map(|b| metrics::parse_console(&metrics::console_since(&b.path, b.offset))).collect();
+        if views.iter().all(|v| v.stat_lines >= min_lines) || Instant::now() > wait_until {
+            break views;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    let rel = |us: u64| us.saturating_sub(f.start_unix_us) as f64 / 1000.0;
+    let mut vms = Vec::new();
+    let mut manifest_vms = Vec::new();
+    for ((v, b), view) in f.vms.iter().zip(&f.before).zip(&views) {
+        let r = v.report.as_ref().expect("checked above");
+        let member = c.members.iter().find(|m| m.vm.name == v.vm);
+        let prep = v.prepare.unwrap_or_default();
+        let cut = v.cut.unwrap_or_default();
+        let report = VmReport {
+            vm: v.vm.clone(),
+            downtime_ms: r.downtime_ms,
+            start_ms: rel(r.start_unix_us),
+            pause_start_ms: rel(r.pause_start_unix_us),
+            pause_end_ms: rel(r.pause_end_unix_us),
+            transient_done_ms: rel(r.transient_done_unix_us),
+            complete_ms: rel(r.complete_unix_us),
+            drain_wait_us: prep.waited_us,
+            drain_bound_hit: prep.bound_hit,
+            unread_bytes_at_cut: prep.unread_bytes as u64,
+            frames_drained_at_cut: cut.frames_drained,
+            retrans_before: b.retrans,
+            retrans_after: view.retrans.or(b.retrans),
+            pingpong_max_gap_ms: view.pingpong_max_gap_ms,
+            pages_stored: r.pages_stored,
+            path: f.final_dir.join("vms").join(&v.vm),
+        };
+        manifest_vms.push(ClusterVm {
+            name: v.vm.clone(),
+            snapshot: format!("vms/{}", v.vm),
+            memory_mib: r.memory_mib,
+            ip: member.map(|m| m.address.cidr()).unwrap_or_default(),
+            mac: member.map(|m| m.address.mac_string()).unwrap_or_default(),
+            timeline: Timeline {
+                start_us: r.start_unix_us,
+                pause_start_us: r.pause_start_unix_us,
+                pause_end_us: r.pause_end_unix_us,
+                transient_done_us: r.transient_done_unix_us,
+                complete_us: r.complete_unix_us,
+            },
+            metrics: serde_json::to_value(&report).unwrap_or_default(),
+        });
+        vms.push(report);
+    }
+    let n = vms.len().max(1) as f64;
+    let downtime_avg_ms = vms.iter().map(|v| v.downtime_ms).sum::<f64>() / n;
+    let downtime_max_ms = vms.iter().map(|v| v.downtime_ms).fold(0.0, f64::max);
+    let duration_ms = f.t0.elapsed().as_secs_f64() * 1000.0;
+    let manifest = ClusterManifest {
+        format: vmcsnap_image::cluster::FORMAT.to_string(),
+        version: 1,
+        name: f.name.to_string(),
+        cluster: c.spec.cluster.name.clone(),
+        mode: super::mode_name(f.mode),
+        created_unix_ms: f.start_unix_us / 1000,
+        network: serde_json::to_value(&c.spec.cluster).unwrap_or_default(),
+        vms: manifest_vms,
+        channel_state: ChannelStateRef {
+            file: CHANNEL_LOG.to_string(),
+            frames: summary.frames,
+            bytes: summary.bytes,
+            file_size: summary.file_size,
+        },
+        edges: edges.clone(),
+        metrics: json!({
+            "backoff": backoff, "downtime_avg_ms": downtime_avg_ms, "downtime_max_ms": downtime_max_ms,
+            "duration_ms": duration_ms, "switch": st, "protocol": f.protocol,
+        }),
+    };
+    manifest.save(f.tmp).map_err(|e| fail(format!("writing cluster.json: {e}")))?;
+    commit_cluster_dir(f.tmp, f.final_dir).map_err(|e| fail(format!("committing {}: {e}", f.final_dir.display())))?;
+    crate::log(format!(
+        "cluster snapshot {} ({:?}) committed: {} VMs, backoff avg {:.1} ms max {:.1} ms, {} frames logged",
+        f.name, f.mode, vms.len(), backoff.avg_ms, backoff.max_ms, summary.frames
+    ));
+    Ok(ClusterReport {
+        name: f.name.to_string(),
+        path: f.final_dir.to_path_buf(),
+        cluster: c.spec.cluster.name.clone(),
+        mode: f.mode,
+        duration_ms,
+        vms,
+        backoff,
+        downtime_avg_ms,
+        downtime_max_ms,
+        channel_state_frames: summary.frames,
+        channel_state_bytes: summary.bytes,
+        edges,
+        switch: st,
+        protocol: f.protocol.clone(),
+    })
+}
+
+/// Microseconds since the Unix epoch.
+pub fn unix_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}

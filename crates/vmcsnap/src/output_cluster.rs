@@ -1,0 +1,153 @@
+//! Human and JSON output of cluster snapshots.
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+use vmcsnap_agent::image::cluster::{check_cluster_committed, list_cluster_snapshots};
+
+/// `snapshot --cluster`: the report as JSON, or a table per VM and the
+/// cluster's backoff and switch accounting.
+pub fn json_or_snapshot(json: bool, v: &Value) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(v)?);
+        return Ok(());
+    }
+    println!(
+        "cluster snapshot {} ({}) of {}: {}",
+        v["name"].as_str().unwrap_or("?"),
+        v["mode"].as_str().unwrap_or("?"),
+        v["cluster"].as_str().unwrap_or("?"),
+        v["path"].as_str().unwrap_or("?")
+    );
+    println!(
+        "{:<10} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8} {:>9} {:>9}",
+        "VM", "PAUSE_MS", "PAUSED@", "RESUMED@", "TRANSIENT@", "COMPLETE@", "DRAINED", "RETRANS", "PP_GAP_MS"
+    );
+    for r in v["vms"].as_array().into_iter().flatten() {
+        let retrans = match (r["retrans_before"].as_u64(), r["retrans_after"].as_u64()) {
+            (Some(b), Some(a)) => format!("+{}", a.saturating_sub(b)),
+            _ => "?".into(),
+        };
+        println!(
+            "{:<10} {:>9.1} {:>9.1} {:>9.1} {:>10.1} {:>10.1} {:>8} {:>9} {:>9}",
+            r["vm"].as_str().unwrap_or("?"),
+            r["downtime_ms"].as_f64().unwrap_or(0.0),
+            r["pause_start_ms"].as_f64().unwrap_or(0.0),
+            r["pause_end_ms"].as_f64().unwrap_or(0.0),
+            r["transient_done_ms"].as_f64().unwrap_or(0.0),
+            r["complete_ms"].as_f64().unwrap_or(0.0),
+            r["frames_drained_at_cut"],
+            retrans,
+            r["pingpong_max_gap_ms"].as_u64().map_or("-".into(), |g| g.to_string()),
+        );
+    }
+    println!("(times in ms since the request)");
+    let b = &v["backoff"];
+    println!(
+        "TCP backoff: {:.1} ms average over {} communicating pairs, {:.1} ms max",
+        b["avg_ms"].as_f64().unwrap_or(0.0),
+        b["pairs"].as_array().map_or(0, Vec::len),
+        b["max_ms"].as_f64().unwrap_or(0.0)
+    );
+    let s = &v["switch"];
+    println!(
+        "switch: {} forwarded, {} held, {} logged ({} bytes), {} dropped, {} violations, {} drain-bound hits",
+        s["forwarded"], s["held"], s["logged"], s["logged_bytes"], s["dropped"], s["violations"], s["bound_hits"]
+    );
+    for e in v["edges"].as_array().into_iter().flatten() {
+        println!("  W({}, {}) = {} frames", e["from"].as_str().unwrap_or("?"), e["to"].as_str().unwrap_or("?"), e["frames"]);
+    }
+    println!("took {:.0} ms", v["duration_ms"].as_f64().unwrap_or(0.0));
+    Ok(())
+}
+
+/// `inspect` of a cluster snapshot; `verify` checks every VM's image and
+/// the channel-state file.
+pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
+    let m = check_cluster_committed(dir).with_context(|| format!("cluster snapshot {}", dir.display()))?;
+    let mut problems = Vec::new();
+    let mut checked = Vec::new();
+    if verify {
+        for vm in &m.vms {
+            let vdir = dir.join(&vm.snapshot);
+            match vmcsnap_agent::image::Image::open(&vdir) {
+                Ok(img) => {
+                    let r = img.verify();
+                    if !r.is_ok() {
+                        problems.push(format!("VM {}: {r}", vm.name));
+                    }
+                    checked.push(json!({ "vm": vm.name, "ok": r.is_ok(), "pages_checked": r.pages_checked }));
+                }
+                Err(e) => problems.push(format!("VM {}: {e}", vm.name)),
+            }
+        }
+        let log = dir.join(&m.channel_state.file);
+        match vmcsnap_agent::image::channel_log::read_channel_log(&log) {
+            Ok(frames) if frames.len() as u64 == m.channel_state.frames => {}
+            Ok(frames) => problems.push(format!(
+                "channel state holds {} frames, cluster.json says {}",
+                frames.len(),
+                m.channel_state.frames
+            )),
+            Err(e) => problems.push(format!("channel state: {e}")),
+        }
+    }
+    if json {
+        let v = json!({
+            "path": dir, "manifest": m,
+            "verify": verify.then(|| json!({ "ok": problems.is_empty(), "vms": checked, "problems": problems })),
+        });
+        println!("{}", serde_json::to_string(&v)?);
+    } else {
+        println!("cluster snapshot {} ({}) of cluster {}", m.name, m.mode, m.cluster);
+        println!("  created    {} (unix ms)", m.created_unix_ms);
+        let t0 = m.vms.iter().map(|v| v.timeline.start_us).min().unwrap_or(0);
+        let ms = |us: u64| us.saturating_sub(t0) as f64 / 1000.0;
+        for v in &m.vms {
+            let t = &v.timeline;
+            println!(
+                "  vm         {:<10} {} MiB {:<18} paused {:.1}-{:.1} ms, transient {:.1} ms, complete {:.1} ms",
+                v.name,
+                v.memory_mib,
+                v.ip,
+                ms(t.pause_start_us),
+                ms(t.pause_end_us),
+                ms(t.transient_done_us),
+                ms(t.complete_us)
+            );
+        }
+        println!("  channel    {} frames, {} bytes in {}", m.channel_state.frames, m.channel_state.bytes, m.channel_state.file);
+        for e in &m.edges {
+            println!("  W({}, {}) = {} frames, {} bytes", e.from, e.to, e.frames, e.bytes);
+        }
+        if let Some(b) = m.metrics.get("backoff") {
+            println!("  backoff    avg {} ms, max {} ms", b["avg_ms"], b["max_ms"]);
+        }
+        if verify {
+            println!("  verify     {}", if problems.is_empty() { "ok".to_string() } else { problems.join("; ") });
+        }
+    }
+    if !problems.is_empty() {
+        anyhow::bail!("cluster snapshot {} failed verification: {}", dir.display(), problems.join("; "));
+    }
+    Ok(())
+}
+
+/// The cluster snapshots under `root`, as rows for `snapshots`.
+pub fn rows(root: &std::path::Path) -> Result<Vec<Value>> {
+    if !root.exists() {
+        return Ok(vec![]);
+    }
+    let entries = list_cluster_snapshots(root).with_context(|| format!("listing {}", root.display()))?;
+    Ok(entries
+        .iter()
+        .map(|e| match &e.status {
+            Ok(m) => json!({
+                "name": e.name, "path": e.path, "valid": true, "cluster": m.cluster, "mode": m.mode,
+                "vms": m.vms.iter().map(|v| v.name.clone()).collect::<Vec<_>>(),
+                "created_unix_ms": m.created_unix_ms, "channel_state_frames": m.channel_state.frames,
+                "backoff_avg_ms": m.metrics.get("backoff").map(|b| b["avg_ms"].clone()),
+            }),
+            Err(err) => json!({ "name": e.name, "path": e.path, "valid": false, "error": err.to_string() }),
+        })
+        .collect())
+}
