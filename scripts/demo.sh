@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The demo: boot examples/demo.toml, show the VMs talking, snapshot, warm
-# restart, restore (eager vs working set), tear it down.
+# The demo: boot examples/demo.toml, show the VMs talking, snapshot one VM
+# and the whole cluster (consistent, HotSnap), warm restart, restore (eager
+# vs working set), tear it down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=target/release/vmcsnap
@@ -25,7 +26,15 @@ echo "== vmcsnap snapshot alpha --mode hot   (ms pause; memory saved copy-on-wri
 $V snapshot alpha --mode hot --name demo-alpha
 $V snapshots
 echo "== vmcsnap inspect demo-alpha --verify"
-$V inspect demo-alpha --verify | head -n 12
+$V inspect demo-alpha --verify | sed -n 1,12p
+echo
+echo "== vmcsnap snapshot --cluster   (every VM at once, consistent: pauses start together, the switch logs frames in flight)"
+$V snapshot --cluster --name demo-cluster
+echo "== vmcsnap inspect demo-cluster --verify"
+$V inspect demo-cluster --verify
+if python3 bench/timeline.py "$VMCSNAP_RUN_DIR/snapshots/demo-cluster" >/dev/null 2>&1; then
+    echo "   timeline (HotSnap's figure 6): $VMCSNAP_RUN_DIR/snapshots/demo-cluster/timeline.png"
+fi
 echo
 echo "== vmcsnap rejuvenate --all --mode warm   (restart every QEMU; guests keep memory and TCP sessions)"
 $V rejuvenate --all --mode warm
