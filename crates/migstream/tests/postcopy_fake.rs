@@ -8,15 +8,16 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::postcopy::{
     discard_ranges, fake_destination, run_guarded, synthetic_pages, Item, MemPages, Pages,
 };
 use vmcsnap_migstream::postcopy::return_path::{RpError, RpMessage};
 use vmcsnap_migstream::postcopy::{
-    DestBlock, PageId, Phase, PostcopyError, SourceConfig, SourceEvent,
+    DestBlock, PageId, Phase, PostcopyError, RunGate, SourceConfig, SourceEvent,
 };
 
 const GUARD: Duration = Duration::from_secs(60);
@@ -41,6 +42,7 @@ fn config() -> SourceConfig {
         background: Vec::new(),
         background_after: None,
         shut_timeout: Duration::from_secs(20),
+        run_gate: None,
     }
 }
 
@@ -626,6 +628,442 @@ fn shut_followed_at_once_by_the_close_is_success() {
         let stream = UnixStream::connect(&path).unwrap();
         let run = run_guarded(cfg, MemPages::new(pages), stream, GUARD, |_| {});
         let _ = dest.join();
-        assert_eq!(run.result.expect("SHUT(0) then close is a good end").shut_value, 0);
+        assert_eq!(
+            run.result
+                .expect("SHUT(0) then close is a good end")
+                .shut_value,
+            0
+        );
+    }
+}
+
+// ---------------------------------------------------------------------
+// Run gate: RUN held back while loading continues.
+// ---------------------------------------------------------------------
+
+/// Every page record of `items`, in stream order, checked at the byte
+/// level by the parser: returns how many there were.
+fn page_records(items: &[Item]) -> usize {
+    items
+        .iter()
+        .map(|i| match i {
+            Item::Section { records, .. } => records.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+fn is_discard_or_package(item: &Item) -> bool {
+    matches!(item, Item::Command { cmd: 6, .. } | Item::Package { .. })
+}
+
+/// A fake destination for a gated source: answers EOF with SHUT(0),
+/// reports the number of pages received after each section on `pages_tx`,
+/// and records any DISCARD or PACKAGED that comes before `opened` is set.
+fn gated_destination(
+    listener: UnixListener,
+    opened: Arc<AtomicBool>,
+    pages_tx: mpsc::Sender<usize>,
+    early: Arc<Mutex<Vec<String>>>,
+) -> std::thread::JoinHandle<(Vec<Item>, Option<std::io::Error>)> {
+    let mut received = 0;
+    fake_destination(listener, move |item, rp| {
+        match item {
+            Item::Section { records, .. } => {
+                received += records.len();
+                let _ = pages_tx.send(received);
+            }
+            Item::Eof => rp.send(RpMessage::Shut(0)),
+            i if is_discard_or_package(i) && !opened.load(Ordering::SeqCst) => {
+                early
+                    .lock()
+                    .unwrap()
+                    .push(format!("{:.60}", format!("{i:?}")));
+            }
+            _ => {}
+        }
+        true
+    })
+}
+
+/// Waits until the destination has received `n` pages (panics on more).
+fn wait_for_pages(rx: &mpsc::Receiver<usize>, n: usize) {
+    loop {
+        let got = rx.recv_timeout(GUARD).expect("pages while held");
+        assert!(got <= n, "{got} pages received while held, more than {n}");
+        if got == n {
+            return;
+        }
+    }
+}
+
+fn position(events: &[SourceEvent], f: impl Fn(&SourceEvent) -> bool) -> usize {
+    let found: Vec<usize> = (0..events.len()).filter(|&i| f(&events[i])).collect();
+    assert_eq!(found.len(), 1, "exactly one such event in {events:?}");
+    found[0]
+}
+
+#[test]
+fn held_gate_keeps_loading_all_pages_but_one_until_opened() {
+    let (_dir, listener, path) = socket();
+    let mut cfg = config();
+    cfg.before_run = vec![id(1, 0), id(0, 5), id(2, 3)];
+    // Odd pages of mem, descending; then (block, page) order.
+    cfg.background = (0..600).rev().step_by(2).map(|p| id(0, p)).collect();
+    let gate = RunGate::new();
+    cfg.run_gate = Some(gate.clone());
+    let pages = Arc::new(synthetic_pages(&cfg.blocks));
+    let opened = Arc::new(AtomicBool::new(false));
+    let early = Arc::new(Mutex::new(Vec::new()));
+    let (pages_tx, pages_rx) = mpsc::channel();
+    let dest = gated_destination(listener, opened.clone(), pages_tx, early.clone());
+    // The Coordinator: opens the gate once the source has sent every page
+    // but one and has gone quiet.
+    let coordinator = std::thread::spawn(move || {
+        wait_for_pages(&pages_rx, 605);
+        let quiet = pages_rx.recv_timeout(Duration::from_millis(300));
+        assert!(
+            quiet.is_err(),
+            "pages after the last one but one: {quiet:?}"
+        );
+        assert!(!gate.is_open());
+        opened.store(true, Ordering::SeqCst);
+        gate.open();
+        assert!(gate.is_open());
+    });
+    let stream = UnixStream::connect(&path).unwrap();
+    let run = run_guarded(
+        cfg.clone(),
+        MemPages::new(pages.clone()),
+        stream,
+        GUARD,
+        |_| {},
+    );
+    coordinator.join().expect("coordinator");
+    let report = run.result.expect("run_source");
+    let (items, err) = dest.join().unwrap();
+    assert!(err.is_none(), "{err:?}");
+    assert!(
+        early.lock().unwrap().is_empty(),
+        "before the gate opened: {early:?}"
+    );
+    let seen = check_stream(&items, &cfg, &pages);
+    assert_eq!(page_records(&items), 606, "no page twice, none missing");
+
+    // Before the package: the before-run pages, then the background list
+    // (skipping sent pages), then (block, page) order, all but the last.
+    let before: Vec<PageId> = seen
+        .pages
+        .iter()
+        .filter(|(_, b)| *b)
+        .map(|(p, _)| *p)
+        .collect();
+    let mut want = cfg.before_run.clone();
+    want.extend(
+        (0..600)
+            .rev()
+            .step_by(2)
+            .map(|p| id(0, p))
+            .filter(|&p| p != id(0, 5)),
+    );
+    want.extend((0..600).step_by(2).map(|p| id(0, p)));
+    want.extend([id(1, 1), id(2, 0), id(2, 1)]);
+    assert_eq!(before, want);
+    // The held-back page: discarded, then sent after RUN.
+    assert_eq!(seen.discards, vec![("pc.bios".to_string(), 2 * 4096, 4096)]);
+    let after: Vec<PageId> = seen
+        .pages
+        .iter()
+        .filter(|(_, b)| !*b)
+        .map(|(p, _)| *p)
+        .collect();
+    assert_eq!(after, vec![id(2, 2)]);
+
+    assert_eq!(report.pages_before_run, 605);
+    assert_eq!(report.pages_while_held, 602);
+    assert_eq!(report.pages_background, 1);
+    let nonzero = before
+        .iter()
+        .filter(|p| pages[p.block as usize][p.page as usize].is_some())
+        .count();
+    assert_eq!(report.bytes_before_run, nonzero as u64 * 4096);
+    assert_eq!(report.shut_value, 0);
+
+    let ev = &run.events;
+    let loaded = position(ev, |e| matches!(e, SourceEvent::Loaded { .. }));
+    let gate_opened = position(ev, |e| matches!(e, SourceEvent::GateOpened { .. }));
+    let run_sent = position(ev, |e| *e == SourceEvent::RunSent);
+    assert_eq!(ev[loaded], SourceEvent::Loaded { pages: 3 });
+    assert_eq!(
+        ev[gate_opened],
+        SourceEvent::GateOpened {
+            pages_before_run: 605
+        }
+    );
+    assert!(loaded < gate_opened && gate_opened < run_sent);
+    // Progress while held, none before Loaded (3 pages < 256).
+    assert!(ev[..loaded]
+        .iter()
+        .all(|e| !matches!(e, SourceEvent::Progress { .. })));
+    assert!(ev[loaded..gate_opened].contains(&SourceEvent::Progress {
+        sent: 512,
+        total: 606
+    }));
+    eprintln!(
+        "held gate: {:?}, {} pages while held",
+        run.took, report.pages_while_held
+    );
+}
+
+#[test]
+fn gate_opened_mid_load_discards_exactly_the_unsent_pages() {
+    let mut cfg = config();
+    cfg.blocks[0].used_length = 4096 * 4096;
+    cfg.before_run = vec![id(0, 1000), id(1, 1)];
+    let gate = RunGate::new();
+    cfg.run_gate = Some(gate.clone());
+    let (_dir, listener, path) = socket();
+    let pages = Arc::new(synthetic_pages(&cfg.blocks));
+    let dest = fake_destination(listener, |item, rp| {
+        if *item == Item::Eof {
+            rp.send(RpMessage::Shut(0));
+        }
+        true
+    });
+    let stream = UnixStream::connect(&path).unwrap();
+    // Opened from the event callback: the source sees it before the next page.
+    let run = run_guarded(
+        cfg.clone(),
+        MemPages::new(pages.clone()),
+        stream,
+        GUARD,
+        move |e| {
+            if matches!(e, SourceEvent::Progress { sent, .. } if *sent >= 512) {
+                gate.open();
+            }
+        },
+    );
+    let report = run.result.expect("run_source");
+    let (items, err) = dest.join().unwrap();
+    assert!(err.is_none(), "{err:?}");
+    let seen = check_stream(&items, &cfg, &pages);
+    assert_eq!(page_records(&items) as u64, cfg.total_pages());
+    let before: Vec<PageId> = seen
+        .pages
+        .iter()
+        .filter(|(_, b)| *b)
+        .map(|(p, _)| *p)
+        .collect();
+    let mut want = vec![id(0, 1000), id(1, 1)];
+    want.extend((0..510).map(|p| id(0, p)));
+    assert_eq!(before, want);
+    // check_stream: the discards are exactly the complement of `before`.
+    assert_eq!(
+        seen.discards,
+        vec![
+            ("mem".to_string(), 510 * 4096, 490 * 4096),
+            ("mem".to_string(), 1001 * 4096, (4096 - 1001) * 4096),
+            ("/rom@etc/acpi/tables".to_string(), 0, 4096),
+            ("pc.bios".to_string(), 0, 4 * 4096),
+        ]
+    );
+    assert_eq!(report.pages_before_run, 512);
+    assert_eq!(report.pages_while_held, 510);
+    assert_eq!(
+        report.pages_before_run + report.pages_on_demand + report.pages_background,
+        report.pages_total
+    );
+    assert!(run.events.contains(&SourceEvent::GateOpened {
+        pages_before_run: 512
+    }));
+}
+
+#[test]
+fn gate_aborted_abandons_the_restore_without_run() {
+    // While the source sleeps at the gate, and right at Loaded.
+    for at_loaded in [false, true] {
+        let (_dir, listener, path) = socket();
+        let mut cfg = config();
+        cfg.before_run = vec![id(0, 7), id(0, 8)];
+        let gate = RunGate::new();
+        cfg.run_gate = Some(gate.clone());
+        let pages = Arc::new(synthetic_pages(&cfg.blocks));
+        let early = Arc::new(Mutex::new(Vec::new()));
+        let (pages_tx, pages_rx) = mpsc::channel();
+        let dest = gated_destination(
+            listener,
+            Arc::new(AtomicBool::new(false)),
+            pages_tx,
+            early.clone(),
+        );
+        let g = gate.clone();
+        let aborter = std::thread::spawn(move || {
+            if !at_loaded {
+                wait_for_pages(&pages_rx, 605);
+                std::thread::sleep(Duration::from_millis(100));
+                g.abort();
+            }
+        });
+        let stream = UnixStream::connect(&path).unwrap();
+        let run = run_guarded(cfg, MemPages::new(pages), stream, GUARD, move |e| {
+            if at_loaded && matches!(e, SourceEvent::Loaded { .. }) {
+                gate.abort();
+                gate.open(); // too late: the first decision stands
+            }
+        });
+        aborter.join().unwrap();
+        let (items, _) = dest.join().unwrap();
+        let e = run.result.expect_err("aborted gate");
+        eprintln!("aborted (at Loaded: {at_loaded}): {e} after {:?}", run.took);
+        let want_sent = if at_loaded { 2 } else { 605 };
+        assert!(
+            matches!(e, PostcopyError::Abandoned { pages_sent } if pages_sent == want_sent),
+            "{e}"
+        );
+        assert_eq!(e.phase(), Some(Phase::BeforeRun));
+        assert!(e.to_string().contains("abandoned before the start"), "{e}");
+        assert!(early.lock().unwrap().is_empty(), "{early:?}");
+        assert!(
+            !items.iter().any(is_discard_or_package),
+            "DISCARD or PACKAGED written"
+        );
+        // Aborted at Loaded, the section with the two pages is never closed.
+        let complete = if at_loaded { 0 } else { 605 };
+        assert_eq!(page_records(&items), complete);
+        assert!(!run.events.contains(&SourceEvent::RunSent));
+        assert!(!run
+            .events
+            .iter()
+            .any(|e| matches!(e, SourceEvent::GateOpened { .. })));
+    }
+}
+
+#[test]
+fn destination_failing_while_held_ends_the_source_promptly() {
+    // The destination closes, or sends garbage, while the source sleeps at
+    // a gate nobody opens.
+    for garbage in [false, true] {
+        let (_dir, listener, path) = socket();
+        let mut cfg = config();
+        cfg.before_run = vec![id(0, 1)];
+        cfg.run_gate = Some(RunGate::new());
+        let pages = Arc::new(synthetic_pages(&cfg.blocks));
+        let failed_at = Arc::new(Mutex::new(None));
+        let f = failed_at.clone();
+        let mut received = 0;
+        let dest = fake_destination(listener, move |item, rp| {
+            if let Item::Section { records, .. } = item {
+                received += records.len();
+                if received == 605 {
+                    // Let the source fall asleep first.
+                    std::thread::sleep(Duration::from_millis(200));
+                    *f.lock().unwrap() = Some(Instant::now());
+                    if garbage {
+                        rp.raw(&[0x00, 0x09, 0x00, 0x04, 0xde, 0xad, 0xbe, 0xef]);
+                    } else {
+                        return false; // closes the connection
+                    }
+                }
+            }
+            true
+        });
+        let stream = UnixStream::connect(&path).unwrap();
+        let run = run_guarded(cfg, MemPages::new(pages), stream, GUARD, |_| {});
+        let ended = Instant::now();
+        let _ = dest.join();
+        let e = run.result.expect_err("the destination failed");
+        let failed_at = failed_at.lock().unwrap().expect("the destination failed");
+        let took = ended - failed_at;
+        eprintln!("failing while held (garbage: {garbage}): {e}, {took:?} after the failure");
+        if garbage {
+            assert!(
+                matches!(
+                    e,
+                    PostcopyError::ReturnPath {
+                        error: RpError::UnknownType { ty: 9, len: 4 },
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        } else {
+            assert!(
+                matches!(
+                    e,
+                    PostcopyError::DestinationClosed {
+                        phase: Phase::BeforeRun,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        }
+        assert!(
+            took < Duration::from_millis(500),
+            "noticed {took:?} after the failure"
+        );
+    }
+}
+
+#[test]
+fn gate_open_from_the_start_changes_only_the_events() {
+    let mut a = config();
+    a.before_run = vec![id(2, 1), id(0, 9), id(0, 3)];
+    a.background = (0..600).rev().map(|p| id(0, p)).collect();
+    let mut b = config();
+    b.before_run = (0..3u32)
+        .flat_map(|blk| (0..b.block_pages(blk) as u32).map(move |p| id(blk, p)))
+        .collect();
+    for plain in [a, b] {
+        let run = |cfg: &SourceConfig| {
+            let (_dir, listener, path) = socket();
+            let pages = Arc::new(synthetic_pages(&cfg.blocks));
+            let dest = fake_destination(listener, |item, rp| {
+                if *item == Item::Eof {
+                    rp.send(RpMessage::Shut(0));
+                }
+                true
+            });
+            let stream = UnixStream::connect(&path).unwrap();
+            let run = run_guarded(
+                cfg.clone(),
+                MemPages::new(pages.clone()),
+                stream,
+                GUARD,
+                |_| {},
+            );
+            let (items, err) = dest.join().unwrap();
+            assert!(err.is_none(), "{err:?}");
+            check_stream(&items, cfg, &pages);
+            let mut report = run.result.expect("run_source");
+            report.run_sent_after = Duration::ZERO;
+            report.all_sent_after = Duration::ZERO;
+            (report, run.events, items)
+        };
+        let mut gated = plain.clone();
+        let gate = RunGate::new();
+        gate.open();
+        gated.run_gate = Some(gate);
+        let (want_report, want_events, want_items) = run(&plain);
+        let (report, events, items) = run(&gated);
+        assert_eq!(items, want_items, "the same stream");
+        assert_eq!(report, want_report);
+        assert_eq!(report.pages_while_held, 0);
+        let n = report.pages_before_run;
+        let mut want = want_events.clone();
+        let at = want
+            .iter()
+            .position(|e| *e == SourceEvent::RunSent)
+            .unwrap();
+        want.splice(
+            at..at,
+            [
+                SourceEvent::Loaded { pages: n },
+                SourceEvent::GateOpened {
+                    pages_before_run: n,
+                },
+            ],
+        );
+        assert_eq!(events, want);
     }
 }

@@ -363,6 +363,7 @@ fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Result<Report
         background: planned.plan.background.iter().map(to_id).collect(),
         background_after: opts.no_background.then_some(TRACE_WINDOW),
         shut_timeout: Duration::from_secs(60),
+        run_gate: None,
     };
     let mut pages = ImagePages::new(img, &planned.plan.before_run).map_err(|e| fail(&name, e))?;
     let bytes_read = pages.bytes_read.clone();
