@@ -166,6 +166,9 @@ impl EventLoop {
                 Command::Stats { reply } => {
                     let _ = reply.send(self.stats());
                 }
+                Command::Inject { port, frames, reply } => {
+                    let _ = reply.send(self.inject(port, frames));
+                }
                 Command::Drain { port, reply } => {
                     let _ = reply.send(self.drain_state(port));
                 }
@@ -211,6 +214,19 @@ impl EventLoop {
                 Command::Stop => return false,
             }
         }
+    }
+
+    fn inject(&mut self, port: PortId, frames: Vec<Vec<u8>>) -> Result<super::InjectReport> {
+        self.known(port)?;
+        let mut r = super::InjectReport::default();
+        for f in frames {
+            match self.core.enqueue(port, std::sync::Arc::from(f)) {
+                crate::core::Enqueued::Queued | crate::core::Enqueued::Held => r.queued += 1,
+                _ => r.dropped += 1,
+            }
+        }
+        self.dirty.insert(port);
+        Ok(r)
     }
 
     fn known(&self, port: PortId) -> Result<()> {

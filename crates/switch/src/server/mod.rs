@@ -55,6 +55,15 @@ impl DrainState {
     }
 }
 
+/// What [`SwitchHandle::inject`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct InjectReport {
+    /// Frames queued for the port (held ones included).
+    pub queued: u64,
+    /// Frames dropped (the port's queue was full or it had no client).
+    pub dropped: u64,
+}
+
 /// Default bound of each port's tx queue: 16 MiB of frame bytes.
 pub const DEFAULT_MAX_QUEUE_BYTES: usize = 16 << 20;
 
@@ -177,6 +186,11 @@ pub(crate) enum Command {
     },
     Stats {
         reply: Sender<SwitchStats>,
+    },
+    Inject {
+        port: PortId,
+        frames: Vec<Vec<u8>>,
+        reply: Sender<Result<InjectReport>>,
     },
     Drain {
         port: PortId,
@@ -313,6 +327,15 @@ impl SwitchHandle {
     /// [`SwitchError::HeldByCutSession`] (the port stays held).
     pub fn release(&self, port: PortId) -> Result<()> {
         self.request(|reply| Command::Release { port, reply })?
+    }
+
+    /// Queues `frames` (Ethernet frames) for the port's client, after what
+    /// is already queued, as if another port had sent them; counted like
+    /// switched frames (a full queue or a port without a client drops
+    /// them, counted). Used to replay the frames a cluster snapshot logged
+    /// in flight to the VM they were going to.
+    pub fn inject(&self, port: PortId, frames: Vec<Vec<u8>>) -> Result<InjectReport> {
+        self.request(|reply| Command::Inject { port, frames, reply })?
     }
 
     /// Snapshot of every port's state and counters.
