@@ -1,5 +1,7 @@
-//! Coordination of a cluster snapshot: the coordinated non-blocking snapshot
-//! protocol of HotSnap, hardened for lossy networks and failing nodes.
+//! Coordination of a cluster snapshot and of a cluster restore: the
+//! coordinated non-blocking snapshot protocol of HotSnap and the restore
+//! protocol of HotRestore (module [`restore`]), hardened for lossy networks
+//! and failing nodes.
 //!
 //! # Overview
 //!
@@ -29,7 +31,7 @@
 //!   travels in, and [`InProcessNetwork`](transport::InProcessNetwork), an
 //!   in-process network with fault injection (used by tests and by an agent
 //!   whose VMs all live on one host).
-//! - [`snapshot`]: the protocol.
+//! - [`snapshot`]: the snapshot protocol.
 //!   - [`Msg`](snapshot::Msg): the messages (serde, one JSON object per line).
 //!   - [`Initiator`](snapshot::Initiator) and [`Peer`](snapshot::Peer): sans-IO
 //!     state machines. They take inputs with the current [`Instant`](std::time::Instant)
@@ -38,6 +40,12 @@
 //!     [`run_peer`](snapshot::run_peer): blocking drivers that connect a state
 //!     machine to a transport, an inbox channel and (for a peer) a
 //!     [`PeerWorker`](snapshot::PeerWorker) that does the real work.
+//! - [`restore`]: HotRestore's cluster-restore protocol, built the same way:
+//!   a [`Coordinator`](restore::Coordinator) whose Checker starts each VM
+//!   after the VMs it sends to (the restore line), one
+//!   [`Cohort`](restore::Cohort) per VM, and the drivers
+//!   [`run_coordinator`](restore::run_coordinator) and
+//!   [`run_cohort`](restore::run_cohort).
 //!
 //! # Example
 //!
@@ -77,6 +85,8 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod inbox;
+pub mod restore;
 pub mod snapshot;
 pub mod transport;
 

@@ -1,12 +1,13 @@
 //! Blocking drivers: run a state machine against a transport, an inbox
 //! channel and (for a peer) a worker.
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
 use super::initiator::{Initiator, InitiatorEvent, InitiatorState};
 use super::msg::Msg;
 use super::peer::{Peer, PeerAction, PeerState};
+use crate::inbox::{next, Next};
 use crate::transport::{Envelope, Transport};
 
 /// An input of [`run_peer`]: what arrives in a peer's inbox.
@@ -72,28 +73,6 @@ fn send_all(transport: &dyn Transport<Msg>, out: Vec<Envelope<Msg>>) {
             // Treated as a lost message: retransmission and deadlines cope.
             log::warn!("{}: cannot send {name} to {}: {e}", transport.me(), env.to);
         }
-    }
-}
-
-/// What the inbox gave: an item, a timeout (time to tick) or its end.
-enum Next<T> {
-    Item(T),
-    Tick,
-    Closed,
-}
-
-fn next<T>(inbox: &Receiver<T>, wake: Option<Instant>) -> Next<T> {
-    let r = match wake {
-        None => inbox.recv().map_err(|_| RecvTimeoutError::Disconnected),
-        Some(at) => match at.checked_duration_since(Instant::now()) {
-            None => return Next::Tick,
-            Some(d) => inbox.recv_timeout(d),
-        },
-    };
-    match r {
-        Ok(x) => Next::Item(x),
-        Err(RecvTimeoutError::Timeout) => Next::Tick,
-        Err(RecvTimeoutError::Disconnected) => Next::Closed,
     }
 }
 
