@@ -19,6 +19,7 @@
 pub mod accel;
 pub mod availability;
 pub mod cluster;
+pub mod cluster_restore;
 pub mod cluster_snapshot;
 pub mod disk_chain;
 pub mod handover;

@@ -135,7 +135,7 @@ fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>, info:
         }
     };
     let changes_state =
-        matches!(request, Request::Up { .. } | Request::Down | Request::Rejuvenate { .. } | Request::Restore { .. });
+        matches!(request, Request::Up { .. } | Request::Down | Request::Rejuvenate { .. } | Request::Restore { .. } | Request::ClusterRestore { .. });
     let mut stop = false;
     let restart = matches!(request, Request::RestartAgent);
     let result = {
@@ -244,8 +244,14 @@ fn dispatch(
         Request::Restore { snapshot, mode, wss, paused, trace, no_background } => {
             let mode: vmcsnap_workingset::Mode = mode.parse().map_err(AgentError::BadRequest)?;
             let wss = wss.map_or(crate::restore::WssChoice::Auto, crate::restore::WssChoice::Pages);
-            let opts = crate::restore::Options { snapshot, mode, wss, paused, trace, no_background };
+            let opts = crate::restore::Options { snapshot, mode, wss, paused, trace, no_background, cluster: None };
             let report = crate::restore::restore(cluster, run, opts, progress)?;
+            Ok(to_json(&report))
+        }
+        Request::ClusterRestore { snapshot, mode } => {
+            let mode: crate::cluster_restore::Mode = mode.parse().map_err(AgentError::BadRequest)?;
+            let opts = crate::cluster_restore::Options { snapshot, mode };
+            let report = crate::cluster_restore::restore_cluster(cluster, run, opts, progress)?;
             Ok(to_json(&report))
         }
         Request::Stop { vm } => {

@@ -63,6 +63,15 @@ pub enum Request {
         #[serde(default)]
         name: Option<String>,
     },
+    /// Restore every VM of a cluster snapshot into a new cluster (HotRestore:
+    /// restore dependency graph, revised working sets, restore line).
+    /// Result: the cluster restore report.
+    ClusterRestore {
+        /// The cluster snapshot's name or path.
+        snapshot: String,
+        /// `workingset-restore`, `hotrestore` or `hotrestore-rl`.
+        mode: String,
+    },
     /// Restore a VM from a snapshot (joining the running cluster, or a
     /// cluster of its own). Result: the restore report
     /// (`{"vm", "snapshot", "mode", "restore_latency_ms", "ws_pages", ...}`).

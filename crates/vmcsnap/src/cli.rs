@@ -95,10 +95,17 @@ pub enum Command {
     Restore {
         /// The snapshot's name (see `vmcsnap snapshots`).
         snapshot: String,
-        /// eager (everything first) | lazy (nothing first) | workingset
-        /// (HotRestore's FAFL working set) | sampling-ws (sampled size, no FAFL order)
-        #[arg(long, default_value = "workingset", value_parser = ["eager", "lazy", "workingset", "sampling-ws"])]
-        mode: String,
+        /// Restore every VM of a cluster snapshot into a new cluster (no
+        /// cluster may be up), in restore-line order.
+        #[arg(long)]
+        cluster: bool,
+        /// One VM [default: workingset]: eager (everything first) | lazy (nothing first) |
+        /// workingset (HotRestore's FAFL working set) | sampling-ws (sampled size, no FAFL order).
+        /// --cluster [default: hotrestore-rl]: workingset-restore (each VM on its own, sampled
+        /// working set) | hotrestore (elastic working set, no restore line) | hotrestore-rl
+        /// (LP-revised working sets, starts in restore-line order).
+        #[arg(long, value_parser = ["eager", "lazy", "workingset", "sampling-ws", "workingset-restore", "hotrestore", "hotrestore-rl"])]
+        mode: Option<String>,
         /// Working-set size in pages, or `auto` (HotRestore: (0.7 sample + 0.3 snapshot) / 2).
         #[arg(long, default_value = "auto")]
         wss: String,

@@ -151,3 +151,51 @@ pub fn rows(root: &std::path::Path) -> Result<Vec<Value>> {
         })
         .collect())
 }
+
+/// `restore --cluster`: the report as JSON, or per VM its latency, backoff
+/// and disruption in start order.
+pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(v)?);
+        return Ok(());
+    }
+    println!(
+        "cluster {} restored from {} ({})",
+        v["cluster"].as_str().unwrap_or("?"),
+        v["snapshot"].as_str().unwrap_or("?"),
+        v["mode"].as_str().unwrap_or("?")
+    );
+    let line: Vec<&str> = v["restore_line"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    println!("restore line (planned): {}", line.join(" < "));
+    println!(
+        "{:<10} {:>10} {:>10} {:>13} {:>8} {:>11} {:>7} {:>8} {:>8}",
+        "VM", "LATENCY_MS", "BACKOFF_MS", "DISRUPTION_MS", "WSS", "PAGES_FIRST", "FAULTS", "REPLAYED", "RETRANS"
+    );
+    for r in v["vms"].as_array().into_iter().flatten() {
+        let retrans = match (r["retrans_first"].as_u64(), r["retrans_later"].as_u64()) {
+            (Some(a), Some(b)) => format!("+{}", b.saturating_sub(a)),
+            _ => "?".into(),
+        };
+        println!(
+            "{:<10} {:>10.1} {:>10.1} {:>13.1} {:>8} {:>11} {:>7} {:>8} {:>8}",
+            r["vm"].as_str().unwrap_or("?"),
+            r["latency_ms"].as_f64().unwrap_or(0.0),
+            r["backoff_ms"].as_f64().unwrap_or(0.0),
+            r["disruption_ms"].as_f64().unwrap_or(0.0),
+            r["wss"],
+            r["pages_before_start"],
+            r["demand_faults"],
+            r["frames_replayed"],
+            retrans
+        );
+    }
+    println!(
+        "backoff avg {:.1} ms, median {:.1} ms, max {:.1} ms; disruption avg {:.1} ms; starts follow dependencies: {}",
+        v["backoff_avg_ms"].as_f64().unwrap_or(0.0),
+        v["backoff_median_ms"].as_f64().unwrap_or(0.0),
+        v["backoff_max_ms"].as_f64().unwrap_or(0.0),
+        v["disruption_avg_ms"].as_f64().unwrap_or(0.0),
+        v["starts_follow_dependencies"]
+    );
+    Ok(())
+}

@@ -125,6 +125,16 @@ pub fn console_since(path: &Path, offset: u64) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// A whole console log (lossy UTF-8; empty if unreadable).
+pub fn console_text(path: &Path) -> String {
+    console_since(path, 0)
+}
+
+/// The `retrans=` of the first `vmcsnap-stat` line in `text`.
+pub fn first_retrans(text: &str) -> Option<u64> {
+    text.lines().find(|l| l.starts_with("vmcsnap-stat ")).and_then(|l| field(l, "retrans"))
+}
+
 /// The last retrans count in the last few KiB of a console.
 pub fn retrans_now(path: &Path) -> Option<u64> {
     let len = console_offset(path);

@@ -40,8 +40,8 @@ use vmcsnap_coord::snapshot::{
 use vmcsnap_coord::transport::InProcessNetwork;
 use vmcsnap_switch::PortId;
 
-pub use metrics::{Backoff, GuestView, PairBackoff};
-pub use report::{ClusterReport, VmReport};
+pub use metrics::{console_text, first_retrans, parse_console, Backoff, GuestView, PairBackoff};
+pub use report::{unix_us, ClusterReport, VmReport};
 
 use crate::cluster::Cluster;
 use crate::snapshot::{self, Mode};

@@ -33,4 +33,4 @@ pub mod pages;
 mod run;
 pub mod traces;
 
-pub use run::{restore, Options, Report, WssChoice};
+pub use run::{hybrid_size, restore, restore_into, saved_vm, InCluster, Options, Report, RestoreEvent, Saved, WssChoice};

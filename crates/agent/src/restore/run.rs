@@ -51,6 +51,33 @@ pub struct Options {
     pub trace: bool,
     /// Send only demanded pages for [`TRACE_WINDOW`] after the start.
     pub no_background: bool,
+    /// A cluster restore: the snapshot's directory (instead of a name under
+    /// the snapshots root), the gate that holds the start, and where to
+    /// report progress. `None` for a restore of one VM.
+    pub cluster: Option<InCluster>,
+}
+
+/// How a restore takes part in a cluster restore (HotRestore's Cohort).
+#[derive(Debug, Clone)]
+pub struct InCluster {
+    /// The VM's snapshot directory (`<cluster snapshot>/vms/<vm>`).
+    pub dir: PathBuf,
+    /// Held until the Coordinator's START; pages keep loading meanwhile.
+    pub gate: vmcsnap_migstream::postcopy::RunGate,
+    /// Told when the working set is loaded, when the guest started, and
+    /// when every page is loaded.
+    pub events: mpsc::Sender<RestoreEvent>,
+}
+
+/// What a restore taking part in a cluster restore reports as it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreEvent {
+    /// The pages planned before the start are loaded (LOAD_FIN).
+    Loaded,
+    /// The guest started (QEMU's RESUME event), unix µs.
+    Started(u64),
+    /// Every page is loaded.
+    AllLoaded,
 }
 
 /// What one restore measured.
@@ -101,14 +128,20 @@ fn fail(vm: &str, detail: impl std::fmt::Display) -> AgentError {
 }
 
 /// What the snapshot says about the VM it was taken of.
-struct Saved {
-    qemu: QemuConfig,
-    spec: VmSpec,
-    cluster: ClusterSection,
-    address: VmAddress,
+#[derive(Debug, Clone)]
+pub struct Saved {
+    /// Its QEMU configuration.
+    pub qemu: QemuConfig,
+    /// Its spec entry.
+    pub spec: VmSpec,
+    /// The cluster section of the spec it ran in.
+    pub cluster: ClusterSection,
+    /// Its address and MAC.
+    pub address: VmAddress,
 }
 
-fn saved_vm(img: &Image, snapshot: &str) -> Result<Saved, AgentError> {
+/// What the snapshot `img` (named `snapshot` in errors) records of its VM.
+pub fn saved_vm(img: &Image, snapshot: &str) -> Result<Saved, AgentError> {
     let c = &img.manifest().vm.config;
     let old = || {
         AgentError::BadRequest(format!(
@@ -143,8 +176,6 @@ pub fn restore(
     opts: Options,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report, AgentError> {
-    let t0 = Instant::now();
-    let t0_wall = SystemTime::now();
     let root = run.snapshots_dir();
     let dir = root.join(&opts.snapshot);
     if !vmcsnap_image::manifest::is_plain_name(&opts.snapshot) || !dir.join("manifest").is_file() {
@@ -165,22 +196,6 @@ pub fn restore(
             )));
         }
     }
-    let qemu_bin = qemu::find_qemu()?;
-    let qemu_img = qemu::find_qemu_img()?;
-    let frozen = img
-        .manifest()
-        .disks
-        .first()
-        .map(|d| PathBuf::from(&d.path))
-        .ok_or_else(|| fail(&name, "the snapshot has no frozen disk"))?;
-    if !frozen.is_file() {
-        return Err(fail(&name, format!("its frozen disk {} is gone", frozen.display())));
-    }
-    let planned = plan(&img, &opts, &dir)?;
-    let assets = vmcsnap_guest::ensure_assets(&vmcsnap_guest::default_cache_root(), progress)?;
-    let job = Job { opts: &opts, img: &img, snap_dir: &dir, saved, qemu_bin, qemu_img, frozen, assets, planned, t0, t0_wall };
-    let saved = &job.saved;
-
     // The cluster to join.
     let created = cluster.is_none();
     if created {
@@ -188,22 +203,13 @@ pub fn restore(
         *cluster = Some(Cluster::empty(run, spec, saved.qemu.accel)?);
     }
     let c = cluster.as_mut().expect("set above");
-    let result = start_and_feed(c, run, &job, progress);
+    let result = restore_into(&c.switch.clone(), &c.spec.cluster.name.clone(), run, &opts, &dir, progress);
     match result {
         Ok((member, report)) => {
             if !c.spec.vm.iter().any(|v| v.name == name) {
                 c.spec.vm.push(saved.spec.clone());
             }
             c.members.push(member);
-            log(format!(
-                "restore {} of {name} ({}): latency {:.1} ms, {} pages before start, {} demand faults, full load {:.1} ms",
-                opts.snapshot,
-                opts.mode.name(),
-                report.restore_latency_ms,
-                report.ws_pages,
-                report.demand_faults,
-                report.full_load_ms
-            ));
             Ok(report)
         }
         Err(e) => {
@@ -215,6 +221,57 @@ pub fn restore(
             Err(e)
         }
     }
+}
+
+/// Restores the snapshot in `dir` as a new VM on `switch`, in the cluster
+/// named `cluster_name`; returns the member to add to the cluster. Can run
+/// in several threads at once (a cluster restore).
+pub fn restore_into(
+    switch: &vmcsnap_switch::SwitchHandle,
+    cluster_name: &str,
+    run: &RunDir,
+    opts: &Options,
+    dir: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Member, Report), AgentError> {
+    let t0 = Instant::now();
+    let t0_wall = SystemTime::now();
+    let img = Image::open(dir).map_err(|e| AgentError::BadRequest(format!("snapshot {:?}: {e}", opts.snapshot)))?;
+    let saved = saved_vm(&img, &opts.snapshot)?;
+    let name = saved.qemu.name.clone();
+    let qemu_bin = qemu::find_qemu()?;
+    let qemu_img = qemu::find_qemu_img()?;
+    let frozen = img
+        .manifest()
+        .disks
+        .first()
+        .map(|d| PathBuf::from(&d.path))
+        .ok_or_else(|| fail(&name, "the snapshot has no frozen disk"))?;
+    if !frozen.is_file() {
+        return Err(fail(&name, format!("its frozen disk {} is gone", frozen.display())));
+    }
+    let planned = plan(&img, opts, dir)?;
+    let assets = vmcsnap_guest::ensure_assets(&vmcsnap_guest::default_cache_root(), progress)?;
+    let job = Job { opts, img: &img, snap_dir: dir, saved, qemu_bin, qemu_img, frozen, assets, planned, t0, t0_wall };
+    let (member, report) = start_and_feed(switch, cluster_name, run, &job, progress)?;
+    log(format!(
+        "restore {} of {name} ({}): latency {:.1} ms, {} pages before start, {} demand faults, full load {:.1} ms",
+        opts.snapshot,
+        opts.mode.name(),
+        report.restore_latency_ms,
+        report.ws_pages,
+        report.demand_faults,
+        report.full_load_ms
+    ));
+    Ok((member, report))
+}
+
+/// The working-set size HotRestore's hybrid rule gives the snapshot in
+/// `dir` (pages), before any revision.
+pub fn hybrid_size(dir: &Path) -> Result<u64, AgentError> {
+    let img = Image::open(dir).map_err(|e| AgentError::BadRequest(format!("snapshot {}: {e}", dir.display())))?;
+    let wss_sample = img.manifest().metrics.other.get("wss_sample_pages").and_then(Value::as_u64);
+    Ok(ws::hybrid_wss(wss_sample, img.fafl().len() as u64))
 }
 
 /// The plan and the numbers behind it.
@@ -266,10 +323,12 @@ fn unix_us(t: SystemTime) -> u64 {
 }
 
 fn start_and_feed(
-    c: &mut Cluster,
+    switch: &vmcsnap_switch::SwitchHandle,
+    cluster_name: &str,
     run: &RunDir,
     job: &Job,
-    progress: &mut dyn FnMut(&str)) -> Result<(Member, Report), AgentError> {
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Member, Report), AgentError> {
     let Job { opts, img, saved, assets, .. } = job;
     let name = saved.qemu.name.clone();
     let dir = run.vm_dir(&name);
@@ -286,7 +345,7 @@ fn start_and_feed(
         return Err(fail(&name, format!("qemu-img create {}: {}", overlay.display(), String::from_utf8_lossy(&out.stderr).trim())));
     }
     let mut config = saved.qemu.clone();
-    config.ram_file = run.shm_path(&c.spec.cluster.name, &name);
+    config.ram_file = run.shm_path(cluster_name, &name);
     let _ = std::fs::remove_file(&config.ram_file);
     config.kernel = assets.kernel.clone();
     config.initrd = assets.initrd.clone();
@@ -307,11 +366,11 @@ fn start_and_feed(
             config.accel.name()
         )));
     }
-    let port = c.switch.add_port(&name, &config.port_socket)?;
+    let port = switch.add_port(&name, &config.port_socket)?;
     let mut vm = match Vm::spawn(&job.qemu_bin, config.clone(), dir.join("qemu.log")) {
         Ok(vm) => vm,
         Err(e) => {
-            let _ = c.switch.remove_port(port);
+            let _ = switch.remove_port(port);
             let _ = std::fs::remove_file(&overlay);
             return Err(e);
         }
@@ -326,7 +385,7 @@ fn start_and_feed(
         Err(e) => {
             log(format!("restore of {name} failed, stopping its QEMU: {e}"));
             vm.shutdown();
-            let _ = c.switch.remove_port(port);
+            let _ = switch.remove_port(port);
             config.remove_runtime_files();
             let _ = std::fs::remove_file(&overlay);
             Err(e)
@@ -363,7 +422,7 @@ fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Result<Report
         background: planned.plan.background.iter().map(to_id).collect(),
         background_after: opts.no_background.then_some(TRACE_WINDOW),
         shut_timeout: Duration::from_secs(60),
-        run_gate: None,
+        run_gate: opts.cluster.as_ref().map(|c| c.gate.clone()),
     };
     let mut pages = ImagePages::new(img, &planned.plan.before_run).map_err(|e| fail(&name, e))?;
     let bytes_read = pages.bytes_read.clone();
@@ -371,6 +430,11 @@ fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Result<Report
     let source_start = Instant::now();
     let mut latency_ms = None;
     let mut bytes_before = 0;
+    let tell = |ev: RestoreEvent| {
+        if let Some(c) = &opts.cluster {
+            let _ = c.events.send(ev);
+        }
+    };
     let outcome = std::thread::scope(|s| {
         let h = s.spawn(move || {
             postcopy::run_source(&scfg, &mut pages, stream, &mut |ev| {
@@ -393,6 +457,11 @@ fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Result<Report
                         waiting_for_resume = true;
                     }
                 }
+                Ok((SourceEvent::Loaded { pages }, _)) => {
+                    progress(&format!("{name}: {pages} pages loaded, waiting for START"));
+                    tell(RestoreEvent::Loaded);
+                }
+                Ok((SourceEvent::AllSent, _)) => tell(RestoreEvent::AllLoaded),
                 Ok((SourceEvent::Progress { sent, total }, _)) if last_progress.elapsed() > Duration::from_millis(500) => {
                     last_progress = Instant::now();
                     progress(&format!("{name}: {sent} of {total} pages loaded"));
@@ -408,12 +477,14 @@ fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Result<Report
                     if let Ok(e) = q.wait_event("RESUME", Duration::from_millis(20)) {
                         latency_ms = Some(e.timestamp_us.saturating_sub(unix_us(t0_wall)) as f64 / 1000.0);
                         waiting_for_resume = false;
+                        tell(RestoreEvent::Started(e.timestamp_us));
                     }
                 }
                 if h.is_finished() && waiting_for_resume && latency_ms.is_none() {
                     // One last look, then give up on the event.
                     if let Ok(Ok(e)) = vm.qmp().map(|q| q.wait_event("RESUME", Duration::from_secs(2))) {
                         latency_ms = Some(e.timestamp_us.saturating_sub(unix_us(t0_wall)) as f64 / 1000.0);
+                        tell(RestoreEvent::Started(e.timestamp_us));
                     }
                     waiting_for_resume = false;
                 }

@@ -1,0 +1,157 @@
+//! One VM's part in a cluster restore: the Cohort's worker and the thread
+//! that restores the VM (`restore::restore_into`) with its start held by a
+//! run gate until the Coordinator's START.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, Sender};
+
+use vmcsnap_coord::restore::{CohortInput, CohortWorker};
+use vmcsnap_migstream::postcopy::RunGate;
+use vmcsnap_switch::SwitchHandle;
+
+use crate::cluster::Member;
+use crate::restore::{self, InCluster, RestoreEvent};
+use crate::{AgentError, RunDir};
+
+/// What the worker asks of the restore thread.
+pub enum Cmd {
+    /// LOAD: start restoring (the working set first, then the rest).
+    Load,
+    /// The restore was abandoned before it began.
+    Abandon,
+}
+
+/// The Cohort's worker: LOAD starts the restore thread, START opens the
+/// gate, abandon aborts the gate (a VM already running is stopped by the
+/// caller afterwards).
+pub struct Worker {
+    /// To the restore thread.
+    pub cmds: Sender<Cmd>,
+    /// The VM's run gate.
+    pub gate: RunGate,
+}
+
+impl CohortWorker for Worker {
+    fn load(&mut self) {
+        let _ = self.cmds.send(Cmd::Load);
+    }
+    fn start(&mut self) {
+        self.gate.open();
+    }
+    fn abandon(&mut self, _reason: &str) {
+        self.gate.abort();
+        let _ = self.cmds.send(Cmd::Abandon);
+    }
+}
+
+/// Everything a restore thread needs.
+pub struct Job {
+    /// The VM.
+    pub vm: String,
+    /// Its snapshot inside the cluster snapshot.
+    pub dir: PathBuf,
+    /// Per-VM restore options (mode, working-set size).
+    pub opts: restore::Options,
+    /// The gate (shared with the worker).
+    pub gate: RunGate,
+    /// Commands from the worker.
+    pub cmds: Receiver<Cmd>,
+    /// The Cohort's inbox.
+    pub inbox: Sender<CohortInput>,
+    /// The switch the VM joins.
+    pub switch: SwitchHandle,
+    /// The cluster's name (RAM file names).
+    pub cluster: String,
+    /// Frames logged at the cut for this VM, replayed once it runs.
+    pub replay: Vec<Vec<u8>>,
+    /// Progress lines.
+    pub progress: Sender<String>,
+}
+
+/// What a restore thread did.
+pub struct Outcome {
+    /// The VM.
+    pub vm: String,
+    /// The member and its report, or why not.
+    pub result: Result<(Member, restore::Report), String>,
+    /// When the guest started (unix µs).
+    pub started_unix_us: Option<u64>,
+    /// Frames of the channel state replayed to it.
+    pub replayed: u64,
+}
+
+/// Waits for LOAD, restores the VM, reports to the Cohort as it goes, and
+/// replays the VM's logged frames once its guest runs.
+pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
+    let mut out = Outcome { vm: job.vm.clone(), result: Err("abandoned before LOAD".into()), started_unix_us: None, replayed: 0 };
+    match job.cmds.recv() {
+        Ok(Cmd::Load) => {}
+        Ok(Cmd::Abandon) | Err(_) => return out,
+    }
+    let (ev_tx, ev_rx) = mpsc::channel::<RestoreEvent>();
+    job.opts.cluster = Some(InCluster { dir: job.dir.clone(), gate: job.gate.clone(), events: ev_tx });
+    let (inbox, switch, vm, replay) = (job.inbox.clone(), job.switch.clone(), job.vm.clone(), std::mem::take(&mut job.replay));
+    let progress = job.progress.clone();
+    let (result, (started, replayed)) = std::thread::scope(|s| {
+        // Restore events → Cohort inputs; the replay once the guest runs.
+        let fwd = s.spawn(move || {
+            let (mut started, mut replayed) = (None, 0);
+            for ev in ev_rx {
+                match ev {
+                    RestoreEvent::Loaded => {
+                        let _ = inbox.send(CohortInput::Loaded);
+                    }
+                    RestoreEvent::Started(us) => {
+                        started = Some(us);
+                        replayed = replay_to(&switch, &vm, &replay, &progress);
+                        let _ = inbox.send(CohortInput::Started { unix_us: us });
+                    }
+                    RestoreEvent::AllLoaded => {
+                        let _ = inbox.send(CohortInput::Restored);
+                    }
+                }
+            }
+            (started, replayed)
+        });
+        let progress = job.progress.clone();
+        let r = restore::restore_into(&job.switch, &job.cluster, run, &job.opts, &job.dir, &mut |line| {
+            let _ = progress.send(line.to_string());
+        });
+        job.opts.cluster = None; // closes the event channel: the forwarder ends
+        (r, fwd.join().expect("restore event forwarder panicked"))
+    });
+    out.started_unix_us = started;
+    out.replayed = replayed;
+    match result {
+        Ok(x) => out.result = Ok(x),
+        Err(e) => {
+            let msg = format!("{}: {e}", job.vm);
+            let _ = job.inbox.send(CohortInput::Failed(msg.clone()));
+            out.result = Err(msg);
+        }
+    }
+    out
+}
+
+/// Queues `frames` for `vm`'s port (they reach the guest after the frames
+/// already queued): what was in flight to it at the cut.
+fn replay_to(switch: &SwitchHandle, vm: &str, frames: &[Vec<u8>], progress: &Sender<String>) -> u64 {
+    if frames.is_empty() {
+        return 0;
+    }
+    let port = switch.stats().ok().and_then(|s| s.port_by_name(vm).map(|p| p.id));
+    let Some(port) = port else {
+        crate::log(format!("cluster restore: no switch port for {vm}; {} logged frames not replayed", frames.len()));
+        return 0;
+    };
+    match switch.inject(port, frames.to_vec()) {
+        Ok(r) => {
+            let _ = progress.send(format!("{vm}: replayed {} frames in flight at the cut ({} dropped)", r.queued, r.dropped));
+            r.queued
+        }
+        Err(e) => {
+            crate::log(format!("cluster restore: replaying to {vm}: {}", AgentError::from(e)));
+            0
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! Restoring a whole cluster from a cluster snapshot (HotRestore): the
+//! restore dependency graph from the frames logged at the cut
+//! (`vmcsnap_restoreline`), working-set sizes revised by the LP so that
+//! receivers finish loading before senders, and the Coordinator/Cohort
+//! protocol (`vmcsnap_coord::restore`) whose Checker starts a VM only once
+//! the VMs it sends to run. Each VM is restored through postcopy
+//! (`crate::restore`) with its start held by a run gate: pages keep
+//! loading while it waits. Once a VM runs, the switch replays to it the
+//! frames that were in flight to it at the cut.
+//!
+//! Modes (`vmcsnap restore --cluster SNAP --mode ...`):
+//! - `workingset-restore`: every VM restored independently with the
+//!   sampled working set (the paper's "Working Set Restore" baseline);
+//! - `hotrestore`: HotRestore's elastic working set, each VM started as
+//!   soon as it is loaded (no restore line);
+//! - `hotrestore-rl`: elastic working set with LP-revised sizes, and starts
+//!   in restore-line order by the Coordinator's Checker.
+
+mod cohort;
+mod report;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vmcsnap_coord::restore::{
+    run_cohort, run_coordinator, Cohort, CohortOutcome, Coordinator, CoordinatorOutcome, Deps, Msg, Policy, Timeouts,
+};
+use vmcsnap_coord::transport::InProcessNetwork;
+use vmcsnap_image::cluster::{check_cluster_committed, ClusterManifest};
+use vmcsnap_migstream::postcopy::RunGate;
+use vmcsnap_restoreline::{revise_wss_scaled, Edge, Rdg};
+use vmcsnap_spec::ClusterSpec;
+use vmcsnap_workingset as ws;
+
+pub use report::{ClusterRestoreReport, VmRestoreReport};
+
+use crate::cluster::Cluster;
+use crate::restore::{self, WssChoice};
+use crate::{log, AgentError, RunDir};
+
+/// The Coordinator's node name on the protocol's transport.
+pub const COORDINATOR: &str = "coordinator";
+
+/// For the LP: pages of working-set difference asked per frame logged from
+/// a sender to a receiver (the paper's W is a frame count; a difference of
+/// a few pages would not order real load times).
+pub const PAGES_PER_FRAME: u64 = 64;
+
+/// How the cluster is restored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Every VM independently, sampled working set (the baseline).
+    WorkingsetRestore,
+    /// Elastic working set, no restore line.
+    Hotrestore,
+    /// Elastic working set, LP-revised sizes, restore line.
+    HotrestoreRl,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "workingset-restore" => Ok(Mode::WorkingsetRestore),
+            "hotrestore" => Ok(Mode::Hotrestore),
+            "hotrestore-rl" => Ok(Mode::HotrestoreRl),
+            _ => Err(format!("unknown cluster restore mode {s:?}: use workingset-restore, hotrestore or hotrestore-rl")),
+        }
+    }
+}
+
+/// What `vmcsnap restore --cluster` asks for.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The cluster snapshot (name under the snapshots root, or a path).
+    pub snapshot: String,
+    /// The mode.
+    pub mode: Mode,
+}
+
+/// Restores every VM of a cluster snapshot into a new cluster.
+pub fn restore_cluster(
+    cluster: &mut Option<Cluster>,
+    run: &RunDir,
+    opts: Options,
+    progress: &mut dyn FnMut(&str),
+) -> Result<ClusterRestoreReport, AgentError> {
+    let t0 = Instant::now();
+    let start_unix_us = crate::cluster_snapshot::unix_us();
+    if let Some(c) = cluster.as_ref() {
+        return Err(AgentError::BadRequest(format!(
+            "cluster {:?} is up: a cluster restore starts a cluster of its own (`vmcsnap down` first)",
+            c.spec.cluster.name
+        )));
+    }
+    let dir = crate::cluster_snapshot::resolve(run, Path::new(&opts.snapshot));
+    let m = check_cluster_committed(&dir)
+        .map_err(|e| AgentError::BadRequest(format!("cluster snapshot {:?}: {e} (see `vmcsnap snapshots`)", opts.snapshot)))?;
+    let plan = plan(&m, &dir, opts.mode)?;
+    let first = restore::saved_vm(
+        &vmcsnap_image::Image::open(&plan.vms[0].dir).map_err(|e| AgentError::BadRequest(e.to_string()))?,
+        &opts.snapshot,
+    )?;
+    let mut specs = Vec::new();
+    for v in &plan.vms {
+        let img = vmcsnap_image::Image::open(&v.dir).map_err(|e| AgentError::BadRequest(format!("VM {}: {e}", v.name)))?;
+        specs.push(restore::saved_vm(&img, &opts.snapshot)?.spec);
+    }
+    let spec = ClusterSpec { cluster: first.cluster.clone(), vm: specs };
+    let mut c = Cluster::empty(run, spec, first.qemu.accel)?;
+    progress(&format!(
+        "restoring cluster {} from {} ({} VMs, mode {})",
+        m.cluster,
+        m.name,
+        plan.vms.len(),
+        mode_name(opts.mode)
+    ));
+    if opts.mode == Mode::HotrestoreRl {
+        progress(&format!("restore line: {}", plan.line.join(" < ")));
+    }
+    let replay = replay_frames(&dir, &m)?;
+    let (outcome, outcomes, start_order) = run_protocol(&c, run, &plan, opts.mode, replay, progress);
+    let mut errors = Vec::new();
+    let mut restored = Vec::new();
+    for o in outcomes {
+        if o.result.is_ok() {
+            log(format!("cluster restore: {} restored, {} frames replayed", o.vm, o.replayed));
+        }
+        match o.result {
+            Ok((member, rep)) => restored.push((member, rep, o.started_unix_us, o.replayed)),
+            Err(e) => errors.push(e),
+        }
+    }
+    if let CoordinatorOutcome::Aborted { reason } = &outcome {
+        for (mut member, ..) in restored {
+            member.vm.shutdown();
+            member.vm.config.remove_runtime_files();
+        }
+        c.teardown();
+        let detail = if errors.is_empty() { reason.clone() } else { format!("{reason} ({})", errors.join("; ")) };
+        log(format!("cluster restore of {} failed: {detail}", m.name));
+        return Err(AgentError::BadRequest(format!("cluster restore failed: {detail}; nothing was left running")));
+    }
+    let report = report::build(&m, &plan, opts.mode, &restored, &start_order, t0, start_unix_us);
+    for (member, ..) in restored {
+        c.members.push(member);
+    }
+    progress(&format!(
+        "cluster restored: backoff avg {:.1} ms, max {:.1} ms; disruption avg {:.1} ms",
+        report.backoff_avg_ms, report.backoff_max_ms, report.disruption_avg_ms
+    ));
+    *cluster = Some(c);
+    Ok(report)
+}
+
+/// One VM's part of the plan.
+pub struct PlannedVm {
+    /// The VM.
+    pub name: String,
+    /// Its snapshot directory.
+    pub dir: PathBuf,
+    /// HotRestore's hybrid working-set size (pages).
+    pub hybrid: u64,
+    /// The size this mode restores with (revised for `hotrestore-rl`).
+    pub size: u64,
+}
+
+/// The graph, the sizes and the start policy of a cluster restore.
+pub struct Plan {
+    /// Per VM, in the manifest's order.
+    pub vms: Vec<PlannedVm>,
+    /// The restore dependency graph.
+    pub rdg: Rdg,
+    /// The restore line (ascending revised size) or, without one, the VMs.
+    pub line: Vec<String>,
+    /// Σ|S*_i − S_i| of the revision (0 without one).
+    pub lp_objective: f64,
+}
+
+fn plan(m: &ClusterManifest, dir: &Path, mode: Mode) -> Result<Plan, AgentError> {
+    let names: Vec<String> = m.vms.iter().map(|v| v.name.clone()).collect();
+    let edges: Vec<Edge> = m.edges.iter().map(|e| Edge::new(e.from.clone(), e.to.clone(), e.frames)).collect();
+    let rdg = Rdg::new(names.clone(), edges).map_err(|e| AgentError::BadRequest(format!("restore dependency graph: {e}")))?;
+    let mut vms = Vec::new();
+    let mut sizes = BTreeMap::new();
+    for v in &m.vms {
+        let vdir = dir.join(&v.snapshot);
+        let hybrid = restore::hybrid_size(&vdir)?;
+        sizes.insert(v.name.clone(), hybrid);
+        vms.push(PlannedVm { name: v.name.clone(), dir: vdir, hybrid, size: hybrid });
+    }
+    let (line, lp_objective) = if mode == Mode::HotrestoreRl {
+        let r = revise_wss_scaled(&rdg, &sizes, PAGES_PER_FRAME)
+            .map_err(|e| AgentError::BadRequest(format!("revising working-set sizes: {e}")))?;
+        for v in &mut vms {
+            v.size = r.sizes.get(&v.name).copied().unwrap_or(v.hybrid);
+        }
+        (r.restore_line, r.objective)
+    } else {
+        (names, 0.0)
+    };
+    Ok(Plan { vms, rdg, line, lp_objective })
+}
+
+/// The frames logged at the cut, by receiver.
+fn replay_frames(dir: &Path, m: &ClusterManifest) -> Result<HashMap<String, Vec<Vec<u8>>>, AgentError> {
+    let frames = vmcsnap_image::channel_log::read_channel_log(&dir.join(&m.channel_state.file))
+        .map_err(|e| AgentError::BadRequest(format!("channel state of {}: {e}", m.name)))?;
+    let mut by = HashMap::new();
+    for f in frames {
+        by.entry(f.receiver).or_insert_with(Vec::new).push(f.data);
+    }
+    Ok(by)
+}
+
+/// Runs the Coordinator and, per VM, a Cohort and a restore thread.
+fn run_protocol(
+    c: &Cluster,
+    run: &RunDir,
+    plan: &Plan,
+    mode: Mode,
+    mut replay: HashMap<String, Vec<Vec<u8>>>,
+    progress: &mut dyn FnMut(&str),
+) -> (CoordinatorOutcome, Vec<cohort::Outcome>, Vec<(String, u64)>) {
+    let (policy, deps) = match mode {
+        Mode::HotrestoreRl => (Policy::RestoreLine, rl_deps(&plan.rdg)),
+        _ => (Policy::Independent, Deps::new()),
+    };
+    let timeouts = Timeouts::default();
+    let epoch = crate::cluster_snapshot::unix_us() / 1000;
+    let net = InProcessNetwork::<Msg>::new();
+    let (co_tx, co_rx) = mpsc::channel();
+    let co_inbox = Arc::new(Mutex::new(Some(co_tx)));
+    let deliver = co_inbox.clone();
+    let co_ep = net.join(COORDINATOR, move |env| {
+        if let Some(tx) = deliver.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let _ = tx.send(env);
+        }
+    });
+    let (ptx, prx) = mpsc::channel::<String>();
+    let names: Vec<String> = plan.vms.iter().map(|v| v.name.clone()).collect();
+    let coordinator = Coordinator::new(epoch, COORDINATOR.to_string(), names.clone(), deps, policy, timeouts.clone());
+    let mut coordinator = match coordinator {
+        Ok(co) => co,
+        Err(e) => return (CoordinatorOutcome::Aborted { reason: format!("restore dependencies: {e}") }, vec![], vec![]),
+    };
+    std::thread::scope(|s| {
+        let mut restores = Vec::new();
+        let mut cohorts = Vec::new();
+        for v in &plan.vms {
+            let (in_tx, in_rx) = mpsc::channel();
+            let deliver = in_tx.clone();
+            let ep = net.join(v.name.clone(), move |env| {
+                let _ = deliver.send(vmcsnap_coord::restore::CohortInput::Message(env));
+            });
+            let (cmd_tx, cmd_rx) = mpsc::channel();
+            let gate = RunGate::new();
+            let (ws_mode, wss) = match mode {
+                Mode::WorkingsetRestore => (ws::Mode::SamplingWs, WssChoice::Auto),
+                Mode::Hotrestore => (ws::Mode::Workingset, WssChoice::Auto),
+                Mode::HotrestoreRl => (ws::Mode::Workingset, WssChoice::Pages(v.size)),
+            };
+            let job = cohort::Job {
+                vm: v.name.clone(),
+                dir: v.dir.clone(),
+                opts: restore::Options {
+                    snapshot: format!("{}/{}", plan_name(&v.dir), v.name),
+                    mode: ws_mode,
+                    wss,
+                    paused: false,
+                    trace: false,
+                    no_background: false,
+                    cluster: None,
+                },
+                gate: gate.clone(),
+                cmds: cmd_rx,
+                inbox: in_tx,
+                switch: c.switch.clone(),
+                cluster: c.spec.cluster.name.clone(),
+                replay: replay.remove(&v.name).unwrap_or_default(),
+                progress: ptx.clone(),
+            };
+            restores.push(s.spawn(move || cohort::restore_thread(run, job)));
+            let mut worker = cohort::Worker { cmds: cmd_tx, gate };
+            let (name, t) = (v.name.clone(), timeouts.clone());
+            cohorts.push(s.spawn(move || {
+                let co = Cohort::new(epoch, name.clone(), COORDINATOR.to_string(), t);
+                let outcome = run_cohort(co, &ep, &in_rx, &mut worker);
+                (name, outcome)
+            }));
+        }
+        let ptx2 = ptx.clone();
+        let coord = s.spawn(move || {
+            let t_start = Instant::now();
+            let outcome = run_coordinator(&mut coordinator, &co_ep, &co_rx, &mut |ev| {
+                let at = ev.at.saturating_duration_since(t_start).as_secs_f64() * 1000.0;
+                let _ = ptx2.send(format!("protocol: {at:.1} ms: {:?}", ev.kind));
+            });
+            (outcome, coordinator.start_order())
+        });
+        drop(ptx);
+        loop {
+            match prx.recv_timeout(Duration::from_millis(50)) {
+                Ok(line) => progress(&line),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            if cohorts.iter().all(|h| h.is_finished()) && restores.iter().all(|h| h.is_finished()) {
+                co_inbox.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if coord.is_finished() {
+                    break;
+                }
+            }
+        }
+        for line in prx.try_iter() {
+            progress(&line);
+        }
+        for h in cohorts {
+            let (name, o) = h.join().expect("cohort thread panicked");
+            if let CohortOutcome::Abandoned { reason } = o {
+                log(format!("cluster restore: cohort {name} abandoned: {reason}"));
+            }
+        }
+        let outcomes: Vec<cohort::Outcome> = restores.into_iter().map(|h| h.join().expect("restore thread panicked")).collect();
+        let (outcome, order) = coord.join().expect("coordinator thread panicked");
+        (outcome, outcomes, order)
+    })
+}
+
+/// The Checker's dependencies: a VM starts after the VMs it sends to; rings
+/// start together.
+fn rl_deps(rdg: &Rdg) -> Deps {
+    let mut d = Deps::new();
+    for ring in rdg.rings() {
+        d = d.ring(ring);
+    }
+    for v in rdg.nodes() {
+        for to in rdg.must_start_before(v) {
+            d = d.after(v.clone(), to);
+        }
+    }
+    d
+}
+
+fn plan_name(vm_dir: &Path) -> String {
+    vm_dir
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::file_name)
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+fn mode_name(mode: Mode) -> String {
+    serde_json::to_value(mode).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+}

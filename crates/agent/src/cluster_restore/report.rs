@@ -1,0 +1,185 @@
+//! What a cluster restore measured: per VM its restore latency, start
+//! time, HotRestore's backoff approximation and disruption; for the
+//! cluster their average, median and maximum.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use vmcsnap_image::cluster::ClusterManifest;
+
+use super::{Mode, Plan};
+use crate::cluster::Member;
+use crate::cluster_snapshot::GuestView;
+use crate::restore;
+
+/// How long to wait for the restored guests' console stat lines (one per
+/// second) to read their TCP retransmission counters.
+const GUEST_STAT_WAIT: Duration = Duration::from_millis(3500);
+
+/// One restored VM. Times are ms since the cluster restore request.
+#[derive(Debug, Clone, Serialize)]
+pub struct VmRestoreReport {
+    /// The VM.
+    pub vm: String,
+    /// Request to guest running.
+    pub latency_ms: f64,
+    /// HotRestore's backoff approximation: the largest start-time lag of a
+    /// VM this one sends to (it starts later than this one), 0 if none.
+    pub backoff_ms: f64,
+    /// Latency plus backoff.
+    pub disruption_ms: f64,
+    /// HotRestore's hybrid working-set size (pages).
+    pub wss_hybrid: u64,
+    /// The size asked for (LP-revised with a restore line).
+    pub wss: u64,
+    /// Pages loaded before the guest started (working set, plus what loaded
+    /// while waiting for START).
+    pub pages_before_start: u64,
+    /// Demand faults.
+    pub demand_faults: u64,
+    /// Request until every page was loaded, ms.
+    pub full_load_ms: f64,
+    /// Frames in flight to it at the cut, replayed once it ran.
+    pub frames_replayed: u64,
+    /// The guest's TCP RetransSegs at its first console stat line after the
+    /// restore (its value at the snapshot) and a few seconds later.
+    pub retrans_first: Option<u64>,
+    /// The later value.
+    pub retrans_later: Option<u64>,
+    /// The VM's restore record.
+    pub record: PathBuf,
+}
+
+/// What `vmcsnap restore --cluster` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterRestoreReport {
+    /// The cluster snapshot.
+    pub snapshot: String,
+    /// The cluster.
+    pub cluster: String,
+    /// The mode.
+    pub mode: Mode,
+    /// Per VM, in start order.
+    pub vms: Vec<VmRestoreReport>,
+    /// VMs in the order their guests started.
+    pub start_order: Vec<String>,
+    /// The restore line the plan asked for (ascending revised size), or
+    /// the VMs without one.
+    pub restore_line: Vec<String>,
+    /// Every VM started after the VMs it sends to (rings excepted).
+    pub starts_follow_dependencies: bool,
+    /// Rings (VMs that send to each other) of the restore dependency graph.
+    pub rings: Vec<Vec<String>>,
+    /// The graph's edges: (from, to, frames logged at the cut).
+    pub edges: Vec<(String, String, u64)>,
+    /// Σ|S*_i − S_i| of the working-set revision (pages).
+    pub lp_objective: f64,
+    /// Average backoff, ms.
+    pub backoff_avg_ms: f64,
+    /// Median backoff, ms.
+    pub backoff_median_ms: f64,
+    /// Largest backoff, ms.
+    pub backoff_max_ms: f64,
+    /// Average restore latency, ms.
+    pub latency_avg_ms: f64,
+    /// Average disruption, ms.
+    pub disruption_avg_ms: f64,
+    /// Request to report, ms.
+    pub duration_ms: f64,
+}
+
+/// Builds the report from the restored VMs (member, restore report, guest
+/// start in unix µs, frames replayed).
+pub fn build(
+    m: &ClusterManifest,
+    plan: &Plan,
+    mode: Mode,
+    restored: &[(Member, restore::Report, Option<u64>, u64)],
+    _start_order: &[(String, u64)],
+    t0: Instant,
+    start_unix_us: u64,
+) -> ClusterRestoreReport {
+    let start_of = |vm: &str| restored.iter().find(|r| r.0.vm.name == vm).and_then(|r| r.2);
+    let rel = |us: u64| us.saturating_sub(start_unix_us) as f64 / 1000.0;
+    // The guests' retransmission counters: first stat line after the
+    // restore vs one a few seconds later.
+    let deadline = Instant::now() + GUEST_STAT_WAIT;
+    let views: Vec<(Option<u64>, GuestView)> = loop {
+        let v: Vec<(Option<u64>, GuestView)> = restored
+            .iter()
+            .map(|r| {
+                let text = crate::cluster_snapshot::console_text(&r.0.vm.config.console_log);
+                (crate::cluster_snapshot::first_retrans(&text), crate::cluster_snapshot::parse_console(&text))
+            })
+            .collect();
+        if v.iter().all(|(_, g)| g.stat_lines >= 3) || Instant::now() > deadline {
+            break v;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut vms: Vec<VmRestoreReport> = Vec::new();
+    for ((member, rep, started, replayed), (first, view)) in restored.iter().zip(views) {
+        let name = member.vm.name.clone();
+        let start = started.map(rel).unwrap_or(rep.restore_latency_ms);
+        let mut backoff = 0.0f64;
+        for e in plan.rdg.edges().iter().filter(|e| e.from == name) {
+            if let (Some(si), Some(sj)) = (*started, start_of(&e.to)) {
+                backoff = backoff.max(sj.saturating_sub(si) as f64 / 1000.0);
+            }
+        }
+        let pv = plan.vms.iter().find(|v| v.name == name);
+        vms.push(VmRestoreReport {
+            vm: name,
+            latency_ms: start,
+            backoff_ms: backoff,
+            disruption_ms: start + backoff,
+            wss_hybrid: pv.map_or(0, |v| v.hybrid),
+            wss: pv.map_or(0, |v| v.size),
+            pages_before_start: rep.ws_pages,
+            demand_faults: rep.demand_faults,
+            full_load_ms: rep.full_load_ms,
+            frames_replayed: *replayed,
+            retrans_first: first,
+            retrans_later: view.retrans,
+            record: rep.record.clone(),
+        });
+    }
+    vms.sort_by(|a, b| a.latency_ms.total_cmp(&b.latency_ms));
+    let start_order: Vec<String> = vms.iter().map(|v| v.vm.clone()).collect();
+    let mut follows = true;
+    for e in plan.rdg.edges() {
+        let same_ring = plan.rdg.ring_of(&e.from).is_some_and(|r| r.contains(&e.to));
+        if let (Some(si), Some(sj)) = (start_of(&e.from), start_of(&e.to)) {
+            if !same_ring && sj > si {
+                follows = false;
+            }
+        }
+    }
+    let n = vms.len().max(1) as f64;
+    let mut backoffs: Vec<f64> = vms.iter().map(|v| v.backoff_ms).collect();
+    backoffs.sort_by(f64::total_cmp);
+    let median = match backoffs.len() {
+        0 => 0.0,
+        k if k % 2 == 1 => backoffs[k / 2],
+        k => (backoffs[k / 2 - 1] + backoffs[k / 2]) / 2.0,
+    };
+    ClusterRestoreReport {
+        snapshot: m.name.clone(),
+        cluster: m.cluster.clone(),
+        mode,
+        backoff_avg_ms: backoffs.iter().sum::<f64>() / n,
+        backoff_median_ms: median,
+        backoff_max_ms: backoffs.last().copied().unwrap_or(0.0),
+        latency_avg_ms: vms.iter().map(|v| v.latency_ms).sum::<f64>() / n,
+        disruption_avg_ms: vms.iter().map(|v| v.disruption_ms).sum::<f64>() / n,
+        vms,
+        start_order,
+        restore_line: plan.line.clone(),
+        starts_follow_dependencies: follows,
+        rings: plan.rdg.rings(),
+        edges: plan.rdg.edges().iter().map(|e| (e.from.clone(), e.to.clone(), e.weight)).collect(),
+        lp_objective: plan.lp_objective,
+        duration_ms: t0.elapsed().as_secs_f64() * 1000.0,
+    }
+}
