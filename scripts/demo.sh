@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo: boot examples/demo.toml, show the VMs talking, snapshot one VM
-# and the whole cluster (consistent, HotSnap), warm restart, restore (eager
-# vs working set), tear it down.
+# and the whole cluster (consistent, HotSnap), warm restart, restore one VM
+# (eager vs working set), destroy the cluster and restore it whole from the
+# cluster snapshot (HotRestore, restore line), tear it down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=target/release/vmcsnap
@@ -57,6 +58,18 @@ for _ in $(seq 1 60); do
     $V console beta --bytes 3000 | grep -qE '^pingpong: t=.* conn=2 reqs=[1-9]' && break
 done
 $V console beta --bytes 3000 | grep -E '^pingpong' | tail -n 3 || true
+echo
+echo "== vmcsnap down   (the whole cluster is destroyed)"
+$V down
+echo
+echo "== vmcsnap restore --cluster demo-cluster   (HotRestore: working sets first, starts in restore-line order,"
+echo "   frames that were in flight at the cut replayed to their receivers)"
+$V restore --cluster demo-cluster --mode hotrestore-rl
+sleep 4
+for vm in alpha beta gamma; do
+    echo "== $vm after the cluster restore (its workloads go on from the snapshot, same TCP connections: conn=1)"
+    $V console "$vm" --bytes 4000 | grep -E '^(memtouch|pingpong|kvload)' | tail -n 2 || true
+done
 echo
 echo "== vmcsnap down"
 $V down

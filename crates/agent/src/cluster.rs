@@ -249,7 +249,7 @@ impl Cluster {
         }
         let switch = self.switch.clone();
         let selected: Vec<&mut Member> =
-            self.members.iter_mut().filter(|m| vm.map_or(true, |n| m.vm.name == n)).collect();
+            self.members.iter_mut().filter(|m| vm.is_none_or(|n| m.vm.name == n)).collect();
         progress(&format!("rejuvenating {} VM(s), mode {mode:?}", selected.len()));
         let results: Vec<Result<crate::rejuvenate::Report, AgentError>> = std::thread::scope(|s| {
             let handles: Vec<_> = selected

@@ -18,7 +18,7 @@ pub fn json_or(json: bool, v: &Value, human: impl FnOnce()) -> Result<()> {
 /// The table printed by `up`.
 pub fn up(r: &UpResult) {
     println!("cluster {} is up", r.cluster);
-    println!("{:<12} {:>8} {:>8} {:<5} {:<16} {}", "VM", "PID", "BOOT_MS", "ACCEL", "IP", "MAC");
+    println!("{:<12} {:>8} {:>8} {:<5} {:<16} MAC", "VM", "PID", "BOOT_MS", "ACCEL", "IP");
     for v in &r.vms {
         println!("{:<12} {:>8} {:>8} {:<5} {:<16} {}", v.name, v.pid, v.boot_ms, v.accel, v.ip, v.mac);
     }

@@ -322,7 +322,7 @@ fn run_protocol(
             let peers_done = peer_threads.iter().all(|h| h.is_finished()) && snaps.iter().all(|h| h.is_finished());
             if peers_done {
                 init_inbox.lock().unwrap_or_else(|p| p.into_inner()).take();
-                if init.as_ref().map_or(true, |h| h.is_finished()) {
+                if init.as_ref().is_none_or(|h| h.is_finished()) {
                     break;
                 }
             }
