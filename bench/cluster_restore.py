@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Benchmark: cluster restores, workingset-restore vs hotrestore vs hotrestore-rl (HotRestore).
+
+Per cluster size N (default 4 and 8), VMs of different sizes and working sets (memory 128-256 MiB,
+memtouch regions of different sizes) in pairs: 2k runs a pingpong server and a KV server, 2k+1 a
+pingpong client and a KV load against it. One hot cluster snapshot is taken (after a warm-up
+snapshot), the cluster is destroyed, and it is restored REPS times per mode, modes interleaved;
+each restore is measured from `restore --cluster --json` and the cluster is torn down again.
+Recorded: per-VM latency, backoff (HotRestore's approximation), disruption, pages loaded first,
+demand faults, frames replayed, RetransSegs growth; per run their average/median/max.
+
+Goals (issue text): with the restore line, average backoff <= 20 ms and max <= 50 ms, and average
+disruption <= 0.5x workingset-restore's.
+
+Writes bench/results/cluster_restore.json and cluster_restore.png (per-VM latency and backoff bars
+per mode, like HotRestore's figure 7, for the last run of the largest cluster) and prints a table.
+
+Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--bin PATH]
+"""
+import argparse, json, os, shutil, subprocess, sys, tempfile, time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VMCSNAP = os.path.join(ROOT, "target", "release", "vmcsnap")
+MODES = ["workingset-restore", "hotrestore", "hotrestore-rl"]
+
+
+def run(run_dir, *args):
+    return benchlib.run(VMCSNAP, run_dir, *args)
+
+
+def spec(n):
+    out = ['[cluster]\nname = "bench-cr"\naccel = "auto"\n']
+    for i in range(n):
+        mem = [128, 160, 192, 256][i % 4]
+        touch = [8, 16, 32, 48][(i // 2) % 4]
+        if i % 2 == 0:
+            wl = f"memtouch -m {touch} &\npingpong server 7000 &\nkvserver 7001 &\n"
+        else:
+            wl = f"memtouch -m {touch} &\npingpong client {{ip:vm{i - 1}}} 7000 &\nkvload {{ip:vm{i - 1}}} 7001 &\n"
+        out.append(f'[[vm]]\nname = "vm{i}"\nmemory_mib = {mem}\nworkload = """\n{wl}"""\n')
+    return "\n".join(out)
+
+
+def main():
+    global VMCSNAP
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vms", default="4,8")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--bin")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    a = ap.parse_args()
+    if a.bin:
+        VMCSNAP = os.path.abspath(a.bin)
+    os.makedirs(a.out, exist_ok=True)
+    results = {"command": " ".join(sys.argv), "runs": [], "summary": []}
+    for n in [int(x) for x in a.vms.split(",")]:
+        run_dir = tempfile.mkdtemp(prefix="vmcsnap-bench-cr-", dir="/tmp")
+        sp = os.path.join(run_dir, "spec.toml")
+        with open(sp, "w") as f:
+            f.write(spec(n))
+        try:
+            run(run_dir, "up", sp)
+            time.sleep(15)
+            run(run_dir, "snapshot", "--cluster", "--name", "warmup", "--json")
+            time.sleep(5)
+            snap = run(run_dir, "snapshot", "--cluster", "--name", "cut", "--json")
+            run(run_dir, "down")
+            for rep in range(a.reps):
+                for mode in MODES:
+                    try:
+                        r = run(run_dir, "restore", "--cluster", "cut", "--mode", mode, "--json")
+                    except benchlib.Failed as e:
+                        results["runs"].append({"n": n, "mode": mode, "rep": rep, "error": str(e)[-1500:]})
+                        print(f"{n} VMs {mode} rep {rep}: FAILED", file=sys.stderr)
+                        subprocess.run([VMCSNAP, "--run-dir", run_dir, "down"], capture_output=True)
+                        continue
+                    time.sleep(4)
+                    row = {"n": n, "mode": mode, "rep": rep, "edges": r["edges"], "rings": r["rings"],
+                           "restore_line": r["restore_line"], "start_order": r["start_order"],
+                           "follows": r["starts_follow_dependencies"],
+                           "backoff_avg_ms": r["backoff_avg_ms"], "backoff_median_ms": r["backoff_median_ms"],
+                           "backoff_max_ms": r["backoff_max_ms"], "latency_avg_ms": r["latency_avg_ms"],
+                           "disruption_avg_ms": r["disruption_avg_ms"], "vms": r["vms"],
+                           "snapshot_channel_frames": snap["channel_state_frames"]}
+                    results["runs"].append(row)
+                    print(f"{n} VMs {mode:18} rep {rep}: latency {row['latency_avg_ms']:.0f} ms, backoff "
+                          f"{row['backoff_avg_ms']:.1f}/{row['backoff_max_ms']:.1f} ms, disruption "
+                          f"{row['disruption_avg_ms']:.0f} ms", file=sys.stderr)
+                    run(run_dir, "down")
+        except benchlib.Failed as e:
+            print(f"{n} VMs: {e}", file=sys.stderr)
+        finally:
+            subprocess.run([VMCSNAP, "--run-dir", run_dir, "down"], capture_output=True)
+            shutil.rmtree(run_dir, ignore_errors=True)
+    med = benchlib.med
+    print(f"\n{'VMs':>3} {'mode':<19} {'ok':>4} {'latency':>8} {'backoff avg':>11} {'backoff max':>11} "
+          f"{'disruption':>10} {'vs ws-restore':>13}")
+    for n in sorted({r["n"] for r in results["runs"]}):
+        base = None
+        for mode in MODES:
+            rows = [r for r in results["runs"] if r["n"] == n and r["mode"] == mode]
+            good = [r for r in rows if "error" not in r]
+            s = {"n": n, "mode": mode, "ok": f"{len(good)}/{len(rows)}",
+                 "latency_avg_ms": med([r["latency_avg_ms"] for r in good]),
+                 "backoff_avg_ms": med([r["backoff_avg_ms"] for r in good]),
+                 "backoff_max_ms": med([r["backoff_max_ms"] for r in good]),
+                 "disruption_avg_ms": med([r["disruption_avg_ms"] for r in good]),
+                 "retrans_growth": [sum((v["retrans_later"] or 0) - (v["retrans_first"] or 0) for v in r["vms"])
+                                    for r in good]}
+            if mode == "workingset-restore":
+                base = s["disruption_avg_ms"]
+            s["disruption_vs_workingset_restore"] = s["disruption_avg_ms"] / base if base else None
+            results["summary"].append(s)
+            ratio = s["disruption_vs_workingset_restore"]
+            print(f"{n:>3} {mode:<19} {s['ok']:>4} {s['latency_avg_ms']:>8.0f} {s['backoff_avg_ms']:>11.1f} "
+                  f"{s['backoff_max_ms']:>11.1f} {s['disruption_avg_ms']:>10.0f} "
+                  f"{(f'{ratio:.2f}' if ratio else '-'):>13}  retrans growth per run {s['retrans_growth']}")
+    with open(os.path.join(a.out, "cluster_restore.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    plt = benchlib.pyplot()
+    good = [r for r in results["runs"] if "error" not in r]
+    if plt is None or not good:
+        return
+    n = max(r["n"] for r in good)
+    fig, axes = plt.subplots(1, len(MODES), figsize=(4.5 * len(MODES), 3.8), sharey=True)
+    for ax, mode in zip(axes, MODES):
+        rows = [r for r in good if r["n"] == n and r["mode"] == mode]
+        if not rows:
+            continue
+        vms = sorted(rows[-1]["vms"], key=lambda v: v["vm"])
+        xs = range(len(vms))
+        ax.bar(xs, [v["latency_ms"] for v in vms], label="restore latency")
+        ax.bar(xs, [v["backoff_ms"] for v in vms], bottom=[v["latency_ms"] for v in vms], label="backoff")
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([v["vm"] for v in vms], rotation=45)
+        ax.set_title(f"{mode} ({n} VMs)", fontsize=9)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("ms (disruption = latency + backoff)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, "cluster_restore.png"), dpi=110)
+    print(os.path.join(a.out, "cluster_restore.png"))
+
+
+if __name__ == "__main__":
+    main()
