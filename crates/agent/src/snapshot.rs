@@ -286,8 +286,22 @@ pub fn snapshot(
     let result = run_mode(vm, opts.mode, &sock, &mut cap, &mut ctx, hooks, progress);
     // Whatever happened: the VM must run on, with rejuvenation's settings
     // back to what they were.
+    let mut cap = Some(cap);
     if result.is_err() && ctx.migrating {
-        let _ = vm.execute("migrate_cancel", Value::Null);
+        if opts.mode == Mode::Hot {
+            // QEMU 7.2 removes the write protection of guest RAM only when a
+            // background snapshot completes: one that fails or is cancelled
+            // leaves RAM protected with nobody serving the faults, and the
+            // guest hangs at its next write. So never cancel it: stop
+            // capturing (the relay then discards the rest of the stream) and
+            // let QEMU finish.
+            if let Some(c) = cap.take() {
+                c.abort();
+            }
+            finish_background_snapshot(vm);
+        } else {
+            let _ = vm.execute("migrate_cancel", Value::Null);
+        }
     }
     restore_settings(vm, &saved_params);
     if let Ok(q) = vm.qmp() {
@@ -299,10 +313,13 @@ pub fn snapshot(
         vm.config.disk = overlay.clone();
     }
     let _ = std::fs::remove_file(&sock);
-    let captured = match result.and(resumed) {
-        Ok(()) => cap.join().map_err(&fail),
-        Err(e) => {
-            cap.abort();
+    let captured = match (result.and(resumed), cap.take()) {
+        (Ok(()), Some(cap)) => cap.join().map_err(&fail),
+        (Ok(()), None) => Err(fail("the capture was stopped".into())),
+        (Err(e), cap) => {
+            if let Some(c) = cap {
+                c.abort();
+            }
             Err(e)
         }
     };
@@ -494,6 +511,34 @@ fn populate_ram(vm: &mut Vm, hooks: &dyn Hooks, progress: &mut dyn FnMut(&str)) 
     vm.ram_populated = true;
     crate::log(format!("VM {}: guest RAM read once in {:.0} ms", vm.name, t.elapsed().as_secs_f64() * 1000.0));
     Ok(())
+}
+
+/// Waits (bounded) until a background snapshot whose stream is being
+/// discarded has finished in QEMU, so that guest RAM is unprotected.
+fn finish_background_snapshot(vm: &mut Vm) {
+    let t = Instant::now();
+    loop {
+        let status = match vm.execute("query-migrate", Value::Null) {
+            Ok(st) => st["status"].as_str().unwrap_or("").to_string(),
+            Err(e) => {
+                log(format!("VM {}: waiting for the abandoned background snapshot: {e}", vm.name));
+                return;
+            }
+        };
+        if !matches!(status.as_str(), "setup" | "active" | "device" | "wait-unplug") {
+            log(format!(
+                "VM {}: abandoned background snapshot ended ({status}) after {:.0} ms",
+                vm.name,
+                t.elapsed().as_secs_f64() * 1000.0
+            ));
+            return;
+        }
+        if t.elapsed() > MIGRATION_TIMEOUT {
+            log(format!("VM {}: abandoned background snapshot still {status} after {MIGRATION_TIMEOUT:?}", vm.name));
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Hot mode: waits for QEMU to resume the guest after saving device state

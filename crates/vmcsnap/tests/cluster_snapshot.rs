@@ -192,6 +192,15 @@ fn killing_a_vm_mid_snapshot_fails_cleanly_and_the_rest_runs_on() {
     env.wait_console("d", "pingpong after the failed snapshot", Duration::from_secs(30), |c| {
         last_field(c, "pingpong:", "total").unwrap_or(0) > before + 100
     });
+    // Regression: an abandoned background snapshot must not leave guest RAM
+    // write-protected (QEMU 7.2 unprotects only on completion): every
+    // surviving guest keeps running, not only the pingpong pair.
+    for vm in ["a", "c"] {
+        let n = env.console(vm).lines().filter(|l| l.starts_with("memtouch:")).count();
+        env.wait_console(vm, "memtouch still running", Duration::from_secs(30), |c| {
+            c.lines().filter(|l| l.starts_with("memtouch:")).count() >= n + 3
+        });
+    }
     let sw = env.json(&["status", "--json"])["switch"].clone();
     assert!(sw["ports"].as_array().unwrap().iter().all(|p| p["holding"] == false), "no port left held: {sw}");
     for vm in ["a", "c", "d"] {
