@@ -13,9 +13,9 @@ Goals (issue text): with the restore line, average backoff <= 20 ms and max <= 5
 disruption <= 0.5x workingset-restore's.
 
 Writes bench/results/cluster_restore.json and cluster_restore.png (per-VM latency and backoff bars
-per mode, like HotRestore's figure 7, for the last run of the largest cluster) and prints a table.
+per mode and cluster size, like HotRestore's figure 7, for the last run of each) and prints a table.
 
-Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--bin PATH]
+Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--bin PATH] [--replot]
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile, time
 
@@ -51,7 +51,12 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--bin")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON in --out")
     a = ap.parse_args()
+    if a.replot:
+        with open(os.path.join(a.out, "cluster_restore.json")) as f:
+            plot(json.load(f), a.out)
+        return
     if a.bin:
         VMCSNAP = os.path.abspath(a.bin)
     os.makedirs(a.out, exist_ok=True)
@@ -120,29 +125,35 @@ def main():
                   f"{(f'{ratio:.2f}' if ratio else '-'):>13}  retrans growth per run {s['retrans_growth']}")
     with open(os.path.join(a.out, "cluster_restore.json"), "w") as f:
         json.dump(results, f, indent=1)
+    plot(results, a.out)
+
+
+def plot(results, out):
+    """One row per cluster size, one panel per mode: per-VM latency + backoff of the last run."""
     plt = benchlib.pyplot()
     good = [r for r in results["runs"] if "error" not in r]
     if plt is None or not good:
         return
-    n = max(r["n"] for r in good)
-    fig, axes = plt.subplots(1, len(MODES), figsize=(4.5 * len(MODES), 3.8), sharey=True)
-    for ax, mode in zip(axes, MODES):
-        rows = [r for r in good if r["n"] == n and r["mode"] == mode]
-        if not rows:
-            continue
-        vms = sorted(rows[-1]["vms"], key=lambda v: v["vm"])
-        xs = range(len(vms))
-        ax.bar(xs, [v["latency_ms"] for v in vms], label="restore latency")
-        ax.bar(xs, [v["backoff_ms"] for v in vms], bottom=[v["latency_ms"] for v in vms], label="backoff")
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels([v["vm"] for v in vms], rotation=45)
-        ax.set_title(f"{mode} ({n} VMs)", fontsize=9)
-        ax.legend(fontsize=7)
-    axes[0].set_ylabel("ms (disruption = latency + backoff)")
+    sizes = sorted({r["n"] for r in good})
+    fig, axes = plt.subplots(len(sizes), len(MODES), figsize=(4.5 * len(MODES), 3.6 * len(sizes)), squeeze=False, sharey="row")
+    for row, n in enumerate(sizes):
+        for ax, mode in zip(axes[row], MODES):
+            rows = [r for r in good if r["n"] == n and r["mode"] == mode]
+            if not rows:
+                continue
+            vms = sorted(rows[-1]["vms"], key=lambda v: v["vm"])
+            xs = range(len(vms))
+            ax.bar(xs, [v["latency_ms"] for v in vms], label="restore latency")
+            ax.bar(xs, [v["backoff_ms"] for v in vms], bottom=[v["latency_ms"] for v in vms], label="backoff")
+            ax.set_xticks(list(xs))
+            ax.set_xticklabels([v["vm"] for v in vms], rotation=45)
+            edges = ", ".join(f"{e[0]}->{e[1]}" for e in rows[-1]["edges"]) or "no edges"
+            ax.set_title(f"{mode}, {n} VMs ({edges})", fontsize=8)
+            ax.legend(fontsize=7)
+        axes[row][0].set_ylabel("ms (disruption = latency + backoff)")
     fig.tight_layout()
-    fig.savefig(os.path.join(a.out, "cluster_restore.png"), dpi=110)
-    print(os.path.join(a.out, "cluster_restore.png"))
-
+    fig.savefig(os.path.join(out, "cluster_restore.png"), dpi=110)
+    print(os.path.join(out, "cluster_restore.png"))
 
 if __name__ == "__main__":
     main()

@@ -153,6 +153,13 @@ pub enum Command {
         /// The snapshot is a cluster snapshot (detected anyway when it has cluster.json).
         #[arg(long)]
         cluster: bool,
+        /// Cluster snapshot: print HotRestore's restore dependency graph (edges, rings,
+        /// orphans, causal order, LP-revised working sets, restore line).
+        #[arg(long)]
+        rdg: bool,
+        /// With --rdg: write the graph as Graphviz DOT to FILE (and FILE.png if `dot` is installed).
+        #[arg(long, value_name = "FILE", requires = "rdg")]
+        dot: Option<PathBuf>,
         /// Read every block and check every CRC; exit non-zero naming each bad block.
         #[arg(long)]
         verify: bool,

@@ -110,13 +110,15 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::AnalyzeWs { snapshot, json } => output::analyze_ws(&run_dir.snapshots_dir().join(&snapshot), json),
         Command::Snapshots { json } => output::snapshots(&run_dir.snapshots_dir(), json),
-        Command::Inspect { snapshot, cluster, verify, json } => {
+        Command::Inspect { snapshot, cluster, rdg, dot, verify, json } => {
             let dir = if snapshot.components().count() == 1 && !snapshot.exists() {
                 run_dir.snapshots_dir().join(&snapshot)
             } else {
                 snapshot
             };
-            if cluster || vmcsnap_agent::image::cluster::is_cluster_snapshot(&dir) {
+            if rdg {
+                output_cluster::rdg(&dir, dot.as_deref(), json)
+            } else if cluster || vmcsnap_agent::image::cluster::is_cluster_snapshot(&dir) {
                 output_cluster::inspect(&dir, verify, json)
             } else {
                 output::inspect(&dir, verify, json)

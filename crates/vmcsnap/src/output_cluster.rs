@@ -199,3 +199,42 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
     );
     Ok(())
 }
+
+/// `inspect --rdg`: the restore dependency graph and what `hotrestore-rl`
+/// makes of it; `dot` gets the Graphviz picture.
+pub fn rdg(dir: &std::path::Path, dot: Option<&std::path::Path>, json: bool) -> Result<()> {
+    let r = vmcsnap_agent::cluster_restore::dependency_report(dir)?;
+    if let Some(path) = dot {
+        std::fs::write(path, &r.dot).with_context(|| format!("writing {}", path.display()))?;
+        let png = path.with_extension("png");
+        match std::process::Command::new("dot").arg("-Tpng").arg("-o").arg(&png).arg(path).status() {
+            Ok(s) if s.success() => eprintln!("wrote {} and {}", path.display(), png.display()),
+            _ => eprintln!("wrote {} (install graphviz for a PNG: dot -Tpng)", path.display()),
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    println!("restore dependency graph of {} ({} VMs)", r.snapshot, r.vms.len());
+    if r.edges.is_empty() {
+        println!("  no edges: no frame was in flight between two VMs at the cut");
+    }
+    for (from, to, w) in &r.edges {
+        println!("  {from} -> {to}  W = {w} frames ({to} must run before {from} starts)");
+    }
+    for ring in &r.rings {
+        println!("  ring:    {} (start together)", ring.join(", "));
+    }
+    if !r.orphans.is_empty() {
+        println!("  orphans: {}", r.orphans.join(", "));
+    }
+    let order: Vec<String> = r.causal_order.iter().map(|g| g.join("+")).collect();
+    println!("  causal order (rules 1-6): {}", order.join(" < "));
+    println!("{:<12} {:>10} {:>10}", "VM", "WSS_PAGES", "REVISED");
+    for v in &r.vms {
+        println!("{:<12} {:>10} {:>10}", v, r.sizes.get(v).copied().unwrap_or(0), r.revised.get(v).copied().unwrap_or(0));
+    }
+    println!("  LP objective sum|S*-S| = {} pages; restore line: {}", r.lp_objective, r.restore_line.join(" < "));
+    Ok(())
+}

@@ -8,28 +8,40 @@ use std::time::Duration;
 
 use common::{cluster_lock, last_field, Env};
 
-/// Heterogeneous: different memory sizes and workloads; a pingpong pair
-/// and a KV pair.
+/// Heterogeneous: different memory sizes and workloads. A pingpong ring
+/// (r1 → r2 → r3 → r1: each VM runs a server and a client of the next) and
+/// a KV pair (kvc → r1).
 const SPEC: &str = r#"
 [cluster]
 name = "cr"
 accel = "auto"
 
 [[vm]]
-name = "srv"
+name = "r1"
 memory_mib = 256
 workload = """
 memtouch -m 48 &
 pingpong server 7000 &
 kvserver 7001 &
+pingpong client {ip:r2} 7000 &
 """
 
 [[vm]]
-name = "cli"
+name = "r2"
 memory_mib = 128
 workload = """
 memtouch -m 8 &
-pingpong client {ip:srv} 7000 &
+pingpong server 7000 &
+pingpong client {ip:r3} 7000 &
+"""
+
+[[vm]]
+name = "r3"
+memory_mib = 160
+workload = """
+memtouch -m 16 &
+pingpong server 7000 &
+pingpong client {ip:r1} 7000 &
 """
 
 [[vm]]
@@ -37,18 +49,12 @@ name = "kvc"
 memory_mib = 192
 workload = """
 memtouch -m 24 &
-kvload {ip:srv} 7001 &
-"""
-
-[[vm]]
-name = "idle"
-memory_mib = 160
-workload = """
-memtouch -m 4 &
+kvload {ip:r1} 7001 &
 """
 "#;
 
-const VMS: [&str; 4] = ["srv", "cli", "kvc", "idle"];
+const VMS: [&str; 4] = ["r1", "r2", "r3", "kvc"];
+const RING: [&str; 3] = ["r1", "r2", "r3"];
 
 #[test]
 fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
@@ -57,7 +63,9 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
     let spec = env.write_spec(SPEC);
     env.ok(&["up", spec.to_str().unwrap()]);
     let limit = Duration::from_secs(120);
-    env.wait_console("cli", "pingpong", limit, |c| last_field(c, "pingpong:", "total").unwrap_or(0) >= 100);
+    for vm in RING {
+        env.wait_console(vm, "pingpong", limit, |c| last_field(c, "pingpong:", "total").unwrap_or(0) >= 100);
+    }
     env.wait_console("kvc", "kvload", limit, |c| last_field(c, "kvload:", "total").unwrap_or(0) >= 100);
     // Warm up once (the first hot snapshot reads guest RAM), then the one used.
     let snap = env.json(&["snapshot", "--cluster", "--name", "cut", "--json"]);
@@ -88,17 +96,18 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
         eprintln!("{mode}: RetransSegs growth {retrans:?}, backoff avg {} ms", r["backoff_avg_ms"]);
 
         // The workloads go on from the snapshot, on the same connections.
-        let cli = env.console("cli");
-        let total0 = last_field(&cli, "pingpong:", "total").unwrap_or(0);
-        env.wait_console("cli", "pingpong after the restore", Duration::from_secs(60), |c| {
-            last_field(c, "pingpong:", "total").unwrap_or(0) > total0 + 200
-        });
+        for vm in RING {
+            let total0 = last_field(&env.console(vm), "pingpong:", "total").unwrap_or(0);
+            let c = env.wait_console(vm, "pingpong after the restore", Duration::from_secs(60), |c| {
+                last_field(c, "pingpong:", "total").unwrap_or(0) > total0 + 100
+            });
+            assert_eq!(last_field(&c, "pingpong:", "conn"), Some(1), "{mode}: {vm}'s pingpong connection survived");
+        }
         let kvc = env.wait_console("kvc", "kvload after the restore", Duration::from_secs(60), |c| {
             c.lines().filter(|l| l.starts_with("kvload:")).count() >= 3
         });
         assert_eq!(last_field(&kvc, "kvload:", "errors"), Some(0), "{mode}: KV verification:\n{}", common::tail(&kvc, 2000));
         assert_eq!(last_field(&kvc, "kvload:", "conn"), Some(1), "{mode}: the KV connection survived");
-        assert_eq!(last_field(&env.console("cli"), "pingpong:", "conn"), Some(1), "{mode}: the pingpong connection survived");
         for vm in VMS {
             let c = env.console(vm);
             assert!(!c.contains("MEMTOUCH-CORRUPTION"), "{mode}: {vm}: corruption:\n{}", common::tail(&c, 2000));

@@ -358,3 +358,55 @@ fn plan_name(vm_dir: &Path) -> String {
 fn mode_name(mode: Mode) -> String {
     serde_json::to_value(mode).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
 }
+
+/// The restore dependency graph of a cluster snapshot and what a
+/// `hotrestore-rl` restore would do with it (`vmcsnap inspect --rdg`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RdgReport {
+    /// The cluster snapshot.
+    pub snapshot: String,
+    /// VMs.
+    pub vms: Vec<String>,
+    /// Edges (from, to, frames logged at the cut).
+    pub edges: Vec<(String, String, u64)>,
+    /// Rings: VMs that sent to each other (they start together).
+    pub rings: Vec<Vec<String>>,
+    /// VMs without any edge.
+    pub orphans: Vec<String>,
+    /// HotRestore's causal restore order (rules 1-6), in groups.
+    pub causal_order: Vec<Vec<String>>,
+    /// Per VM: the VMs that must run before it starts.
+    pub must_start_after: BTreeMap<String, Vec<String>>,
+    /// HotRestore's hybrid working-set sizes (pages).
+    pub sizes: BTreeMap<String, u64>,
+    /// The LP-revised sizes (pages).
+    pub revised: BTreeMap<String, u64>,
+    /// Σ|S*_i − S_i|.
+    pub lp_objective: f64,
+    /// The restore line: ascending revised size.
+    pub restore_line: Vec<String>,
+    /// Graphviz DOT of the graph with the revised sizes.
+    pub dot: String,
+}
+
+/// The restore dependency graph of the cluster snapshot in `dir`.
+pub fn dependency_report(dir: &Path) -> Result<RdgReport, AgentError> {
+    let m = check_cluster_committed(dir).map_err(|e| AgentError::BadRequest(format!("cluster snapshot {}: {e}", dir.display())))?;
+    let p = plan(&m, dir, Mode::HotrestoreRl)?;
+    let sizes: BTreeMap<String, u64> = p.vms.iter().map(|v| (v.name.clone(), v.hybrid)).collect();
+    let revised: BTreeMap<String, u64> = p.vms.iter().map(|v| (v.name.clone(), v.size)).collect();
+    Ok(RdgReport {
+        snapshot: m.name.clone(),
+        vms: p.vms.iter().map(|v| v.name.clone()).collect(),
+        edges: p.rdg.edges().iter().map(|e| (e.from.clone(), e.to.clone(), e.weight)).collect(),
+        rings: p.rdg.rings(),
+        orphans: p.rdg.orphans(),
+        causal_order: p.rdg.causal_order(),
+        must_start_after: p.rdg.nodes().iter().map(|n| (n.clone(), p.rdg.must_start_before(n))).collect(),
+        dot: p.rdg.to_dot(Some(&revised)),
+        sizes,
+        revised,
+        lp_objective: p.lp_objective,
+        restore_line: p.line,
+    })
+}

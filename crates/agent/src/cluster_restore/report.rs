@@ -42,8 +42,9 @@ pub struct VmRestoreReport {
     pub full_load_ms: f64,
     /// Frames in flight to it at the cut, replayed once it ran.
     pub frames_replayed: u64,
-    /// The guest's TCP RetransSegs at its first console stat line after the
-    /// restore (its value at the snapshot) and a few seconds later.
+    /// The guest's TCP RetransSegs at the cut (from the cluster snapshot
+    /// when it saw the counter unchanged, else the first console stat line
+    /// after the restore) and a few seconds after the restore.
     pub retrans_first: Option<u64>,
     /// The later value.
     pub retrans_later: Option<u64>,
@@ -121,6 +122,14 @@ pub fn build(
     let mut vms: Vec<VmRestoreReport> = Vec::new();
     for ((member, rep, started, replayed), (first, view)) in restored.iter().zip(views) {
         let name = member.vm.name.clone();
+        // The counter at the cut: exact when the snapshot saw none grow
+        // (its value before and after the snapshot agree); otherwise the
+        // first line after the restore (which may miss its first second).
+        let at_cut = m.vms.iter().find(|v| v.name == name).and_then(|v| {
+            let (b, a) = (v.metrics["retrans_before"].as_u64(), v.metrics["retrans_after"].as_u64());
+            (b.is_some() && b == a).then_some(b).flatten()
+        });
+        let first = at_cut.or(first);
         let start = started.map(rel).unwrap_or(rep.restore_latency_ms);
         let mut backoff = 0.0f64;
         for e in plan.rdg.edges().iter().filter(|e| e.from == name) {
