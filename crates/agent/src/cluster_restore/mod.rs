@@ -183,7 +183,7 @@ pub struct Plan {
 
 fn plan(m: &ClusterManifest, dir: &Path, mode: Mode) -> Result<Plan, AgentError> {
     let names: Vec<String> = m.vms.iter().map(|v| v.name.clone()).collect();
-    let edges: Vec<Edge> = m.edges.iter().map(|e| Edge::new(e.from.clone(), e.to.clone(), e.frames)).collect();
+    let edges = graph_edges(m, &names);
     let rdg = Rdg::new(names.clone(), edges).map_err(|e| AgentError::BadRequest(format!("restore dependency graph: {e}")))?;
     let mut vms = Vec::new();
     let mut sizes = BTreeMap::new();
@@ -204,6 +204,34 @@ fn plan(m: &ClusterManifest, dir: &Path, mode: Mode) -> Result<Plan, AgentError>
         (names, 0.0)
     };
     Ok(Plan { vms, rdg, line, lp_objective })
+}
+
+/// The edges of the restore dependency graph: VM i → VM j with W(i,j) =
+/// frames from i to j logged at the cut (cluster.json's `edges`), plus,
+/// with weight 1, every pair that exchanged unicast frames while the cut
+/// was being taken (the switch's per-pair counts, `metrics.switch.pairs`).
+///
+/// vmcsnap's cut is exact and short, so it logs only a handful of frames
+/// (often none): the logged frames alone leave most VMs as orphans and
+/// their starts unordered, and a VM that starts before a peer it talks to
+/// backs off. Traffic during the cut is the same evidence HotRestore uses,
+/// "VM i sent to VM j at the cut", over the few milliseconds of the cut
+/// instead of only the frames crossing it. A TCP conversation sends both
+/// ways, so its VMs form a ring and start together.
+fn graph_edges(m: &ClusterManifest, names: &[String]) -> Vec<Edge> {
+    let mut w: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for e in &m.edges {
+        *w.entry((e.from.clone(), e.to.clone())).or_default() += e.frames;
+    }
+    let known = |n: &str| names.iter().any(|x| x == n);
+    for p in m.metrics["switch"]["pairs"].as_array().into_iter().flatten() {
+        let (Some(from), Some(to)) = (p["from"].as_str(), p["to"].as_str()) else { continue };
+        if p["unicast_frames"].as_u64().unwrap_or(0) > 0 && from != to && known(from) && known(to) {
+            let e = w.entry((from.to_string(), to.to_string())).or_default();
+            *e = (*e).max(1);
+        }
+    }
+    w.into_iter().map(|((from, to), weight)| Edge::new(from, to, weight)).collect()
 }
 
 /// The frames logged at the cut, by receiver.
