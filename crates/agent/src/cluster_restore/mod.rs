@@ -438,3 +438,50 @@ pub fn dependency_report(dir: &Path) -> Result<RdgReport, AgentError> {
         restore_line: p.line,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn manifest(edges: serde_json::Value, pairs: serde_json::Value) -> ClusterManifest {
+        let vm = |n: &str| {
+            json!({ "name": n, "snapshot": format!("vms/{n}"), "memory_mib": 128, "ip": "", "mac": "",
+                    "timeline": { "start_us": 0, "pause_start_us": 0, "pause_end_us": 0, "transient_done_us": 0, "complete_us": 0 } })
+        };
+        serde_json::from_value(json!({
+            "format": "vmcsnap-cluster-snapshot", "version": 1, "name": "s", "cluster": "c", "mode": "hot",
+            "created_unix_ms": 0, "network": {}, "vms": [vm("a"), vm("b"), vm("c")],
+            "channel_state": { "file": "channel-state.bin", "frames": 0, "bytes": 0, "file_size": 0 },
+            "edges": edges, "metrics": { "switch": { "pairs": pairs } },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn graph_edges_join_logged_frames_and_unicast_pairs() {
+        let m = manifest(
+            json!([{ "from": "a", "to": "b", "frames": 3, "bytes": 300 }]),
+            json!([
+                { "from": "a", "to": "b", "frames": 50, "bytes": 1, "unicast_frames": 40 },
+                { "from": "b", "to": "a", "frames": 50, "bytes": 1, "unicast_frames": 40 },
+                { "from": "c", "to": "a", "frames": 5, "bytes": 1, "unicast_frames": 0 },
+                { "from": "c", "to": "zz", "frames": 5, "bytes": 1, "unicast_frames": 5 },
+            ]),
+        );
+        let names: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+        let e: Vec<(String, String, u64)> = graph_edges(&m, &names).into_iter().map(|e| (e.from, e.to, e.weight)).collect();
+        // Logged frames keep their count; a talking pair adds weight 1;
+        // broadcasts only (no unicast) and unknown VMs add nothing.
+        assert_eq!(e, vec![("a".into(), "b".into(), 3), ("b".into(), "a".into(), 1)]);
+        let rdg = Rdg::new(names, graph_edges(&m, &["a".into(), "b".into(), "c".into()])).unwrap();
+        assert_eq!(rdg.rings(), vec![vec!["a".to_string(), "b".to_string()]]);
+        assert_eq!(rdg.orphans(), vec!["c".to_string()]);
+    }
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!("hotrestore-rl".parse::<Mode>().unwrap(), Mode::HotrestoreRl);
+        assert!("eager".parse::<Mode>().unwrap_err().contains("workingset-restore, hotrestore or hotrestore-rl"));
+    }
+}

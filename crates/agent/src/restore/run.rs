@@ -251,7 +251,12 @@ pub fn restore_into(
         return Err(fail(&name, format!("its frozen disk {} is gone", frozen.display())));
     }
     let planned = plan(&img, opts, dir)?;
-    let assets = vmcsnap_guest::ensure_assets(&vmcsnap_guest::default_cache_root(), progress)?;
+    // In a cluster restore every VM would say the same about the assets.
+    let assets = if opts.cluster.is_some() {
+        vmcsnap_guest::ensure_assets(&vmcsnap_guest::default_cache_root(), &mut |_| {})?
+    } else {
+        vmcsnap_guest::ensure_assets(&vmcsnap_guest::default_cache_root(), progress)?
+    };
     let job = Job { opts, img: &img, snap_dir: dir, saved, qemu_bin, qemu_img, frozen, assets, planned, t0, t0_wall };
     let (member, report) = start_and_feed(switch, cluster_name, run, &job, progress)?;
     log(format!(
