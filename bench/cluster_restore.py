@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: cluster restores, workingset-restore vs hotrestore vs hotrestore-rl (HotRestore).
+"""Benchmark: cluster restores, eager and eager-rl vs workingset-restore vs hotrestore vs hotrestore-rl (HotRestore).
 
 Per cluster size N (default 4 and 8), VMs of different sizes and working sets (memory 128-256 MiB,
 memtouch regions of different sizes) in pairs: 2k runs a pingpong server and a KV server, 2k+1 a
@@ -24,7 +24,7 @@ import benchlib  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VMCSNAP = os.path.join(ROOT, "target", "release", "vmcsnap")
-MODES = ["workingset-restore", "hotrestore", "hotrestore-rl"]
+MODES = ["eager", "eager-rl", "workingset-restore", "hotrestore", "hotrestore-rl"]
 
 
 def run(run_dir, *args):

@@ -69,7 +69,7 @@ pub enum Request {
     ClusterRestore {
         /// The cluster snapshot's name or path.
         snapshot: String,
-        /// `workingset-restore`, `hotrestore` or `hotrestore-rl`.
+        /// `eager`, `eager-rl`, `workingset-restore`, `hotrestore` or `hotrestore-rl`.
         mode: String,
     },
     /// Restore a VM from a snapshot (joining the running cluster, or a

@@ -101,10 +101,11 @@ pub enum Command {
         cluster: bool,
         /// One VM [default: workingset]: eager (everything first) | lazy (nothing first) |
         /// workingset (HotRestore's FAFL working set) | sampling-ws (sampled size, no FAFL order).
-        /// --cluster [default: hotrestore-rl]: workingset-restore (each VM on its own, sampled
-        /// working set) | hotrestore (elastic working set, no restore line) | hotrestore-rl
+        /// --cluster [default: hotrestore-rl]: eager (each VM on its own, all memory first) |
+        /// eager-rl (all memory first, starts in restore-line order) |
+        /// workingset-restore (each VM on its own, sampled working set) | hotrestore (elastic working set, no restore line) | hotrestore-rl
         /// (LP-revised working sets, starts in restore-line order).
-        #[arg(long, value_parser = ["eager", "lazy", "workingset", "sampling-ws", "workingset-restore", "hotrestore", "hotrestore-rl"])]
+        #[arg(long, value_parser = ["eager", "lazy", "workingset", "sampling-ws", "eager-rl", "workingset-restore", "hotrestore", "hotrestore-rl"])]
         mode: Option<String>,
         /// Working-set size in pages, or `auto` (HotRestore: (0.7 sample + 0.3 snapshot) / 2).
         #[arg(long, default_value = "auto")]

@@ -95,15 +95,30 @@ pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
     let (result, (started, replayed)) = std::thread::scope(|s| {
         // Restore events → Cohort inputs; the replay once the guest runs.
         let fwd = s.spawn(move || {
-            let (mut started, mut replayed) = (None, 0);
+            let (mut started, mut replayed, mut port) = (None, 0, None);
             for ev in ev_rx {
                 match ev {
+                    RestoreEvent::PortReady(p) => {
+                        // Hold the port and queue the replay first: frames
+                        // that peers send once they run come after it, in
+                        // order (a replayed segment behind newer ones would
+                        // look lost to TCP and be retransmitted).
+                        port = Some(p);
+                        if let Err(e) = switch.hold(p) {
+                            crate::log(format!("cluster restore: holding {vm}'s port: {e}"));
+                        }
+                        replayed = replay_to(&switch, p, &vm, &replay, &progress);
+                    }
                     RestoreEvent::Loaded => {
                         let _ = inbox.send(CohortInput::Loaded);
                     }
                     RestoreEvent::Started(us) => {
                         started = Some(us);
-                        replayed = replay_to(&switch, &vm, &replay, &progress);
+                        if let Some(p) = port {
+                            if let Err(e) = switch.release(p) {
+                                crate::log(format!("cluster restore: releasing {vm}'s port: {e}"));
+                            }
+                        }
                         let _ = inbox.send(CohortInput::Started { unix_us: us });
                     }
                     RestoreEvent::AllLoaded => {
@@ -133,20 +148,15 @@ pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
     out
 }
 
-/// Queues `frames` for `vm`'s port (they reach the guest after the frames
-/// already queued): what was in flight to it at the cut.
-fn replay_to(switch: &SwitchHandle, vm: &str, frames: &[Vec<u8>], progress: &Sender<String>) -> u64 {
+/// Queues `frames` for `vm`'s port (held, so they wait for the guest in
+/// order): what was in flight to it at the cut.
+fn replay_to(switch: &SwitchHandle, port: vmcsnap_switch::PortId, vm: &str, frames: &[Vec<u8>], progress: &Sender<String>) -> u64 {
     if frames.is_empty() {
         return 0;
     }
-    let port = switch.stats().ok().and_then(|s| s.port_by_name(vm).map(|p| p.id));
-    let Some(port) = port else {
-        crate::log(format!("cluster restore: no switch port for {vm}; {} logged frames not replayed", frames.len()));
-        return 0;
-    };
     match switch.inject(port, frames.to_vec()) {
         Ok(r) => {
-            let _ = progress.send(format!("{vm}: replayed {} frames in flight at the cut ({} dropped)", r.queued, r.dropped));
+            let _ = progress.send(format!("{vm}: {} frames in flight at the cut queued for it ({} dropped)", r.queued, r.dropped));
             r.queued
         }
         Err(e) => {

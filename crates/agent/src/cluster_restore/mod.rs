@@ -9,6 +9,8 @@
 //! frames that were in flight to it at the cut.
 //!
 //! Modes (`vmcsnap restore --cluster SNAP --mode ...`):
+//! - `eager`: every VM independently, all of its memory before it starts;
+//! - `eager-rl`: all memory first, starts in restore-line order;
 //! - `workingset-restore`: every VM restored independently with the
 //!   sampled working set (the paper's "Working Set Restore" baseline);
 //! - `hotrestore`: HotRestore's elastic working set, each VM started as
@@ -53,6 +55,12 @@ pub const PAGES_PER_FRAME: u64 = 64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
+    /// Every VM independently, all of its memory loaded before it starts
+    /// (the eager baseline).
+    Eager,
+    /// All of every VM's memory loaded first, starts in restore-line order
+    /// (no demand paging after the start: slower, but no guest stalls).
+    EagerRl,
     /// Every VM independently, sampled working set (the baseline).
     WorkingsetRestore,
     /// Elastic working set, no restore line.
@@ -65,10 +73,12 @@ impl std::str::FromStr for Mode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "eager" => Ok(Mode::Eager),
+            "eager-rl" => Ok(Mode::EagerRl),
             "workingset-restore" => Ok(Mode::WorkingsetRestore),
             "hotrestore" => Ok(Mode::Hotrestore),
             "hotrestore-rl" => Ok(Mode::HotrestoreRl),
-            _ => Err(format!("unknown cluster restore mode {s:?}: use workingset-restore, hotrestore or hotrestore-rl")),
+            _ => Err(format!("unknown cluster restore mode {s:?}: use eager, eager-rl, workingset-restore, hotrestore or hotrestore-rl")),
         }
     }
 }
@@ -255,7 +265,7 @@ fn run_protocol(
     progress: &mut dyn FnMut(&str),
 ) -> (CoordinatorOutcome, Vec<cohort::Outcome>, Vec<(String, u64)>) {
     let (policy, deps) = match mode {
-        Mode::HotrestoreRl => (Policy::RestoreLine, rl_deps(&plan.rdg)),
+        Mode::HotrestoreRl | Mode::EagerRl => (Policy::RestoreLine, rl_deps(&plan.rdg)),
         _ => (Policy::Independent, Deps::new()),
     };
     let timeouts = Timeouts::default();
@@ -288,6 +298,7 @@ fn run_protocol(
             let (cmd_tx, cmd_rx) = mpsc::channel();
             let gate = RunGate::new();
             let (ws_mode, wss) = match mode {
+                Mode::Eager | Mode::EagerRl => (ws::Mode::Eager, WssChoice::Auto),
                 Mode::WorkingsetRestore => (ws::Mode::SamplingWs, WssChoice::Auto),
                 Mode::Hotrestore => (ws::Mode::Workingset, WssChoice::Auto),
                 Mode::HotrestoreRl => (ws::Mode::Workingset, WssChoice::Pages(v.size)),
@@ -482,6 +493,8 @@ mod tests {
     #[test]
     fn modes_parse() {
         assert_eq!("hotrestore-rl".parse::<Mode>().unwrap(), Mode::HotrestoreRl);
-        assert!("eager".parse::<Mode>().unwrap_err().contains("workingset-restore, hotrestore or hotrestore-rl"));
+        assert_eq!("eager".parse::<Mode>().unwrap(), Mode::Eager);
+        assert_eq!("eager-rl".parse::<Mode>().unwrap(), Mode::EagerRl);
+        assert!("lazy".parse::<Mode>().unwrap_err().contains("eager, eager-rl, workingset-restore, hotrestore or hotrestore-rl"));
     }
 }

@@ -72,6 +72,8 @@ pub struct InCluster {
 /// What a restore taking part in a cluster restore reports as it goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RestoreEvent {
+    /// The VM's switch port exists (its QEMU is about to start).
+    PortReady(vmcsnap_switch::PortId),
     /// The pages planned before the start are loaded (LOAD_FIN).
     Loaded,
     /// The guest started (QEMU's RESUME event), unix µs.
@@ -372,6 +374,9 @@ fn start_and_feed(
         )));
     }
     let port = switch.add_port(&name, &config.port_socket)?;
+    if let Some(c) = &opts.cluster {
+        let _ = c.events.send(RestoreEvent::PortReady(port));
+    }
     let mut vm = match Vm::spawn(&job.qemu_bin, config.clone(), dir.join("qemu.log")) {
         Ok(vm) => vm,
         Err(e) => {
