@@ -15,7 +15,7 @@ disruption <= 0.5x workingset-restore's.
 Writes bench/results/cluster_restore.json and cluster_restore.png (per-VM latency and backoff bars
 per mode and cluster size, like HotRestore's figure 7, for the last run of each) and prints a table.
 
-Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--bin PATH] [--replot]
+Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--modes M,M] [--bin PATH] [--replot]
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile, time
 
@@ -50,6 +50,7 @@ def main():
     ap.add_argument("--vms", default="4,8")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--bin")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON in --out")
     a = ap.parse_args()
@@ -59,6 +60,7 @@ def main():
         return
     if a.bin:
         VMCSNAP = os.path.abspath(a.bin)
+    modes = [m for m in a.modes.split(",") if m]
     os.makedirs(a.out, exist_ok=True)
     results = {"command": " ".join(sys.argv), "runs": [], "summary": []}
     for n in [int(x) for x in a.vms.split(",")]:
@@ -74,7 +76,7 @@ def main():
             snap = run(run_dir, "snapshot", "--cluster", "--name", "cut", "--json")
             run(run_dir, "down")
             for rep in range(a.reps):
-                for mode in MODES:
+                for mode in modes:
                     try:
                         r = run(run_dir, "restore", "--cluster", "cut", "--mode", mode, "--json")
                     except benchlib.Failed as e:
@@ -107,6 +109,8 @@ def main():
         base = None
         for mode in MODES:
             rows = [r for r in results["runs"] if r["n"] == n and r["mode"] == mode]
+            if not rows:
+                continue
             good = [r for r in rows if "error" not in r]
             s = {"n": n, "mode": mode, "ok": f"{len(good)}/{len(rows)}",
                  "latency_avg_ms": med([r["latency_avg_ms"] for r in good]),

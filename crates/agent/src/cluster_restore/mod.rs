@@ -145,7 +145,15 @@ pub fn restore_cluster(
             Err(e) => errors.push(e),
         }
     }
-    if let CoordinatorOutcome::Aborted { reason } = &outcome {
+    // A VM whose restore failed after the protocol was done (e.g. its
+    // destination reported the migration failed) fails the whole restore
+    // too: a cluster restore never silently leaves a VM out.
+    let failed = match &outcome {
+        CoordinatorOutcome::Aborted { reason } => Some(reason.clone()),
+        CoordinatorOutcome::Completed if !errors.is_empty() => Some("a VM failed after the protocol completed".to_string()),
+        CoordinatorOutcome::Completed => None,
+    };
+    if let Some(reason) = &failed {
         for (mut member, ..) in restored {
             member.vm.shutdown();
             member.vm.config.remove_runtime_files();

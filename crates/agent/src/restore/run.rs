@@ -273,12 +273,25 @@ pub fn restore_into(
     Ok((member, report))
 }
 
-/// The working-set size HotRestore's hybrid rule gives the snapshot in
-/// `dir` (pages), before any revision.
+/// The working-set size a `workingset` restore of the snapshot in `dir`
+/// asks for (pages), before any revision: HotRestore's hybrid size, or the
+/// pages an earlier restore was seen to touch if that is more.
 pub fn hybrid_size(dir: &Path) -> Result<u64, AgentError> {
     let img = Image::open(dir).map_err(|e| AgentError::BadRequest(format!("snapshot {}: {e}", dir.display())))?;
     let wss_sample = img.manifest().metrics.other.get("wss_sample_pages").and_then(Value::as_u64);
-    Ok(ws::hybrid_wss(wss_sample, img.fafl().len() as u64))
+    let learned = traces::newest(dir, |r| !r.faults.is_empty());
+    Ok(elastic_size(ws::hybrid_wss(wss_sample, img.fafl().len() as u64), Mode::Workingset, learned.as_ref()))
+}
+
+/// HotRestore's elastic working set: the hybrid size, grown to the pages
+/// the newest earlier restore touched (loaded first or faulted on), which
+/// covers the guest's reads that a snapshot cannot see. Only for the
+/// `workingset` mode; the others keep their own sizes.
+fn elastic_size(hybrid: u64, mode: Mode, learned: Option<&Record>) -> u64 {
+    match (mode, learned) {
+        (Mode::Workingset, Some(r)) => hybrid.max(r.touched_pages()),
+        _ => hybrid,
+    }
 }
 
 /// The plan and the numbers behind it.
@@ -317,7 +330,7 @@ fn plan(img: &Image, opts: &Options, dir: &Path) -> Result<Planned, AgentError> 
     let wss_sample = img.manifest().metrics.other.get("wss_sample_pages").and_then(Value::as_u64);
     let wss_snapshot = fafl.len() as u64;
     let wss = match opts.wss {
-        WssChoice::Auto => ws::hybrid_wss(wss_sample, wss_snapshot),
+        WssChoice::Auto => elastic_size(ws::hybrid_wss(wss_sample, wss_snapshot), opts.mode, learned.as_ref()),
         WssChoice::Pages(n) => n,
     };
     let input = ws::PlanInput { block_pages: &block_pages, image_order: &order, queue: &queue, wss, wss_sample };
@@ -576,5 +589,25 @@ fn wait_completed(vm: &mut Vm) -> Result<(), AgentError> {
             _ if Instant::now() > deadline => return Err(fail(&vm.name, "the destination did not complete within 60 s")),
             _ => std::thread::sleep(Duration::from_millis(20)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_elastic_size_grows_to_what_an_earlier_restore_touched() {
+        let rec = Record {
+            unix_ms: 0,
+            mode: "workingset".into(),
+            trace: false,
+            preloaded: (0..100).map(|p| (0, p)).collect(),
+            faults: (100..600).map(|p| (0, p, 1.0)).collect(),
+        };
+        assert_eq!(elastic_size(300, Mode::Workingset, None), 300);
+        assert_eq!(elastic_size(300, Mode::Workingset, Some(&rec)), 600);
+        assert_eq!(elastic_size(900, Mode::Workingset, Some(&rec)), 900, "never smaller than the hybrid size");
+        assert_eq!(elastic_size(300, Mode::SamplingWs, Some(&rec)), 300, "other modes keep their size");
     }
 }

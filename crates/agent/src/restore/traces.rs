@@ -39,6 +39,19 @@ impl Record {
         self.preloaded.iter().map(|&(b, p)| PageKey::new(b, p)).collect()
     }
 
+    /// Distinct pages the guest touched early in that restore: the pages
+    /// loaded before its start plus those it faulted on. HotRestore's
+    /// WSS_snapshot counts every page touched, reads included; stock QEMU
+    /// only shows vmcsnap the writes at snapshot time, so a restore's own
+    /// faults are how the reads are learned.
+    pub fn touched_pages(&self) -> u64 {
+        let mut all: Vec<(u32, u32)> = self.preloaded.clone();
+        all.extend(self.faults.iter().map(|&(b, p, _)| (b, p)));
+        all.sort_unstable();
+        all.dedup();
+        all.len() as u64
+    }
+
     /// The faults as keys, in order.
     pub fn fault_keys(&self) -> Vec<PageKey> {
         self.faults.iter().map(|&(b, p, _)| PageKey::new(b, p)).collect()
@@ -113,5 +126,22 @@ mod tests {
         }
         assert_eq!(records(&d.path().join(DIR)).len(), KEEP, "older records are pruned");
         assert_eq!(newest(d.path(), |_| true).unwrap().unix_ms, 100 + KEEP as u64 + 1);
+    }
+}
+
+#[cfg(test)]
+mod touched_tests {
+    use super::*;
+
+    #[test]
+    fn touched_pages_count_loaded_and_faulted_pages_once() {
+        let r = Record {
+            unix_ms: 0,
+            mode: "workingset".into(),
+            trace: false,
+            preloaded: vec![(0, 1), (0, 2), (1, 1)],
+            faults: vec![(0, 2, 1.0), (0, 9, 2.0), (0, 9, 3.0)],
+        };
+        assert_eq!(r.touched_pages(), 4);
     }
 }
