@@ -91,7 +91,8 @@ pub enum Command {
     },
     /// Restore a VM from a snapshot through postcopy: QEMU starts with only
     /// the pages the mode loads up front and fetches the rest on demand and
-    /// in the background. Joins the running cluster (or starts one).
+    /// in the background. Joins the running cluster (or starts one). With
+    /// --cluster, every VM of a cluster snapshot into a new cluster.
     Restore {
         /// The snapshot's name (see `vmcsnap snapshots`).
         snapshot: String,
@@ -108,16 +109,16 @@ pub enum Command {
         #[arg(long, value_parser = ["eager", "lazy", "workingset", "sampling-ws", "eager-rl", "workingset-restore", "hotrestore", "hotrestore-rl"])]
         mode: Option<String>,
         /// Working-set size in pages, or `auto` (HotRestore: (0.7 sample + 0.3 snapshot) / 2).
-        #[arg(long, default_value = "auto")]
+        #[arg(long, default_value = "auto", conflicts_with = "cluster")]
         wss: String,
         /// Keep the guest paused once its state is loaded (`cont` it with QMP).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "cluster")]
         paused: bool,
         /// Record the restore's first accesses for `analyze-ws` (use with --mode lazy --no-background).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "cluster")]
         trace: bool,
         /// Send only the pages the guest asks for during the first 10 s.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "cluster")]
         no_background: bool,
         /// Print JSON.
         #[arg(long)]

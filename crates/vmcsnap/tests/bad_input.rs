@@ -98,3 +98,27 @@ fn a_closed_stdout_ends_quietly() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn cluster_restore_bad_input_is_named() {
+    let env = Env::new();
+    // Options that only apply to one VM are refused with --cluster.
+    let out = env.vmcsnap(&["restore", "--cluster", "x", "--paused"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+    // A single-VM mode is not a cluster mode.
+    let out = env.vmcsnap(&["restore", "--cluster", "x", "--mode", "lazy"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown cluster restore mode \"lazy\""), "{err}");
+    // An unknown cluster snapshot is named, and no cluster is left up.
+    let out = env.vmcsnap(&["restore", "--cluster", "nosuch"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cluster snapshot \"nosuch\""), "{err}");
+    let out = env.vmcsnap(&["status"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no cluster is up"));
+    // A cluster snapshot without a cluster.
+    let out = env.vmcsnap(&["snapshot", "--cluster"]);
+    assert!(!out.status.success());
+}
