@@ -55,6 +55,23 @@ pub trait Transport<M>: Send + Sync {
     fn send(&self, to: &NodeId, msg: M) -> Result<(), TransportError>;
 }
 
+/// A protocol's message, named for logs.
+pub trait Named {
+    /// The message's name, e.g. `"SNAPSHOT"`.
+    fn name(&self) -> &'static str;
+}
+
+/// Sends every envelope of `out`; a send that fails is logged and treated
+/// as a lost message (the protocols' retransmission and deadlines cope).
+pub(crate) fn send_all<M: Named>(transport: &dyn Transport<M>, out: Vec<Envelope<M>>) {
+    for env in out {
+        let name = env.msg.name();
+        if let Err(e) = transport.send(&env.to, env.msg) {
+            log::warn!("{}: cannot send {name} to {}: {e}", transport.me(), env.to);
+        }
+    }
+}
+
 /// Counters of an [`InProcessNetwork`]: `sent == delivered + dropped`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct NetStats {

@@ -30,7 +30,7 @@ use thiserror::Error;
 use crate::channel_log::{ChannelFrame, ChannelLogSummary, EMPTY_CHANNEL_LOG_LEN, RECORD_OVERHEAD};
 use crate::error::ReadError;
 use crate::fileio::sync_dir;
-use crate::list::{check_committed, temp_dir_pid, ListError, TEMP_MARKER};
+use crate::list::{check_committed, ListError, TEMP_MARKER};
 use crate::manifest::is_plain_name;
 
 /// The `format` tag of every cluster manifest.
@@ -661,31 +661,14 @@ impl ClusterSnapshotEntry {
 /// [`check_cluster_committed`]. Temporary directories, hidden entries and
 /// plain files are skipped.
 pub fn list_cluster_snapshots(root: &Path) -> Result<Vec<ClusterSnapshotEntry>, ListError> {
-    let rd = fs::read_dir(root).map_err(|e| ListError::Io {
-        path: root.into(),
-        source: e,
-    })?;
-    let mut out = Vec::new();
-    for ent in rd {
-        let ent = ent.map_err(|e| ListError::Io {
-            path: root.into(),
-            source: e,
-        })?;
-        let Ok(name) = ent.file_name().into_string() else {
-            continue;
-        };
-        if name.starts_with('.') || temp_dir_pid(&name).is_some() {
-            continue;
-        }
-        let path = ent.path();
-        if !path.is_dir() || !is_cluster_snapshot(&path) {
-            continue;
-        }
-        let status = check_cluster_committed(&path).map(Box::new);
-        out.push(ClusterSnapshotEntry { name, path, status });
-    }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(out)
+    Ok(crate::list::snapshot_dirs(root)?
+        .into_iter()
+        .filter(|(_, path)| is_cluster_snapshot(path))
+        .map(|(name, path)| {
+            let status = check_cluster_committed(&path).map(Box::new);
+            ClusterSnapshotEntry { name, path, status }
+        })
+        .collect())
 }
 
 /// fsyncs every regular file and directory under `dir` (directories after

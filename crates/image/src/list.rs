@@ -92,16 +92,24 @@ pub fn check_committed(dir: &Path) -> Result<Manifest, ReadError> {
 /// and cluster snapshots ([`crate::cluster::is_cluster_snapshot`], listed by
 /// [`crate::cluster::list_cluster_snapshots`]) are skipped.
 pub fn list_snapshots(root: &Path) -> Result<Vec<SnapshotEntry>, ListError> {
-    let rd = fs::read_dir(root).map_err(|e| ListError::Io {
-        path: root.into(),
-        source: e,
-    })?;
+    Ok(snapshot_dirs(root)?
+        .into_iter()
+        .filter(|(_, path)| !is_cluster_snapshot(path))
+        .map(|(name, path)| {
+            let status = check_committed(&path).map(Box::new);
+            SnapshotEntry { name, path, status }
+        })
+        .collect())
+}
+
+/// The directories under `root` that may be snapshots (per-VM or cluster),
+/// sorted by name: hidden entries, writers' temporary directories and plain
+/// files are skipped.
+pub(crate) fn snapshot_dirs(root: &Path) -> Result<Vec<(String, PathBuf)>, ListError> {
+    let io = |e| ListError::Io { path: root.into(), source: e };
     let mut out = Vec::new();
-    for ent in rd {
-        let ent = ent.map_err(|e| ListError::Io {
-            path: root.into(),
-            source: e,
-        })?;
+    for ent in fs::read_dir(root).map_err(io)? {
+        let ent = ent.map_err(io)?;
         let Ok(name) = ent.file_name().into_string() else {
             continue;
         };
@@ -109,13 +117,11 @@ pub fn list_snapshots(root: &Path) -> Result<Vec<SnapshotEntry>, ListError> {
             continue;
         }
         let path = ent.path();
-        if !path.is_dir() || is_cluster_snapshot(&path) {
-            continue;
+        if path.is_dir() {
+            out.push((name, path));
         }
-        let status = check_committed(&path).map(Box::new);
-        out.push(SnapshotEntry { name, path, status });
     }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out.sort();
     Ok(out)
 }
 

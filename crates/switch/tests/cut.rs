@@ -307,7 +307,7 @@ fn whole_session_under_continuous_traffic() {
     let mut expected = BTreeSet::new();
     for (i, frames) in sent.iter().enumerate() {
         for f in frames {
-            for j in (0..3).filter(|&j| j != i && f.dst.map_or(true, |d| d == j)) {
+            for j in (0..3).filter(|&j| j != i && f.dst.is_none_or(|d| d == j)) {
                 expected.insert((i, j, f.seq));
             }
         }

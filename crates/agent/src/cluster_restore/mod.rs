@@ -100,7 +100,7 @@ pub fn restore_cluster(
     progress: &mut dyn FnMut(&str),
 ) -> Result<ClusterRestoreReport, AgentError> {
     let t0 = Instant::now();
-    let start_unix_us = crate::cluster_snapshot::unix_us();
+    let start_unix_us = crate::snapshot::unix_us();
     if let Some(c) = cluster.as_ref() {
         return Err(AgentError::BadRequest(format!(
             "cluster {:?} is up: a cluster restore starts a cluster of its own (`vmcsnap down` first)",
@@ -277,7 +277,7 @@ fn run_protocol(
         _ => (Policy::Independent, Deps::new()),
     };
     let timeouts = Timeouts::default();
-    let epoch = crate::cluster_snapshot::unix_us() / 1000;
+    let epoch = crate::snapshot::unix_us() / 1000;
     let net = InProcessNetwork::<Msg>::new();
     let (co_tx, co_rx) = mpsc::channel();
     let co_inbox = Arc::new(Mutex::new(Some(co_tx)));
@@ -403,7 +403,7 @@ fn plan_name(vm_dir: &Path) -> String {
 }
 
 fn mode_name(mode: Mode) -> String {
-    serde_json::to_value(mode).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+    crate::snapshot::serde_name(mode)
 }
 
 /// The restore dependency graph of a cluster snapshot and what a

@@ -41,7 +41,7 @@ use vmcsnap_coord::transport::InProcessNetwork;
 use vmcsnap_switch::PortId;
 
 pub use metrics::{console_text, first_retrans, parse_console, Backoff, GuestView, PairBackoff};
-pub use report::{unix_us, ClusterReport, VmReport};
+pub use report::{ClusterReport, VmReport};
 
 use crate::cluster::Cluster;
 use crate::snapshot::{self, Mode};
@@ -80,7 +80,7 @@ pub fn snapshot_cluster(
     progress: &mut dyn FnMut(&str),
 ) -> Result<ClusterReport, AgentError> {
     let t0 = Instant::now();
-    let start_unix_us = report::unix_us();
+    let start_unix_us = snapshot::unix_us();
     if c.members.is_empty() {
         return Err(AgentError::BadRequest("the cluster has no VM to snapshot".into()));
     }
@@ -94,23 +94,7 @@ pub fn snapshot_cluster(
         }
     }
     let root = run.snapshots_dir();
-    std::fs::create_dir_all(&root).map_err(AgentError::io("creating", &root))?;
-    let name = opts.name.clone().unwrap_or_else(|| default_name(&root, &c.spec.cluster.name));
-    if !vmcsnap_image::manifest::is_plain_name(&name) || name.starts_with('.') || name.contains(vmcsnap_image::list::TEMP_MARKER) {
-        return Err(AgentError::BadRequest(format!(
-            "bad snapshot name {name:?}: use a plain file name (no '/', not starting with '.')"
-        )));
-    }
-    let final_dir = root.join(&name);
-    if final_dir.exists() {
-        return Err(AgentError::BadRequest(format!(
-            "snapshot {name:?} already exists ({}); choose another --name",
-            final_dir.display()
-        )));
-    }
-    if let Err(e) = vmcsnap_image::cleanup_stale(&root) {
-        log(format!("cluster snapshot: cleaning stale temporary directories: {e}"));
-    }
+    let (name, final_dir) = snapshot::new_snapshot_dir(&root, opts.name.clone(), &c.spec.cluster.name)?;
     let tmp = root.join(format!("{name}{}{}-0", vmcsnap_image::list::TEMP_MARKER, std::process::id()));
     let disks = root.join(".disks").join(&name);
     let _ = std::fs::remove_dir_all(&tmp);
@@ -396,19 +380,7 @@ fn abort_detail(reason: &str, vms: &[VmOutcome]) -> String {
 }
 
 fn mode_name(mode: Mode) -> String {
-    serde_json::to_value(mode).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
-}
-
-/// `<cluster>-<unix time>`, or with `-2`, `-3`... if taken.
-fn default_name(root: &Path, cluster: &str) -> String {
-    let base = format!("{cluster}-{}", report::unix_us() / 1_000_000);
-    let mut name = base.clone();
-    let mut n = 2;
-    while root.join(&name).exists() {
-        name = format!("{base}-{n}");
-        n += 1;
-    }
-    name
+    snapshot::serde_name(mode)
 }
 
 /// The directory of a committed cluster snapshot, by name or path.

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::json;
@@ -183,7 +183,7 @@ pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentErr
     let backoff = metrics::backoff(f.mode, &moments, &pairs);
 
     // The guests' own view: wait for a stat line written after completion.
-    let after_us = unix_us();
+    let after_us = crate::snapshot::unix_us();
     let wait_until = Instant::now() + GUEST_STAT_WAIT;
     // The console has no host timestamps: count its stat lines (one per
     // second since the snapshot started), and want one more than elapsed.
@@ -287,9 +287,4 @@ pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentErr
         switch: st,
         protocol: f.protocol.clone(),
     })
-}
-
-/// Microseconds since the Unix epoch.
-pub fn unix_us() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }

@@ -212,23 +212,7 @@ pub fn snapshot(
     let vm_name = vm.name.clone();
     let fail = |detail: String| AgentError::Snapshot { vm: vm_name.clone(), detail };
     let root = opts.target.as_ref().map_or_else(|| run.snapshots_dir(), |t| t.root.clone());
-    let name = opts.name.clone().unwrap_or_else(|| default_name(&root, &vm.name));
-    if !vmcsnap_image::manifest::is_plain_name(&name) || name.starts_with('.') || name.contains(".tmp-") {
-        return Err(AgentError::BadRequest(format!(
-            "bad snapshot name {name:?}: use a plain file name (no '/', not starting with '.')"
-        )));
-    }
-    std::fs::create_dir_all(&root).map_err(AgentError::io("creating", &root))?;
-    let final_dir = root.join(&name);
-    if final_dir.exists() {
-        return Err(AgentError::BadRequest(format!(
-            "snapshot {name:?} already exists ({}); choose another --name",
-            final_dir.display()
-        )));
-    }
-    if let Err(e) = vmcsnap_image::cleanup_stale(&root) {
-        log(format!("snapshot: cleaning stale temporary directories: {e}"));
-    }
+    let (name, final_dir) = new_snapshot_dir(&root, opts.name.clone(), &vm.name)?;
 
     // Outside the pause: the frozen disk (hard links of the chain the VM
     // runs on now, whose top becomes read-only backing once the overlay is
@@ -480,13 +464,43 @@ fn run_mode(
     ctx.t.downtime_ms = ctx.t.resume_us.saturating_sub(ctx.t.stop_us) as f64 / 1000.0;
     Ok(())
 }
-fn mode_name(mode: Mode) -> String {
-    serde_json::to_value(mode).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+/// How `value` (a mode) is named in JSON and on the command line.
+pub(crate) fn serde_name(value: impl Serialize) -> String {
+    serde_json::to_value(value).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
 }
 
-/// `<vm>-<unix time>`, or with `-2`, `-3`... if taken within the second.
-fn default_name(root: &Path, vm: &str) -> String {
-    let base = format!("{vm}-{}", unix_ms() / 1000);
+fn mode_name(mode: Mode) -> String {
+    serde_name(mode)
+}
+
+/// Checks a new snapshot's name (default `<base>-<unix time>`, or with
+/// `-2`, `-3`... if taken) under `root`, creates `root` and removes what
+/// interrupted snapshots left there; returns the name and the directory
+/// the snapshot will be committed to. Shared by VM and cluster snapshots.
+pub(crate) fn new_snapshot_dir(root: &Path, name: Option<String>, base: &str) -> Result<(String, PathBuf), AgentError> {
+    let name = name.unwrap_or_else(|| default_name(root, base));
+    if !vmcsnap_image::manifest::is_plain_name(&name) || name.starts_with('.') || name.contains(vmcsnap_image::list::TEMP_MARKER) {
+        return Err(AgentError::BadRequest(format!(
+            "bad snapshot name {name:?}: use a plain file name (no '/', not starting with '.')"
+        )));
+    }
+    std::fs::create_dir_all(root).map_err(AgentError::io("creating", root))?;
+    let final_dir = root.join(&name);
+    if final_dir.exists() {
+        return Err(AgentError::BadRequest(format!(
+            "snapshot {name:?} already exists ({}); choose another --name",
+            final_dir.display()
+        )));
+    }
+    if let Err(e) = vmcsnap_image::cleanup_stale(root) {
+        log(format!("snapshot: cleaning stale temporary directories in {}: {e}", root.display()));
+    }
+    Ok((name, final_dir))
+}
+
+/// `<base>-<unix time>`, or with `-2`, `-3`... if taken within the second.
+fn default_name(root: &Path, base: &str) -> String {
+    let base = format!("{base}-{}", unix_ms() / 1000);
     let mut name = base.clone();
     let mut n = 2;
     while root.join(&name).exists() {
@@ -496,7 +510,8 @@ fn default_name(root: &Path, vm: &str) -> String {
     name
 }
 
-fn unix_us() -> u64 {
+/// Microseconds since the Unix epoch.
+pub(crate) fn unix_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }
 

@@ -9,7 +9,7 @@ use super::coordinator::Coordinator;
 use super::msg::Msg;
 use super::report::{CoordinatorEvent, CoordinatorState};
 use crate::inbox::{next, Next};
-use crate::transport::{Envelope, Transport};
+use crate::transport::{send_all, Envelope, Transport};
 
 /// An input of [`run_cohort`]: what arrives in a cohort's inbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,16 +66,6 @@ pub enum CoordinatorOutcome {
         /// Why (names the cohort at fault, if any).
         reason: String,
     },
-}
-
-fn send_all(transport: &dyn Transport<Msg>, out: Vec<Envelope<Msg>>) {
-    for env in out {
-        let name = env.msg.name();
-        if let Err(e) = transport.send(&env.to, env.msg) {
-            // Treated as a lost message: retransmission and deadlines cope.
-            log::warn!("{}: cannot send {name} to {}: {e}", transport.me(), env.to);
-        }
-    }
 }
 
 /// Runs `cohort` until it is finished: feeds it the inbox and timer ticks,

@@ -228,6 +228,12 @@ impl Timeouts {
     }
 }
 
+impl crate::transport::Named for Msg {
+    fn name(&self) -> &'static str {
+        Msg::name(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@ use super::initiator::{Initiator, InitiatorEvent, InitiatorState};
 use super::msg::Msg;
 use super::peer::{Peer, PeerAction, PeerState};
 use crate::inbox::{next, Next};
-use crate::transport::{Envelope, Transport};
+use crate::transport::{send_all, Envelope, Transport};
 
 /// An input of [`run_peer`]: what arrives in a peer's inbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,16 +64,6 @@ pub enum InitiatorOutcome {
         /// Why (names the peer at fault, if any).
         reason: String,
     },
-}
-
-fn send_all(transport: &dyn Transport<Msg>, out: Vec<Envelope<Msg>>) {
-    for env in out {
-        let name = env.msg.name();
-        if let Err(e) = transport.send(&env.to, env.msg) {
-            // Treated as a lost message: retransmission and deadlines cope.
-            log::warn!("{}: cannot send {name} to {}: {e}", transport.me(), env.to);
-        }
-    }
 }
 
 /// Runs `peer` until it is finished: feeds it the inbox and timer ticks,

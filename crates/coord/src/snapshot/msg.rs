@@ -173,6 +173,12 @@ pub struct Ignored {
     pub unexpected: u64,
 }
 
+impl crate::transport::Named for Msg {
+    fn name(&self) -> &'static str {
+        Msg::name(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
