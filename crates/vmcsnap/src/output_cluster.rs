@@ -168,16 +168,17 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
     let line: Vec<&str> = v["restore_line"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
     println!("restore line (planned): {}", line.join(" < "));
     println!(
-        "{:<10} {:>10} {:>10} {:>13} {:>8} {:>11} {:>7} {:>8} {:>8}",
-        "VM", "LATENCY_MS", "BACKOFF_MS", "DISRUPTION_MS", "WSS", "PAGES_FIRST", "FAULTS", "REPLAYED", "RETRANS"
+        "{:<10} {:>10} {:>10} {:>13} {:>8} {:>11} {:>7} {:>8} {:>8} {:>11}",
+        "VM", "LATENCY_MS", "BACKOFF_MS", "DISRUPTION_MS", "WSS", "PAGES_FIRST", "FAULTS", "REPLAYED", "RETRANS", "GUEST_GAP_MS"
     );
     for r in v["vms"].as_array().into_iter().flatten() {
         let retrans = match (r["retrans_first"].as_u64(), r["retrans_later"].as_u64()) {
             (Some(a), Some(b)) => format!("+{}", b.saturating_sub(a)),
             _ => "?".into(),
         };
+        let gap = r["guest_max_gap_ms"].as_u64().map_or("-".to_string(), |g| g.to_string());
         println!(
-            "{:<10} {:>10.1} {:>10.1} {:>13.1} {:>8} {:>11} {:>7} {:>8} {:>8}",
+            "{:<10} {:>10.1} {:>10.1} {:>13.1} {:>8} {:>11} {:>7} {:>8} {:>8} {:>11}",
             r["vm"].as_str().unwrap_or("?"),
             r["latency_ms"].as_f64().unwrap_or(0.0),
             r["backoff_ms"].as_f64().unwrap_or(0.0),
@@ -186,7 +187,8 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
             r["pages_before_start"],
             r["demand_faults"],
             r["frames_replayed"],
-            retrans
+            retrans,
+            gap
         );
     }
     println!(

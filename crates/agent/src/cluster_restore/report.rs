@@ -48,6 +48,16 @@ pub struct VmRestoreReport {
     pub retrans_first: Option<u64>,
     /// The later value.
     pub retrans_later: Option<u64>,
+    /// Of the retransmissions counted in `retrans_later` (since boot): tail
+    /// loss probes (a peer silent for two round trips plus 200 ms) and
+    /// retransmission timeouts, if the guest reports them.
+    pub tlp_later: Option<u64>,
+    /// See `tlp_later`.
+    pub rto_later: Option<u64>,
+    /// The longest gap between two pingpong replies the guest saw since the
+    /// restore (pingpong clients only): the disruption as its application
+    /// felt it, in guest time.
+    pub guest_max_gap_ms: Option<u64>,
     /// The VM's restore record.
     pub record: PathBuf,
 }
@@ -151,6 +161,9 @@ pub fn build(
             frames_replayed: *replayed,
             retrans_first: first,
             retrans_later: view.retrans,
+            tlp_later: view.tlp,
+            rto_later: view.rto,
+            guest_max_gap_ms: view.pingpong_max_gap_ms,
             record: rep.record.clone(),
         });
     }

@@ -85,6 +85,11 @@ pub struct GuestView {
     /// The last `retrans=` of the guest's `vmcsnap-stat` lines (its TCP
     /// RetransSegs), if any line was seen.
     pub retrans: Option<u64>,
+    /// The last `tlp=` (TCPLossProbes: tail loss probes, the retransmissions
+    /// a short stall of the peer causes) of those lines.
+    pub tlp: Option<u64>,
+    /// The last `rto=` (TCPTimeouts: retransmission timeouts).
+    pub rto: Option<u64>,
     /// The largest per-second `maxgap_ms=` of pingpong client lines.
     pub pingpong_max_gap_ms: Option<u64>,
     /// How many `vmcsnap-stat` lines were seen (one per second).
@@ -100,6 +105,8 @@ pub fn parse_console(text: &str) -> GuestView {
             if let Some(n) = field(line, "retrans") {
                 v.retrans = Some(n);
             }
+            v.tlp = field(line, "tlp").or(v.tlp);
+            v.rto = field(line, "rto").or(v.rto);
         } else if line.starts_with("pingpong: ") {
             if let Some(g) = field(line, "maxgap_ms") {
                 v.pingpong_max_gap_ms = Some(v.pingpong_max_gap_ms.map_or(g, |m| m.max(g)));
@@ -183,9 +190,11 @@ mod tests {
                     pingpong: t=1 conn=1 reqs=700 total=700 maxgap_ms=4 maxgap_all_ms=9\n\
                     noise retrans=99\n\
                     pingpong: t=2 conn=1 reqs=650 total=1350 maxgap_ms=31 maxgap_all_ms=31\n\
-                    vmcsnap-stat name=a uptime=2.0 retrans=5\n";
+                    vmcsnap-stat name=a uptime=2.0 retrans=5 tlp=2 rto=1\n";
         let v = parse_console(text);
         assert_eq!(v.retrans, Some(5));
+        assert_eq!((v.tlp, v.rto), (Some(2), Some(1)));
+        assert_eq!(parse_console("vmcsnap-stat name=a uptime=2.0 retrans=5\n").tlp, None, "older guests print no tlp");
         assert_eq!(v.pingpong_max_gap_ms, Some(31));
         assert_eq!(v.stat_lines, 2);
         assert_eq!(parse_console("").retrans, None);
