@@ -116,7 +116,7 @@ impl QemuConfig {
             push(s.to_string());
         }
         push("-name".into());
-        push(format!("guest={},process={}", self.name, self.name));
+        push(format!("guest={},process={},debug-threads=on", self.name, self.name));
         push("-M".into());
         push("microvm,acpi=on,memory-backend=mem".into());
         for s in self.accel.qemu_args() {

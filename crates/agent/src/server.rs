@@ -241,16 +241,16 @@ fn dispatch(
             let report = crate::cluster_snapshot::snapshot_cluster(c, run, opts, progress)?;
             Ok(to_json(&report))
         }
-        Request::Restore { snapshot, mode, wss, paused, trace, no_background } => {
+        Request::Restore { snapshot, mode, wss, paused, trace, no_background, no_priorities } => {
             let mode: vmcsnap_workingset::Mode = mode.parse().map_err(AgentError::BadRequest)?;
             let wss = wss.map_or(crate::restore::WssChoice::Auto, crate::restore::WssChoice::Pages);
-            let opts = crate::restore::Options { snapshot, mode, wss, paused, trace, no_background, cluster: None };
+            let opts = crate::restore::Options { snapshot, mode, wss, paused, trace, no_background, priorities: !no_priorities, cluster: None };
             let report = crate::restore::restore(cluster, run, opts, progress)?;
             Ok(to_json(&report))
         }
-        Request::ClusterRestore { snapshot, mode } => {
+        Request::ClusterRestore { snapshot, mode, no_priorities } => {
             let mode: crate::cluster_restore::Mode = mode.parse().map_err(AgentError::BadRequest)?;
-            let opts = crate::cluster_restore::Options { snapshot, mode };
+            let opts = crate::cluster_restore::Options { snapshot, mode, priorities: !no_priorities };
             let report = crate::cluster_restore::restore_cluster(cluster, run, opts, progress)?;
             Ok(to_json(&report))
         }

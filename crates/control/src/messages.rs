@@ -71,6 +71,9 @@ pub enum Request {
         snapshot: String,
         /// `eager`, `eager-rl`, `workingset-restore`, `hotrestore` or `hotrestore-rl`.
         mode: String,
+        /// Leave every thread's CPU priority alone (see docs/restore.md).
+        #[serde(default)]
+        no_priorities: bool,
     },
     /// Restore a VM from a snapshot (joining the running cluster, or a
     /// cluster of its own). Result: the restore report
@@ -92,6 +95,9 @@ pub enum Request {
         /// Send only demanded pages for the first 10 s.
         #[serde(default)]
         no_background: bool,
+        /// Leave every thread's CPU priority alone (see docs/restore.md).
+        #[serde(default)]
+        no_priorities: bool,
     },
     /// Stop one VM of the cluster (its QEMU, RAM and port go; the rest
     /// runs on). Result: `{"vm": NAME}`.

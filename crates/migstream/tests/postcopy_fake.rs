@@ -17,7 +17,7 @@ use common::postcopy::{
 };
 use vmcsnap_migstream::postcopy::return_path::{RpError, RpMessage};
 use vmcsnap_migstream::postcopy::{
-    DestBlock, PageId, Phase, PostcopyError, RunGate, SourceConfig, SourceEvent,
+    DestBlock, PageId, Phase, PostcopyError, RunGate, SourceConfig, SourceEvent, Work,
 };
 
 const GUARD: Duration = Duration::from_secs(60);
@@ -300,6 +300,22 @@ fn whole_protocol_with_requests_clusters_and_background_order() {
     let first_demand = pos(&|e| matches!(e, SourceEvent::Demand { .. }));
     let all_sent = pos(&|e| *e == SourceEvent::AllSent);
     assert!(run_sent < first_demand && first_demand < all_sent);
+    // Work changes: preload until RUN, then demand and background work.
+    let works: Vec<(usize, Work)> = run
+        .events
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| match e {
+            SourceEvent::Work(w) => Some((i, *w)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(works[0], (0, Work::Preload), "the first event");
+    assert!(works[1..].iter().all(|&(i, w)| i > run_sent && w != Work::Preload));
+    assert!(works.iter().all(|&(_, w)| w != Work::Held), "no gate, never held");
+    assert!(works.windows(2).all(|p| p[0].1 != p[1].1), "emitted on changes only");
+    let demand_work = pos(&|e| *e == SourceEvent::Work(Work::Demand));
+    assert!(demand_work < all_sent && works.iter().any(|&(_, w)| w == Work::Background));
     assert_eq!(
         run.events[all_sent - 1],
         SourceEvent::Progress {
@@ -801,6 +817,10 @@ fn held_gate_keeps_loading_all_pages_but_one_until_opened() {
         }
     );
     assert!(loaded < gate_opened && gate_opened < run_sent);
+    // Pages while held are opportunistic work; the RUN is preload again.
+    let held = position(ev, |e| *e == SourceEvent::Work(Work::Held));
+    assert!(loaded < held && held < gate_opened);
+    assert_eq!(ev[gate_opened - 1], SourceEvent::Work(Work::Preload));
     // Progress while held, none before Loaded (3 pages < 256).
     assert!(ev[..loaded]
         .iter()

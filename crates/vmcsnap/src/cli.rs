@@ -120,6 +120,9 @@ pub enum Command {
         /// Send only the pages the guest asks for during the first 10 s.
         #[arg(long, conflicts_with = "cluster")]
         no_background: bool,
+        /// Leave CPU priorities alone (by default, as root, serving faults runs above the guests' vCPUs and background loading below them).
+        #[arg(long)]
+        no_priorities: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,

@@ -88,20 +88,20 @@ fn run(cli: Cli) -> Result<()> {
             let v = request(&run_dir.agent_socket(), &Request::Snapshot { vm, mode, name, reference })?;
             output::json_or(json, &v, || output::snapshot(&v))
         }
-        Command::Restore { snapshot, cluster: true, mode, json, .. } => {
+        Command::Restore { snapshot, cluster: true, mode, no_priorities, json, .. } => {
             let mode = mode.unwrap_or_else(|| "hotrestore-rl".into());
             launch::ensure_agent(&run_dir, true)?;
-            let v = request(&run_dir.agent_socket(), &Request::ClusterRestore { snapshot, mode })?;
+            let v = request(&run_dir.agent_socket(), &Request::ClusterRestore { snapshot, mode, no_priorities })?;
             output_cluster::json_or_restore(json, &v)
         }
-        Command::Restore { snapshot, mode, wss, paused, trace, no_background, json, .. } => {
+        Command::Restore { snapshot, mode, wss, paused, trace, no_background, no_priorities, json, .. } => {
             let mode = mode.unwrap_or_else(|| "workingset".into());
             let wss = match wss.as_str() {
                 "auto" => None,
                 n => Some(n.parse::<u64>().with_context(|| format!("--wss {n:?}: give a number of pages or auto"))?),
             };
             launch::ensure_agent(&run_dir, true)?;
-            let v = request(&run_dir.agent_socket(), &Request::Restore { snapshot, mode, wss, paused, trace, no_background })?;
+            let v = request(&run_dir.agent_socket(), &Request::Restore { snapshot, mode, wss, paused, trace, no_background, no_priorities })?;
             output::json_or(json, &v, || output::restore(&v))
         }
         Command::Stop { vm, json } => {

@@ -90,6 +90,9 @@ pub struct Options {
     pub snapshot: String,
     /// The mode.
     pub mode: Mode,
+    /// Raise the fault path's CPU priority and lower background loading's
+    /// (when permitted; see `restore::Options::priorities`).
+    pub priorities: bool,
 }
 
 /// Restores every VM of a cluster snapshot into a new cluster.
@@ -133,7 +136,7 @@ pub fn restore_cluster(
         progress(&format!("restore line: {}", plan.line.join(" < ")));
     }
     let replay = replay_frames(&dir, &m)?;
-    let (outcome, outcomes, start_order) = run_protocol(&c, run, &plan, opts.mode, replay, progress);
+    let (outcome, outcomes, start_order) = run_protocol(&c, run, &plan, &opts, replay, progress);
     let mut errors = Vec::new();
     let mut restored = Vec::new();
     for o in outcomes {
@@ -268,10 +271,11 @@ fn run_protocol(
     c: &Cluster,
     run: &RunDir,
     plan: &Plan,
-    mode: Mode,
+    opts: &Options,
     mut replay: HashMap<String, Vec<Vec<u8>>>,
     progress: &mut dyn FnMut(&str),
 ) -> (CoordinatorOutcome, Vec<cohort::Outcome>, Vec<(String, u64)>) {
+    let mode = opts.mode;
     let (policy, deps) = match mode {
         Mode::HotrestoreRl | Mode::EagerRl => (Policy::RestoreLine, rl_deps(&plan.rdg)),
         _ => (Policy::Independent, Deps::new()),
@@ -321,6 +325,7 @@ fn run_protocol(
                     paused: false,
                     trace: false,
                     no_background: false,
+                    priorities: opts.priorities,
                     cluster: None,
                 },
                 gate: gate.clone(),

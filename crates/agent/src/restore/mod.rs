@@ -29,7 +29,9 @@
 //! needed and the restored VM is stopped: it never runs on a wrong page.
 //! `vmcsnap inspect --verify` checks a whole image beforehand.
 
+mod feed;
 pub mod pages;
+mod priority;
 mod run;
 pub mod traces;
 

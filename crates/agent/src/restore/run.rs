@@ -1,19 +1,17 @@
 //! The restore itself: see the module docs of [`crate::restore`].
 
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
-use serde_json::{json, Value};
-use vmcsnap_image::{Image, PageKey};
-use vmcsnap_migstream::postcopy::{self, DestBlock, PageId, SourceConfig, SourceEvent};
+use serde_json::Value;
+use vmcsnap_image::Image;
 use vmcsnap_spec::{ClusterSection, ClusterSpec, VmAddress, VmSpec};
 use vmcsnap_workingset::{self as ws, Mode};
 
-use super::pages::{image_order, ImagePages};
+use super::feed::feed;
+use super::pages::image_order;
 use super::traces::{self, Record};
 use crate::cluster::{Cluster, Member};
 use crate::qemu::{self, QemuConfig};
@@ -25,7 +23,7 @@ use crate::{log, AgentError, RunDir};
 /// ends).
 pub const TRACE_WINDOW: Duration = Duration::from_secs(10);
 /// The section id of "ram" in the stream we send (what QEMU itself uses).
-const RAM_SECTION_ID: u32 = 2;
+pub(super) const RAM_SECTION_ID: u32 = 2;
 
 /// How many pages go before the guest starts (`workingset`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +49,9 @@ pub struct Options {
     pub trace: bool,
     /// Send only demanded pages for [`TRACE_WINDOW`] after the start.
     pub no_background: bool,
+    /// Raise the fault path's CPU priority and lower background loading's,
+    /// where this process may ([`super::priority`]).
+    pub priorities: bool,
     /// A cluster restore: the snapshot's directory (instead of a name under
     /// the snapshots root), the gate that holds the start, and where to
     /// report progress. `None` for a restore of one VM.
@@ -119,13 +120,16 @@ pub struct Report {
     pub pages_on_demand: u64,
     /// Pages pushed in the background.
     pub pages_background: u64,
+    /// QEMU threads on the fault path given a higher priority (2 when it
+    /// worked; `None` if this process may not raise priorities).
+    pub qemu_threads_raised: Option<usize>,
     /// The overlay the VM runs on.
     pub overlay: PathBuf,
     /// Where this restore's record went.
     pub record: PathBuf,
 }
 
-fn fail(vm: &str, detail: impl std::fmt::Display) -> AgentError {
+pub(super) fn fail(vm: &str, detail: impl std::fmt::Display) -> AgentError {
     AgentError::Restore { vm: vm.to_string(), detail: detail.to_string() }
 }
 
@@ -295,28 +299,28 @@ fn elastic_size(hybrid: u64, mode: Mode, learned: Option<&Record>) -> u64 {
 }
 
 /// The plan and the numbers behind it.
-struct Planned {
-    plan: ws::Plan,
-    wss: u64,
-    wss_sample: Option<u64>,
-    wss_snapshot: u64,
-    learned: bool,
+pub(super) struct Planned {
+    pub(super) plan: ws::Plan,
+    pub(super) wss: u64,
+    pub(super) wss_sample: Option<u64>,
+    pub(super) wss_snapshot: u64,
+    pub(super) learned: bool,
 }
 
 /// Everything checked and prepared before a QEMU starts.
-struct Job<'a> {
-    opts: &'a Options,
-    img: &'a Image,
-    snap_dir: &'a Path,
+pub(super) struct Job<'a> {
+    pub(super) opts: &'a Options,
+    pub(super) img: &'a Image,
+    pub(super) snap_dir: &'a Path,
     saved: Saved,
     qemu_bin: PathBuf,
     qemu_img: PathBuf,
     frozen: PathBuf,
     assets: vmcsnap_guest::GuestAssets,
-    planned: Planned,
+    pub(super) planned: Planned,
     /// When the request arrived (monotonic and wall clock).
-    t0: Instant,
-    t0_wall: SystemTime,
+    pub(super) t0: Instant,
+    pub(super) t0_wall: SystemTime,
 }
 
 fn plan(img: &Image, opts: &Options, dir: &Path) -> Result<Planned, AgentError> {
@@ -338,7 +342,7 @@ fn plan(img: &Image, opts: &Options, dir: &Path) -> Result<Planned, AgentError> 
     Ok(Planned { plan, wss, wss_sample, wss_snapshot, learned: learned.is_some() })
 }
 
-fn unix_us(t: SystemTime) -> u64 {
+pub(super) fn unix_us(t: SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }
 
@@ -406,188 +410,25 @@ fn start_and_feed(
             Ok((member, report))
         }
         Err(e) => {
+            // A QEMU that exited by itself says why in its log (e.g. a
+            // stream it rejected) or the guest's console (e.g. a panic).
+            let e = match vm.exited() {
+                Some(status) => fail(
+                    &name,
+                    format!(
+                        "{e}; QEMU exited ({status}); its log ends:\n{}\nthe guest console ends:\n{}",
+                        crate::vm::tail(&vm.qemu_log, 1500).trim_end(),
+                        crate::vm::tail(&config.console_log, 1500).trim_end()
+                    ),
+                ),
+                None => e,
+            };
             log(format!("restore of {name} failed, stopping its QEMU: {e}"));
             vm.shutdown();
             let _ = switch.remove_port(port);
             config.remove_runtime_files();
             let _ = std::fs::remove_file(&overlay);
             Err(e)
-        }
-    }
-}
-
-fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Result<Report, AgentError> {
-    let Job { opts, img, snap_dir, planned, t0, t0_wall, .. } = job;
-    let (t0, t0_wall) = (*t0, *t0_wall);
-    let name = vm.name.clone();
-    let vm_dir = vm.config.qmp_socket.parent().expect("in the VM dir").to_path_buf();
-    let incoming = vm_dir.join("incoming.sock");
-    let _ = std::fs::remove_file(&incoming);
-    vm.qmp()?.set_timeout(Duration::from_secs(60));
-    vm.execute(
-        "migrate-set-capabilities",
-        json!({ "capabilities": [ { "capability": "postcopy-ram", "state": true } ] }),
-    )?;
-    vm.execute("migrate-incoming", json!({ "uri": format!("unix:{}", incoming.display()) }))?;
-    let stream = connect(vm, &incoming)?;
-    let _ = std::fs::remove_file(&incoming);
-
-    let to_id = |k: &PageKey| PageId { block: k.ram_block, page: k.page };
-    let device_state = img.device_state().map_err(|e| fail(&name, format!("device state: {e}")))?;
-    let scfg = SourceConfig {
-        machine: img.manifest().qemu.machine.clone(),
-        blocks: img.ram_blocks().iter().map(|b| DestBlock { name: b.name.clone(), used_length: b.used_length }).collect(),
-        page_size: img.page_size(),
-        ram_section_id: RAM_SECTION_ID,
-        device_state,
-        before_run: planned.plan.before_run.iter().map(to_id).collect(),
-        demand_cluster: planned.plan.demand_cluster,
-        background: planned.plan.background.iter().map(to_id).collect(),
-        background_after: opts.no_background.then_some(TRACE_WINDOW),
-        shut_timeout: Duration::from_secs(60),
-        run_gate: opts.cluster.as_ref().map(|c| c.gate.clone()),
-    };
-    let mut pages = ImagePages::new(img, &planned.plan.before_run).map_err(|e| fail(&name, e))?;
-    let bytes_read = pages.bytes_read.clone();
-    let (tx, rx) = mpsc::channel::<(SourceEvent, Instant)>();
-    let source_start = Instant::now();
-    let mut latency_ms = None;
-    let mut bytes_before = 0;
-    let tell = |ev: RestoreEvent| {
-        if let Some(c) = &opts.cluster {
-            let _ = c.events.send(ev);
-        }
-    };
-    let outcome = std::thread::scope(|s| {
-        let h = s.spawn(move || {
-            postcopy::run_source(&scfg, &mut pages, stream, &mut |ev| {
-                let _ = tx.send((ev, Instant::now()));
-            })
-        });
-        let mut last_progress = Instant::now();
-        let mut waiting_for_resume = false;
-        loop {
-            match rx.recv_timeout(Duration::from_millis(20)) {
-                Ok((SourceEvent::RunSent, at)) => {
-                    bytes_before = bytes_read.load(Ordering::Relaxed);
-                    progress(&format!(
-                        "{name}: device state and {} pages sent, guest starting",
-                        planned.plan.before_run.len()
-                    ));
-                    if opts.paused {
-                        latency_ms = Some(at.duration_since(t0).as_secs_f64() * 1000.0);
-                    } else {
-                        waiting_for_resume = true;
-                    }
-                }
-                Ok((SourceEvent::Loaded { pages }, _)) => {
-                    progress(&format!("{name}: {pages} pages loaded, waiting for START"));
-                    tell(RestoreEvent::Loaded);
-                }
-                Ok((SourceEvent::AllSent, _)) => tell(RestoreEvent::AllLoaded),
-                Ok((SourceEvent::Progress { sent, total }, _)) if last_progress.elapsed() > Duration::from_millis(500) => {
-                    last_progress = Instant::now();
-                    progress(&format!("{name}: {sent} of {total} pages loaded"));
-                }
-                Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) if !waiting_for_resume => break,
-                Err(mpsc::RecvTimeoutError::Disconnected) => {}
-            }
-            if waiting_for_resume {
-                // The guest starts once QEMU has loaded the package; its
-                // QMP may stall meanwhile (it faults on missing pages).
-                if let Ok(q) = vm.qmp() {
-                    if let Ok(e) = q.wait_event("RESUME", Duration::from_millis(20)) {
-                        latency_ms = Some(e.timestamp_us.saturating_sub(unix_us(t0_wall)) as f64 / 1000.0);
-                        waiting_for_resume = false;
-                        tell(RestoreEvent::Started(e.timestamp_us));
-                    }
-                }
-                if h.is_finished() && waiting_for_resume && latency_ms.is_none() {
-                    // One last look, then give up on the event.
-                    if let Ok(Ok(e)) = vm.qmp().map(|q| q.wait_event("RESUME", Duration::from_secs(2))) {
-                        latency_ms = Some(e.timestamp_us.saturating_sub(unix_us(t0_wall)) as f64 / 1000.0);
-                        tell(RestoreEvent::Started(e.timestamp_us));
-                    }
-                    waiting_for_resume = false;
-                }
-            }
-        }
-        h.join().expect("postcopy source thread panicked")
-    });
-    let rep = outcome.map_err(|e| fail(&name, e))?;
-    let full_load_ms = (source_start.duration_since(t0) + rep.all_sent_after).as_secs_f64() * 1000.0;
-    wait_completed(vm)?;
-    let restore_latency_ms = latency_ms.ok_or_else(|| fail(&name, "the guest did not start (no RESUME event)"))?;
-    let mut per_100ms = vec![0u64; 100];
-    for (d, _) in &rep.demand {
-        let i = (d.as_millis() / 100) as usize;
-        if i < per_100ms.len() {
-            per_100ms[i] += 1;
-        }
-    }
-    let record = Record {
-        unix_ms: crate::handover::unix_ms(SystemTime::now()),
-        mode: opts.mode.name().to_string(),
-        trace: opts.trace,
-        preloaded: planned.plan.before_run.iter().map(|k| (k.ram_block, k.page)).collect(),
-        faults: rep.demand.iter().map(|(d, id)| (id.block, id.page, d.as_secs_f64() * 1000.0)).collect(),
-    };
-    let record_path = traces::save(snap_dir, &record).map_err(AgentError::io("writing the restore record in", snap_dir))?;
-    Ok(Report {
-        vm: name,
-        snapshot: opts.snapshot.clone(),
-        mode: opts.mode,
-        paused: opts.paused,
-        restore_latency_ms,
-        ws_pages: rep.pages_before_run,
-        wss: planned.wss,
-        wss_sample: planned.wss_sample,
-        wss_snapshot: planned.wss_snapshot,
-        learned: planned.learned,
-        bytes_read_before_start: bytes_before,
-        demand_faults: rep.demand.len() as u64,
-        demand_faults_per_100ms: per_100ms,
-        full_load_ms,
-        pages_total: rep.pages_total,
-        pages_on_demand: rep.pages_on_demand,
-        pages_background: rep.pages_background,
-        overlay: PathBuf::new(),
-        record: record_path,
-    })
-}
-
-/// Connects to the destination's incoming socket once QEMU listens.
-fn connect(vm: &mut Vm, path: &Path) -> Result<UnixStream, AgentError> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match UnixStream::connect(path) {
-            Ok(s) => return Ok(s),
-            Err(e) => {
-                if let Some(status) = vm.exited() {
-                    return Err(fail(&vm.name, format!("QEMU exited ({status}): {}", crate::vm::tail(&vm.qemu_log, 1500))));
-                }
-                if Instant::now() > deadline {
-                    return Err(AgentError::io("connecting to the restore destination", path)(e));
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        }
-    }
-}
-
-/// Waits until the destination reports the migration completed.
-fn wait_completed(vm: &mut Vm) -> Result<(), AgentError> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let st = vm.execute("query-migrate", Value::Null)?;
-        match st["status"].as_str().unwrap_or("") {
-            "completed" => return Ok(()),
-            "failed" | "cancelled" => {
-                return Err(fail(&vm.name, format!("the destination reports {}", st["status"])));
-            }
-            _ if Instant::now() > deadline => return Err(fail(&vm.name, "the destination did not complete within 60 s")),
-            _ => std::thread::sleep(Duration::from_millis(20)),
         }
     }
 }

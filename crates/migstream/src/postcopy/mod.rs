@@ -220,6 +220,26 @@ pub enum SourceEvent {
     },
     /// The last page has been written; END and EOF follow.
     AllSent,
+    /// The sender turns to another kind of work (emitted on changes only,
+    /// from the sender's own thread), e.g. for its caller to give serving
+    /// faults a higher scheduling priority than background loading.
+    Work(Work),
+}
+
+/// What the sender is busy with ([`SourceEvent::Work`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// Before RUN: the before-run pages, and (with a run gate) the RUN
+    /// once the gate opens. The guest waits for this work.
+    Preload,
+    /// With a run gate, while it is held: pages in background order, sent
+    /// opportunistically (nobody waits for them).
+    Held,
+    /// After RUN: requested pages and their neighbours, or waiting for
+    /// requests; the guest runs and a vCPU may be blocked on a fault.
+    Demand,
+    /// After RUN: background pages (no request is pending).
+    Background,
 }
 
 /// What happened during [`run_source`].

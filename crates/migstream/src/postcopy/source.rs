@@ -14,7 +14,7 @@ use super::encode;
 use super::error::{Phase, PostcopyError};
 use super::gate::{Decision, RunGate};
 use super::return_path::{reader_thread, FromDest};
-use super::{PageId, PageSource, SourceConfig, SourceEvent, SourceReport};
+use super::{PageId, PageSource, SourceConfig, SourceEvent, SourceReport, Work};
 
 /// Pages per PART section; also how often [`SourceEvent::Progress`] is
 /// reported. QEMU closes a section every 50 ms; the count only matters for
@@ -118,6 +118,7 @@ pub fn run_source(
             pages_total: total,
             ..SourceReport::default()
         },
+        work: None,
     };
     let result = s.run();
     s.stop_reader();
@@ -224,11 +225,22 @@ struct Sender<'a> {
     /// One page.
     page: Vec<u8>,
     report: SourceReport,
+    /// The last [`SourceEvent::Work`] emitted.
+    work: Option<Work>,
 }
 
 impl Sender<'_> {
+    /// Emits [`SourceEvent::Work`] if `work` differs from the last one.
+    fn work(&mut self, work: Work) {
+        if self.work != Some(work) {
+            self.work = Some(work);
+            (self.events)(SourceEvent::Work(work));
+        }
+    }
+
     fn run(&mut self) -> Result<(), PostcopyError> {
         let cfg = self.cfg;
+        self.work(Work::Preload);
         // Header up to the RAM setup (§3.5).
         let mut out = std::mem::take(&mut self.buf);
         out.clear();
@@ -346,6 +358,7 @@ impl Sender<'_> {
             };
             match next {
                 Some(id) => {
+                    self.work(Work::Held);
                     self.report.bytes_before_run += self.send_page(id)?;
                     self.report.pages_before_run += 1;
                     self.report.pages_while_held += 1;
@@ -353,6 +366,7 @@ impl Sender<'_> {
                 None => self.sleep_at_gate(gate)?,
             }
         }
+        self.work(Work::Preload);
         (self.events)(SourceEvent::GateOpened {
             pages_before_run: self.report.pages_before_run,
         });
@@ -405,25 +419,15 @@ impl Sender<'_> {
         let mut scan = 0u64; // global index of the (block, page) order scan
         while self.sent_count < self.total {
             self.poll(None)?;
+            if !self.demand.is_empty() || !self.neighbours.is_empty() || Instant::now() < background_at {
+                self.work(Work::Demand);
+            }
             if let Some(id) = self.demand.pop_front() {
                 let i = self.index(id);
                 self.queued[i] = false;
                 self.send_page(id)?;
                 self.report.pages_on_demand += 1;
-                let block_pages = cfg.block_pages(id.block);
-                for k in 1..cfg.demand_cluster.max(1) {
-                    let page = u64::from(id.page) + u64::from(k);
-                    if page >= block_pages {
-                        break;
-                    }
-                    let n = PageId {
-                        block: id.block,
-                        page: page as u32,
-                    };
-                    if !self.sent[self.index(n)] && !self.queued[self.index(n)] {
-                        self.neighbours.push_back(n);
-                    }
-                }
+                self.queue_neighbours(id);
                 continue;
             }
             if let Some(id) = self.neighbours.pop_front() {
@@ -443,11 +447,30 @@ impl Sender<'_> {
             let Some(id) = self.next_background(&mut background, &mut scan) else {
                 break;
             };
+            self.work(Work::Background);
             self.send_page(id)?;
             self.report.pages_background += 1;
         }
         debug_assert_eq!(self.sent_count, self.total);
         Ok(())
+    }
+
+    /// After the requested page `id`: the unsent pages of its cluster (the
+    /// next `demand_cluster - 1` pages of its block).
+    fn queue_neighbours(&mut self, id: PageId) {
+        let block_pages = self.cfg.block_pages(id.block);
+        let page = u64::from(id.page);
+        let end = (page + u64::from(self.cfg.demand_cluster.max(1))).min(block_pages);
+        for p in page + 1..end {
+            let n = PageId {
+                block: id.block,
+                page: p as u32,
+            };
+            let i = self.index(n);
+            if !self.sent[i] && !self.queued[i] {
+                self.neighbours.push_back(n);
+            }
+        }
     }
 
     fn index(&self, id: PageId) -> usize {
