@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages vmcsnap needs, if any is missing.
 # qemu-system-x86: the hypervisor; qemu-utils: qemu-img; busybox-static,
-# cpio, e2fsprogs: guest initramfs and data disks; gcc: guest programs.
+# cpio, e2fsprogs: guest initramfs and data disks; gcc: guest programs;
+# graphviz: the PNG of `inspect --rdg --dot FILE`.
 set -euo pipefail
-pkgs=(qemu-system-x86 qemu-utils busybox-static cpio e2fsprogs gcc libc6-dev binutils lz4 make)
+pkgs=(qemu-system-x86 qemu-utils busybox-static cpio e2fsprogs gcc libc6-dev binutils lz4 make graphviz)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
