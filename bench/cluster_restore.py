@@ -7,7 +7,8 @@ pingpong client and a KV load against it. One hot cluster snapshot is taken (aft
 snapshot), the cluster is destroyed, and it is restored REPS times per mode, modes interleaved;
 each restore is measured from `restore --cluster --json` and the cluster is torn down again.
 Recorded: per-VM latency, backoff (HotRestore's approximation), disruption, pages loaded first,
-demand faults, frames replayed, RetransSegs growth; per run their average/median/max.
+demand faults, frames replayed, RetransSegs growth, the longest gap between pingpong replies the
+guests saw; per run their average/median/max.
 
 Goals (issue text): with the restore line, average backoff <= 20 ms and max <= 50 ms, and average
 disruption <= 0.5x workingset-restore's.
@@ -15,7 +16,10 @@ disruption <= 0.5x workingset-restore's.
 Writes bench/results/cluster_restore.json and cluster_restore.png (per-VM latency and backoff bars
 per mode and cluster size, like HotRestore's figure 7, for the last run of each) and prints a table.
 
-Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--modes M,M] [--bin PATH] [--replot]
+A mode written M:nopri runs M with `--no-priorities` (every thread at the same CPU priority), to
+measure the fault-path/background priorities side by side, e.g. --modes hotrestore-rl,hotrestore-rl:nopri.
+
+Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--modes M,M] [--bin PATH] [--out DIR] [--replot]
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile, time
 
@@ -50,7 +54,8 @@ def main():
     ap.add_argument("--vms", default="4,8")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--bin")
-    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="comma-separated subset of " + ",".join(MODES) + " (each may end in :nopri)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON in --out")
     a = ap.parse_args()
@@ -78,7 +83,9 @@ def main():
             for rep in range(a.reps):
                 for mode in modes:
                     try:
-                        r = run(run_dir, "restore", "--cluster", "cut", "--mode", mode, "--json")
+                        base, _, variant = mode.partition(":")
+                        extra = ["--no-priorities"] if variant == "nopri" else []
+                        r = run(run_dir, "restore", "--cluster", "cut", "--mode", base, *extra, "--json")
                     except benchlib.Failed as e:
                         results["runs"].append({"n": n, "mode": mode, "rep": rep, "error": str(e)[-1500:]})
                         print(f"{n} VMs {mode} rep {rep}: FAILED", file=sys.stderr)
@@ -107,7 +114,7 @@ def main():
           f"{'disruption':>10} {'vs ws-restore':>13}")
     for n in sorted({r["n"] for r in results["runs"]}):
         base = None
-        for mode in MODES:
+        for mode in labels(results):
             rows = [r for r in results["runs"] if r["n"] == n and r["mode"] == mode]
             if not rows:
                 continue
@@ -118,7 +125,9 @@ def main():
                  "backoff_max_ms": med([r["backoff_max_ms"] for r in good]),
                  "disruption_avg_ms": med([r["disruption_avg_ms"] for r in good]),
                  "retrans_growth": [sum((v["retrans_later"] or 0) - (v["retrans_first"] or 0) for v in r["vms"])
-                                    for r in good]}
+                                    for r in good],
+                 # The longest pause between two pingpong replies any client saw after the restore.
+                 "guest_max_gap_ms": [max([v.get("guest_max_gap_ms") or 0 for v in r["vms"]]) for r in good]}
             if mode == "workingset-restore":
                 base = s["disruption_avg_ms"]
             s["disruption_vs_workingset_restore"] = s["disruption_avg_ms"] / base if base else None
@@ -126,10 +135,17 @@ def main():
             ratio = s["disruption_vs_workingset_restore"]
             print(f"{n:>3} {mode:<19} {s['ok']:>4} {s['latency_avg_ms']:>8.0f} {s['backoff_avg_ms']:>11.1f} "
                   f"{s['backoff_max_ms']:>11.1f} {s['disruption_avg_ms']:>10.0f} "
-                  f"{(f'{ratio:.2f}' if ratio else '-'):>13}  retrans growth per run {s['retrans_growth']}")
+                  f"{(f'{ratio:.2f}' if ratio else '-'):>13}  retrans growth per run {s['retrans_growth']}, "
+                  f"guest max gap ms per run {s['guest_max_gap_ms']}")
     with open(os.path.join(a.out, "cluster_restore.json"), "w") as f:
         json.dump(results, f, indent=1)
     plot(results, a.out)
+
+
+def labels(results):
+    """The modes run, in MODES order, each followed by its :nopri variant."""
+    ran = {r["mode"] for r in results["runs"]}
+    return [m for base in MODES for m in (base, base + ":nopri") if m in ran]
 
 
 def plot(results, out):
@@ -139,9 +155,10 @@ def plot(results, out):
     if plt is None or not good:
         return
     sizes = sorted({r["n"] for r in good})
-    fig, axes = plt.subplots(len(sizes), len(MODES), figsize=(4.5 * len(MODES), 3.6 * len(sizes)), squeeze=False, sharey="row")
+    modes = labels(results)
+    fig, axes = plt.subplots(len(sizes), len(modes), figsize=(4.5 * len(modes), 3.6 * len(sizes)), squeeze=False, sharey="row")
     for row, n in enumerate(sizes):
-        for ax, mode in zip(axes[row], MODES):
+        for ax, mode in zip(axes[row], modes):
             rows = [r for r in good if r["n"] == n and r["mode"] == mode]
             if not rows:
                 continue
