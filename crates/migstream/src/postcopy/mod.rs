@@ -55,7 +55,10 @@
 //!   page writes it drains the channel; a requested page (plus up to
 //!   [`SourceConfig::demand_cluster`]` - 1` unsent pages after it in the
 //!   same block) goes before any further background page. Requests for
-//!   pages already sent are counted and ignored, as QEMU does.
+//!   pages already sent are counted and ignored, as QEMU does. It reports
+//!   each change of what it works on ([`SourceEvent::Work`]: preload, held,
+//!   demand, background) from its own thread, so that the caller can give
+//!   serving faults a higher CPU priority than background loading.
 //! * **Discards** (§8.1, §8.2): the complement of the pages sent before
 //!   LISTEN, per block, as merged byte ranges. If every page was sent
 //!   before LISTEN the last page of [`SourceConfig::before_run`] is held
