@@ -85,6 +85,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod fin_timers;
 mod inbox;
 pub mod restore;
 pub mod snapshot;

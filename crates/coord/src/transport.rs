@@ -18,9 +18,25 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::NodeId;
+
+/// A message as one line of JSON, ending in `\n` (how both protocols'
+/// messages are written between hosts).
+pub(crate) fn json_line<M: Serialize>(msg: &M) -> String {
+    let mut s = serde_json::to_string(msg).expect("a protocol message always serializes");
+    s.push('\n');
+    s
+}
+
+/// Parses one line written by [`json_line`] (surrounding whitespace,
+/// including the newline, is ignored); on error, the line's first 200
+/// characters and the JSON error.
+pub(crate) fn parse_json_line<M: DeserializeOwned>(line: &str) -> Result<M, (String, serde_json::Error)> {
+    serde_json::from_str(line.trim()).map_err(|e| (line.trim().chars().take(200).collect(), e))
+}
 
 /// A message with its sender and receiver.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

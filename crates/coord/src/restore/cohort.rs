@@ -3,6 +3,7 @@
 use std::time::Instant;
 
 use super::msg::{Msg, Timeouts};
+use crate::fin_timers::{Due, FinTimers};
 use crate::snapshot::Ignored;
 use crate::transport::Envelope;
 use crate::NodeId;
@@ -87,10 +88,8 @@ pub struct Cohort {
     start_acked: bool,
     pages_loaded: bool,
     end: Option<End>,
-    failed_until: Option<Instant>,
     failure: String,
-    next_retry: Option<Instant>,
-    silence_deadline: Option<Instant>,
+    timers: FinTimers,
     ignored: Ignored,
 }
 
@@ -109,10 +108,8 @@ impl Cohort {
             start_acked: false,
             pages_loaded: false,
             end: None,
-            failed_until: None,
             failure: String::new(),
-            next_retry: None,
-            silence_deadline: None,
+            timers: FinTimers::default(),
             ignored: Ignored::default(),
         }
     }
@@ -140,10 +137,9 @@ impl Cohort {
             return out;
         }
         if self.end.is_some() {
-            if self.failed_until.is_some() {
+            if self.timers.lingering() {
                 if matches!(env.msg, Msg::Abort { .. }) {
-                    self.failed_until = None;
-                    self.next_retry = None;
+                    self.timers.stop_lingering();
                 } else {
                     // The coordinator has not heard of the failure yet.
                     out.push(self.failed_msg());
@@ -153,9 +149,7 @@ impl Cohort {
             }
             return out;
         }
-        if self.silence_deadline.is_some() {
-            self.silence_deadline = Some(now + self.t.cohort_give_up());
-        }
+        self.timers.heard(now, self.t.cohort_give_up());
         let started = self.started_unix_us.is_some();
         match env.msg {
             Msg::Load { .. } if !self.load_requested => {
@@ -180,13 +174,13 @@ impl Cohort {
             }
             Msg::AllRestoreFin { .. } if started && self.pages_loaded => {
                 self.end = Some(End::Done);
-                self.disarm();
+                self.timers.disarm();
             }
             Msg::Abort { reason, .. } => {
                 let reason = format!("coordinator {} aborted: {reason}", self.coordinator);
                 out.push(CohortAction::Abandon { reason });
                 self.end = Some(End::Abandoned);
-                self.disarm();
+                self.timers.disarm();
             }
             msg => {
                 self.ignored.unexpected += 1;
@@ -278,9 +272,7 @@ impl Cohort {
         out.push(self.failed_msg());
         out.push(CohortAction::Abandon { reason: error });
         self.end = Some(End::Abandoned);
-        self.silence_deadline = None;
-        self.next_retry = Some(now + self.t.retry);
-        self.failed_until = Some(now + self.t.linger());
+        self.timers.linger(now, self.t.retry, self.t.linger());
         out
     }
 
@@ -288,35 +280,24 @@ impl Cohort {
     /// `FAILED`), abandons after [`Timeouts::cohort_give_up`] of silence.
     pub fn on_tick(&mut self, now: Instant) -> Vec<CohortAction> {
         let mut out = Vec::new();
-        if let Some(until) = self.failed_until {
-            if now >= until {
-                log::warn!("cohort {}: no ABORT after FAILED; giving up", self.me);
-                self.failed_until = None;
-                self.next_retry = None;
-            } else if self.next_retry.is_some_and(|r| now >= r) {
-                out.push(self.failed_msg());
-                self.next_retry = Some(now + self.t.retry);
-            }
-            return out;
-        }
-        if self.end.is_some() {
-            return out;
-        }
-        if self.silence_deadline.is_some_and(|d| now >= d) {
-            let reason = format!(
+        match self.timers.due(now, self.t.retry, self.end.is_some()) {
+            Due::Nothing => {}
+            Due::LingerOver => log::warn!("cohort {}: no ABORT after FAILED; giving up", self.me),
+            Due::ResendFailed => out.push(self.failed_msg()),
+            Due::Silent => {
+                let reason = format!(
                 "no answer from coordinator {} for {:?} (load + start + restore deadline + linger)",
                 self.coordinator,
                 self.t.cohort_give_up()
             );
-            log::warn!("cohort {}: {reason}; abandoning", self.me);
-            self.failure = reason.clone();
-            out.push(self.failed_msg());
-            out.push(CohortAction::Abandon { reason });
-            self.end = Some(End::Abandoned);
-            self.disarm();
-        } else if self.next_retry.is_some_and(|r| now >= r) {
-            out.extend(self.unacked().into_iter().map(|m| self.send(m)));
-            self.next_retry = Some(now + self.t.retry);
+                log::warn!("cohort {}: {reason}; abandoning", self.me);
+                self.failure = reason.clone();
+                out.push(self.failed_msg());
+                out.push(CohortAction::Abandon { reason });
+                self.end = Some(End::Abandoned);
+                self.timers.disarm();
+            }
+            Due::Resend => out.extend(self.unacked().into_iter().map(|m| self.send(m))),
         }
         out
     }
@@ -347,18 +328,12 @@ impl Cohort {
 
     /// When [`on_tick`](Self::on_tick) has something to do next, if ever.
     pub fn next_wakeup(&self) -> Option<Instant> {
-        if let Some(until) = self.failed_until {
-            return Some(self.next_retry.map_or(until, |r| r.min(until)));
-        }
-        self.next_retry
-            .into_iter()
-            .chain(self.silence_deadline)
-            .min()
+        self.timers.next_wakeup()
     }
 
     /// `true` when `Done`, or `Abandoned` with nothing left to send.
     pub fn is_finished(&self) -> bool {
-        self.end.is_some() && self.failed_until.is_none()
+        self.end.is_some() && !self.timers.lingering()
     }
 
     /// The restore's epoch.
@@ -429,15 +404,9 @@ impl Cohort {
     /// timers running while a FIN is unacknowledged, stop them otherwise.
     fn rearm(&mut self, now: Instant) {
         if self.unacked().is_empty() {
-            self.disarm();
+            self.timers.disarm();
         } else {
-            self.next_retry = Some(now + self.t.retry);
-            self.silence_deadline = Some(now + self.t.cohort_give_up());
+            self.timers.arm(now, self.t.retry, self.t.cohort_give_up());
         }
-    }
-
-    fn disarm(&mut self) {
-        self.next_retry = None;
-        self.silence_deadline = None;
     }
 }

@@ -110,18 +110,13 @@ impl Msg {
 
     /// The message as one line of JSON, ending in `\n`.
     pub fn to_json_line(&self) -> String {
-        let mut s = serde_json::to_string(self).expect("a Msg always serializes");
-        s.push('\n');
-        s
+        crate::transport::json_line(self)
     }
 
     /// Parses one line written by [`to_json_line`](Self::to_json_line)
     /// (surrounding whitespace, including the newline, is ignored).
     pub fn from_json_line(line: &str) -> Result<Msg, RestoreProtocolError> {
-        serde_json::from_str(line.trim()).map_err(|e| RestoreProtocolError::Decode {
-            line: line.trim().chars().take(200).collect(),
-            source: e,
-        })
+        crate::transport::parse_json_line(line).map_err(|(line, source)| RestoreProtocolError::Decode { line, source })
     }
 }
 

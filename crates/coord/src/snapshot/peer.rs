@@ -3,6 +3,7 @@
 use std::time::Instant;
 
 use super::msg::{Ignored, Msg, Timeouts};
+use crate::fin_timers::{Due, FinTimers};
 use crate::transport::Envelope;
 use crate::NodeId;
 
@@ -91,11 +92,9 @@ pub struct Peer {
     all_transient: bool,
     full_done: bool,
     end: Option<End>,
-    /// `FAILED` sent, waiting for `ABORT` until this instant.
-    failed_until: Option<Instant>,
     failure: String,
-    next_retry: Option<Instant>,
-    silence_deadline: Option<Instant>,
+    /// Retry, silence and (after `FAILED`) linger.
+    timers: FinTimers,
     ignored: Ignored,
 }
 
@@ -112,10 +111,8 @@ impl Peer {
             all_transient: false,
             full_done: false,
             end: None,
-            failed_until: None,
             failure: String::new(),
-            next_retry: None,
-            silence_deadline: None,
+            timers: FinTimers::default(),
             ignored: Ignored::default(),
         }
     }
@@ -139,10 +136,9 @@ impl Peer {
             return out;
         }
         if let Some(end) = self.end {
-            if end == End::Abandoned && self.failed_until.is_some() {
+            if end == End::Abandoned && self.timers.lingering() {
                 if matches!(env.msg, Msg::Abort { .. }) {
-                    self.failed_until = None;
-                    self.next_retry = None;
+                    self.timers.stop_lingering();
                 } else {
                     // The initiator has not heard of the failure yet.
                     let error = self.failure.clone();
@@ -156,9 +152,7 @@ impl Peer {
             }
             return out;
         }
-        if self.silence_deadline.is_some() {
-            self.silence_deadline = Some(now + self.t.peer_give_up());
-        }
+        self.timers.heard(now, self.t.peer_give_up());
         match env.msg {
             Msg::Snapshot { .. } => {
                 if !self.started {
@@ -178,14 +172,14 @@ impl Peer {
                 }
                 out.push(PeerAction::Complete);
                 self.end = Some(End::Done);
-                self.disarm();
+                self.timers.disarm();
             }
             Msg::Abort { reason, .. } => {
                 out.push(PeerAction::Abandon {
                     reason: format!("initiator {} aborted: {reason}", self.initiator),
                 });
                 self.end = Some(End::Abandoned);
-                self.disarm();
+                self.timers.disarm();
             }
             msg => {
                 self.ignored.unexpected += 1;
@@ -268,9 +262,7 @@ impl Peer {
         });
         self.end = Some(End::Abandoned);
         self.failure = error;
-        self.silence_deadline = None;
-        self.next_retry = Some(now + self.t.retry);
-        self.failed_until = Some(now + self.t.transient_deadline);
+        self.timers.linger(now, self.t.retry, self.t.transient_deadline);
         out
     }
 
@@ -279,46 +271,39 @@ impl Peer {
     /// [`next_wakeup`](Self::next_wakeup) (more often is harmless).
     pub fn on_tick(&mut self, now: Instant) -> Vec<PeerAction> {
         let mut out = Vec::new();
-        if let Some(until) = self.failed_until {
-            if now >= until {
-                log::warn!("peer {}: no ABORT after FAILED; giving up", self.me);
-                self.failed_until = None;
-                self.next_retry = None;
-            } else if self.next_retry.is_some_and(|r| now >= r) {
+        match self.timers.due(now, self.t.retry, self.end.is_some()) {
+            Due::Nothing => {}
+            Due::LingerOver => log::warn!("peer {}: no ABORT after FAILED; giving up", self.me),
+            Due::ResendFailed => {
                 let error = self.failure.clone();
                 out.push(self.send(Msg::Failed {
                     epoch: self.epoch,
                     error,
                 }));
-                self.next_retry = Some(now + self.t.retry);
             }
-            return out;
-        }
-        if self.end.is_some() {
-            return out;
-        }
-        if self.silence_deadline.is_some_and(|d| now >= d) {
-            let reason = format!(
-                "no answer from initiator {} for {:?} (transient + full deadline + linger)",
-                self.initiator,
-                self.t.peer_give_up()
-            );
-            log::warn!("peer {}: {reason}; abandoning", self.me);
-            out.push(self.send(Msg::Failed {
-                epoch: self.epoch,
-                error: reason.clone(),
-            }));
-            out.push(PeerAction::Abandon { reason });
-            self.end = Some(End::Abandoned);
-            self.disarm();
-        } else if self.next_retry.is_some_and(|r| now >= r) {
-            if self.transient_done && !self.all_transient {
-                out.push(self.send(Msg::TransientSnapFin { epoch: self.epoch }));
+            Due::Silent => {
+                let reason = format!(
+                    "no answer from initiator {} for {:?} (transient + full deadline + linger)",
+                    self.initiator,
+                    self.t.peer_give_up()
+                );
+                log::warn!("peer {}: {reason}; abandoning", self.me);
+                out.push(self.send(Msg::Failed {
+                    epoch: self.epoch,
+                    error: reason.clone(),
+                }));
+                out.push(PeerAction::Abandon { reason });
+                self.end = Some(End::Abandoned);
+                self.timers.disarm();
             }
-            if self.full_done {
-                out.push(self.send(Msg::FullSnapFin { epoch: self.epoch }));
+            Due::Resend => {
+                if self.transient_done && !self.all_transient {
+                    out.push(self.send(Msg::TransientSnapFin { epoch: self.epoch }));
+                }
+                if self.full_done {
+                    out.push(self.send(Msg::FullSnapFin { epoch: self.epoch }));
+                }
             }
-            self.next_retry = Some(now + self.t.retry);
         }
         out
     }
@@ -343,20 +328,14 @@ impl Peer {
 
     /// When [`on_tick`](Self::on_tick) has something to do next, if ever.
     pub fn next_wakeup(&self) -> Option<Instant> {
-        if let Some(until) = self.failed_until {
-            return Some(self.next_retry.map_or(until, |r| r.min(until)));
-        }
-        match (self.next_retry, self.silence_deadline) {
-            (Some(r), Some(d)) => Some(r.min(d)),
-            (r, d) => r.or(d),
-        }
+        self.timers.next_wakeup()
     }
 
     /// `true` when `Done`, or `Abandoned` with nothing left to send (after a
     /// local failure: once `ABORT` arrived or `FAILED` was retransmitted for
     /// `transient_deadline`).
     pub fn is_finished(&self) -> bool {
-        self.end.is_some() && self.failed_until.is_none()
+        self.end.is_some() && !self.timers.lingering()
     }
 
     /// The snapshot's epoch.
@@ -397,19 +376,13 @@ impl Peer {
         out.push(PeerAction::EndColoring);
         if !self.full_done {
             // Nothing awaited until the own full snapshot is done.
-            self.disarm();
+            self.timers.disarm();
         }
     }
 
     /// A FIN was sent: retransmit it every `retry`, give up after
     /// [`Timeouts::peer_give_up`] of silence.
     fn arm(&mut self, now: Instant) {
-        self.next_retry = Some(now + self.t.retry);
-        self.silence_deadline = Some(now + self.t.peer_give_up());
-    }
-
-    fn disarm(&mut self) {
-        self.next_retry = None;
-        self.silence_deadline = None;
+        self.timers.arm(now, self.t.retry, self.t.peer_give_up());
     }
 }

@@ -15,31 +15,9 @@ use vmcsnap_coord::transport::{Envelope, InProcessNetwork, NetStats};
 
 pub const MGR: &str = "mgr";
 
-/// xorshift64*: enough randomness for tests, reproducible per seed.
-#[derive(Debug, Clone)]
-pub struct XorShift(u64);
-
-impl XorShift {
-    pub fn new(seed: u64) -> Self {
-        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in `0..n` (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-    /// `true` with probability `percent`/100.
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
+#[path = "../shared/mod.rs"]
+mod shared;
+pub use shared::XorShift;
 
 /// What a fake worker or the network did, in one global order.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,19 +35,7 @@ pub enum Act {
     },
 }
 
-#[derive(Default)]
-pub struct Log {
-    entries: Mutex<Vec<(String, Act)>>,
-}
-
-impl Log {
-    pub fn push(&self, node: &str, act: Act) {
-        self.entries.lock().unwrap().push((node.to_string(), act));
-    }
-    pub fn entries(&self) -> Vec<(String, Act)> {
-        self.entries.lock().unwrap().clone()
-    }
-}
+pub type Log = shared::Log<Act>;
 
 fn unix_us() -> u64 {
     SystemTime::now()
