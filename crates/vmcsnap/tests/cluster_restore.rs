@@ -106,7 +106,13 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
         assert_eq!(vms.len(), 4, "{mode}: {r}");
         for v in vms {
             assert!(v["latency_ms"].as_f64().unwrap() > 0.0, "{mode}: {v}");
-            assert!(v["pages_before_start"].as_u64().unwrap() > 0, "{mode}: {v}");
+            // Eager loads everything first. A working set may be empty: it
+            // holds the pages the guest wrote during the snapshot, and a
+            // guest starved of CPU for those ~100 ms may write none (seen
+            // once in CI: r2, sampled size 33, nothing in the queue).
+            if mode == "eager-rl" {
+                assert!(v["pages_before_start"].as_u64().unwrap() > 0, "{mode}: {v}");
+            }
         }
         if mode == "hotrestore-rl" {
             assert_eq!(r["starts_follow_dependencies"], true, "restore-line order: {r}");
