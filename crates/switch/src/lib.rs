@@ -102,5 +102,5 @@ pub use mediator::{
     Color, CutReport, LogReason, LoggedFrame, PairCount, PrepareReport, SessionLog, SessionPort,
     SessionStats, DEFAULT_MAX_LOG_BYTES,
 };
-pub use server::{DrainState, InjectReport, Switch, SwitchConfig, SwitchHandle, DEFAULT_MAX_QUEUE_BYTES};
+pub use server::{DrainState, InjectReport, SettleReport, Switch, SwitchConfig, SwitchHandle, DEFAULT_MAX_QUEUE_BYTES};
 pub use stats::{PortStats, SwitchStats};

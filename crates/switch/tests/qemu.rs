@@ -41,9 +41,14 @@ impl Drop for Vm {
 }
 
 fn start_vm(sock: &Path) -> Vm {
+    start_vm_with(sock, &[])
+}
+
+fn start_vm_with(sock: &Path, extra: &[&str]) -> Vm {
     // TCG: iPXE sends DHCP within seconds, and KVM is not always usable
     // (nested virtualisation) where tests run.
     let child = Command::new(QEMU)
+        .args(extra)
         .args([
             "-machine",
             "pc,accel=tcg",
@@ -120,4 +125,49 @@ fn real_qemu_client() {
     let _vm2 = start_vm(&vm_sock);
     wait_connected(&r.sw, vm_port, 2);
     recv_from_vm(&mut fake);
+}
+
+/// What the cut probes are for, on a real QEMU: frames QEMU read from its
+/// socket but could not hand to the guest (here a VM that never ran, `-S`)
+/// wait in QEMU's own net queue, where no snapshot sees them; the socket
+/// looks drained all the same. QEMU stops reading while that queue is
+/// stalled, so a probe stays unread and the wait reports it.
+#[test]
+fn a_stalled_qemu_reads_its_socket_empty_but_not_the_probes() {
+    assert!(
+        qemu_available(),
+        "{QEMU} or pxe-e1000.rom not available: install the Debian package qemu-system-x86 (scripts/install-deps.sh)"
+    );
+    let r = Rig::new(1);
+    let mut fake = r.clients.into_iter().next().unwrap();
+    let vm_sock = r.dir.path().join("qemu.sock");
+    let vm_port = r.sw.add_port("qemu", &vm_sock).unwrap();
+    let _vm = start_vm_with(&vm_sock, &["-S"]);
+    wait_connected(&r.sw, vm_port, 1);
+
+    // 20 frames, 30 KB: less than one read of QEMU's (68 KiB).
+    for seq in 1..=20 {
+        fake.send(&eth(VM_MAC, mac(0), seq, 1500));
+    }
+    wait_for(&r.sw, "frames written to QEMU", |s| {
+        port(s, vm_port).counters.tx_frames == 20
+    });
+    r.sw.hold(vm_port).unwrap();
+    let drained = r.sw.settle(vm_port, Duration::from_secs(5), 0).unwrap();
+    assert!(
+        drained.state.is_drained() && drained.state.connected,
+        "QEMU read the whole socket although the guest took nothing: {drained:?}"
+    );
+    let probed = r
+        .sw
+        .settle(vm_port, Duration::from_millis(300), 2)
+        .unwrap();
+    assert!(
+        probed.unsettled && probed.probes_read == 0,
+        "the probe must stay unread behind the stalled queue: {probed:?}"
+    );
+    assert!(
+        !probed.state.is_drained(),
+        "the probe is still in the socket"
+    );
 }

@@ -73,9 +73,9 @@ impl SwitchCore {
     }
 
     /// Records how the wait of a prepare ended.
-    pub fn record_prepare(&mut self, bound_hit: bool, unread_bytes: usize) -> Result<()> {
+    pub fn record_prepare(&mut self, report: &crate::mediator::PrepareReport) -> Result<()> {
         let s = self.session.as_mut().ok_or(SwitchError::NoCutSession)?;
-        s.record_prepare(bound_hit, unread_bytes);
+        s.record_prepare(report);
         Ok(())
     }
 

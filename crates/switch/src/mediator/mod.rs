@@ -44,7 +44,10 @@
 //!  ─────                      ──────────────                       ────
 //!  prepare_cut(B, bound) ──▶  hold B (a partly written frame        reads what
 //!                             completes); poll until SIOCOUTQ == 0  was written
-//!                             (B read everything) or bound          to it
+//!                             (B read everything), then until B     to it, hands
+//!                             read two cut probes in turn (B's      it to the
+//!                             QEMU handed everything to the guest,  guest
+//!                             see [`probe`]); at most `bound`
 //!  QMP stop ──────────────────────────────────────────────────────▶ paused
 //!  cut(B) ───────────────▶    read all B already wrote: pre frames
 //!                             B := post ................ the cut ..........
@@ -77,6 +80,7 @@
 //! and the other session methods), and the event loop adds the I/O (draining
 //! a client at its cut, polling `SIOCOUTQ`, sending triggers).
 
+pub mod probe;
 mod session;
 
 use serde::{Deserialize, Serialize};
@@ -201,6 +205,10 @@ pub struct SessionStats {
     pub bound_hits: u64,
     /// Sum of the unread bytes (`SIOCOUTQ`) left when `prepare_cut` returned.
     pub unread_bytes_at_cut: u64,
+    /// `prepare_cut` calls that returned before the client had read every
+    /// cut probe: its QEMU may have held frames the guest had not taken.
+    #[serde(default)]
+    pub unsettled_cuts: u64,
     /// Pre-tagged frames still queued for post ports (to be logged when
     /// handed over).
     pub pending_pre_frames: u64,
@@ -235,6 +243,17 @@ pub struct PrepareReport {
     pub unread_bytes: usize,
     /// Unwritten bytes of a partly written frame when it returned.
     pub partial_bytes: usize,
+    /// Cut probes the client read, in turn ([`probe`]).
+    #[serde(default)]
+    pub probes_read: u32,
+    /// Fewer probes were read than asked for (a client was connected): it
+    /// may hold frames it read but had not handed to the guest.
+    #[serde(default)]
+    pub unsettled: bool,
+    /// From the socket drained to the last probe read (or the return), µs:
+    /// how long the guest took to take what its QEMU had read.
+    #[serde(default)]
+    pub settle_us: u64,
 }
 
 /// Result of [`SwitchHandle::cut`](crate::SwitchHandle::cut).

@@ -78,6 +78,7 @@ struct Tally {
     triggers: u64,
     bound_hits: u64,
     unread_bytes_at_cut: u64,
+    unsettled_cuts: u64,
     log_overflow: u64,
 }
 
@@ -294,9 +295,10 @@ impl Session {
     }
 
     /// Records how a `prepare_cut` ended.
-    pub(crate) fn record_prepare(&mut self, bound_hit: bool, unread_bytes: usize) {
-        self.tally.bound_hits += u64::from(bound_hit);
-        self.tally.unread_bytes_at_cut += unread_bytes as u64;
+    pub(crate) fn record_prepare(&mut self, r: &super::PrepareReport) {
+        self.tally.bound_hits += u64::from(r.bound_hit);
+        self.tally.unread_bytes_at_cut += r.unread_bytes as u64;
+        self.tally.unsettled_cuts += u64::from(r.unsettled);
     }
 
     /// Name of a session port.
@@ -376,6 +378,7 @@ impl Session {
             triggers: t.triggers,
             bound_hits: t.bound_hits,
             unread_bytes_at_cut: t.unread_bytes_at_cut,
+            unsettled_cuts: t.unsettled_cuts,
             pending_pre_frames,
             log_overflow: t.log_overflow,
             unlogged_at_end: 0,

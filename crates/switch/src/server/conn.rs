@@ -17,8 +17,12 @@ struct Record {
     /// Length of the Ethernet frame (without the length prefix).
     len: usize,
     /// The frame; `None` for the remainder of a frame partly written before
-    /// a handover, which is started by definition and never taken back.
+    /// a handover, which is started by definition and never taken back, and
+    /// for a cut probe.
     frame: Option<QueuedFrame>,
+    /// A cut probe (see [`crate::mediator::probe`]): not a frame of the
+    /// network, so not counted as forwarded.
+    probe: bool,
 }
 
 /// Encoded frames taken from the port's queue and being written.
@@ -48,6 +52,11 @@ impl OutBuf {
         self.frames.len()
     }
 
+    /// Whether a frame of the network (not a probe) is partly written.
+    pub(crate) fn frame_pending(&self) -> bool {
+        self.frames.iter().any(|r| !r.probe)
+    }
+
     /// Appends one frame. Frames reaching the switch were checked on ingress,
     /// so encoding cannot fail; an oversized one would be skipped.
     pub(crate) fn push(&mut self, frame: QueuedFrame) -> Result<(), framing::FrameError> {
@@ -60,6 +69,23 @@ impl OutBuf {
             end: self.buf.len(),
             len: frame.len(),
             frame: Some(frame),
+            probe: false,
+        });
+        Ok(())
+    }
+
+    /// Appends a cut probe (see [`crate::mediator::probe`]). Only into an
+    /// empty buffer: the caller checked that nothing is on its way.
+    pub(crate) fn push_probe(&mut self, probe: &[u8]) -> Result<(), framing::FrameError> {
+        debug_assert!(self.is_empty(), "a probe goes behind everything already written");
+        self.buf.clear();
+        self.pos = 0;
+        framing::encode(probe, &mut self.buf)?;
+        self.frames.push_back(Record {
+            end: self.buf.len(),
+            len: probe.len(),
+            frame: None,
+            probe: true,
         });
         Ok(())
     }
@@ -75,6 +101,7 @@ impl OutBuf {
                 end,
                 len: frame_len,
                 frame: None,
+                probe: false,
             });
         }
         out
@@ -89,14 +116,16 @@ impl OutBuf {
     }
 
     /// Marks `n` more bytes written; calls `done` with the frame length of
-    /// every frame whose record is now complete.
+    /// every frame (not probe) whose record is now complete.
     pub(crate) fn advance(&mut self, n: usize, mut done: impl FnMut(usize)) {
         self.pos += n;
         while let Some(rec) = self.frames.front() {
             if rec.end > self.pos {
                 break;
             }
-            done(rec.len);
+            if !rec.probe {
+                done(rec.len);
+            }
             self.frames.pop_front();
         }
     }
@@ -195,6 +224,21 @@ mod tests {
         out.advance(11, |_| {});
         assert!(out.is_empty());
         assert!(out.take_unstarted().is_empty());
+    }
+
+    #[test]
+    fn a_probe_is_written_but_not_counted_nor_taken_back() {
+        let mut out = OutBuf::default();
+        out.push_probe(&[9u8; 60]).unwrap();
+        assert_eq!((out.pending_frames(), out.pending_bytes()), (1, 64));
+        assert!(out.take_unstarted().is_empty(), "a probe is never requeued as a frame");
+        let mut done = Vec::new();
+        out.advance(64, |len| done.push(len));
+        assert!(done.is_empty(), "a probe is not a forwarded frame");
+        assert!(out.is_empty());
+        out.push(f(1, 10)).unwrap();
+        out.advance(14, |len| done.push(len));
+        assert_eq!(done, vec![10]);
     }
 
     #[test]

@@ -2,15 +2,13 @@
 //! [packet mediator](crate::mediator).
 
 use std::sync::mpsc::Sender;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{Command, SwitchHandle};
 use crate::core::PortId;
 use crate::error::Result;
+use crate::mediator::probe::PROBES_BEFORE_PAUSE;
 use crate::mediator::{CutReport, PrepareReport, SessionLog, SessionStats};
-
-/// Longest sleep between two `SIOCOUTQ` polls of [`SwitchHandle::prepare_cut`].
-const PREPARE_POLL: Duration = Duration::from_micros(150);
 
 impl SwitchHandle {
     /// Begins a cut session for a cluster snapshot: `ports` are the VMs of
@@ -40,29 +38,36 @@ impl SwitchHandle {
 
     /// First step of cutting a port, before pausing its VM: holds the port
     /// (frames of the write batch not started yet are taken back, a partly
-    /// written frame completes), then waits until its client has read
-    /// everything written to it (`SIOCOUTQ` of the switch's end is 0), at
-    /// most `bound`. Polls every ~150 µs from the calling thread.
+    /// written frame completes), waits until its client has read everything
+    /// written to it (`SIOCOUTQ` of the switch's end is 0), then writes
+    /// [`PROBES_BEFORE_PAUSE`] cut probes in turn, each read before the
+    /// next, so that the client (QEMU) has also handed every frame to the
+    /// guest (see [`crate::mediator::probe`] and [`SwitchHandle::settle`]).
+    /// All of it at most `bound`.
     ///
     /// A report with `bound_hit` means frames the client has not read yet
     /// are in its socket: they will reach the VM after its cut, unlogged.
-    /// Both are counted in the session stats.
+    /// One with fewer probes read than asked for means the client may hold
+    /// frames it read but could not hand to the guest yet: a restore of
+    /// the VM lacks them (TCP retransmits them). Both are counted in the
+    /// session stats.
     pub fn prepare_cut(&self, port: PortId, bound: Duration) -> Result<PrepareReport> {
-        let start = Instant::now();
+        self.prepare_cut_with(port, bound, PROBES_BEFORE_PAUSE)
+    }
+
+    /// [`prepare_cut`](Self::prepare_cut) with `probes` probes (0: the
+    /// socket drain only).
+    pub fn prepare_cut_with(&self, port: PortId, bound: Duration, probes: u32) -> Result<PrepareReport> {
         self.request(|reply| Command::PrepareCut { port, reply })??;
-        let state = loop {
-            let state = self.drain_state(port)?;
-            let elapsed = start.elapsed();
-            if state.is_drained() || elapsed >= bound {
-                break state;
-            }
-            std::thread::sleep(PREPARE_POLL.min(bound - elapsed));
-        };
+        let s = self.settle(port, bound, probes)?;
         let report = PrepareReport {
-            waited_us: start.elapsed().as_micros() as u64,
-            bound_hit: !state.is_drained(),
-            unread_bytes: state.unread_bytes,
-            partial_bytes: state.partial_bytes,
+            waited_us: s.waited.as_micros() as u64,
+            bound_hit: !s.state.is_drained(),
+            unread_bytes: s.state.unread_bytes,
+            partial_bytes: s.state.partial_bytes,
+            probes_read: s.probes_read,
+            unsettled: s.unsettled,
+            settle_us: s.settle_time().as_micros() as u64,
         };
         self.request(|reply| Command::PrepareDone {
             port,

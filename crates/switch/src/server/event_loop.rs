@@ -192,6 +192,9 @@ impl EventLoop {
                 Command::PrepareCut { port, reply } => {
                     let _ = reply.send(self.prepare_cut(port));
                 }
+                Command::Probe { port, reply } => {
+                    let _ = reply.send(self.probe(port));
+                }
                 Command::PrepareDone {
                     port,
                     report,
@@ -409,7 +412,7 @@ impl EventLoop {
         };
         let _ = self.poll.registry().deregister(&mut conn.stream);
         let unstarted = conn.out.take_unstarted();
-        if !conn.out.is_empty() {
+        if conn.out.frame_pending() {
             self.core.record_drops(port, 1); // a partly written frame is lost
         }
         self.core.requeue_front(port, unstarted);

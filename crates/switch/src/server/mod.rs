@@ -19,6 +19,9 @@ mod conn;
 mod cut;
 mod event_loop;
 mod listen;
+mod settle;
+
+pub use settle::SettleReport;
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -208,6 +211,10 @@ pub(crate) enum Command {
     PrepareCut {
         port: PortId,
         reply: Sender<Result<()>>,
+    },
+    Probe {
+        port: PortId,
+        reply: Sender<Result<bool>>,
     },
     PrepareDone {
         port: PortId,

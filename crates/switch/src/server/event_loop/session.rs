@@ -28,6 +28,24 @@ impl EventLoop {
         Ok(())
     }
 
+    /// Writes a cut probe ([`crate::mediator::probe`]) to the port's client
+    /// if nothing else is on its way to it; `false` if it was not written
+    /// (no client, or frames still being written).
+    pub(super) fn probe(&mut self, port: PortId) -> Result<bool> {
+        self.known(port)?;
+        let Some(conn) = self.ports.get_mut(&port).and_then(|io| io.conn.as_mut()) else {
+            return Ok(false);
+        };
+        if !conn.out.is_empty() {
+            return Ok(false);
+        }
+        conn.out
+            .push_probe(&crate::mediator::probe::PROBE_FRAME)
+            .expect("the probe frame is a valid frame");
+        self.flush(port);
+        Ok(true)
+    }
+
     pub(super) fn prepare_done(&mut self, port: PortId, report: PrepareReport) -> Result<()> {
         self.known(port)?;
         if report.bound_hit {
@@ -38,8 +56,16 @@ impl EventLoop {
                 report.waited_us
             );
         }
-        self.core
-            .record_prepare(report.bound_hit, report.unread_bytes)
+        if report.unsettled {
+            log::warn!(
+                "{port}: client did not read both cut probes before its cut \
+                 ({} read, {} µs after the drain): it may hold frames the guest \
+                 has not taken",
+                report.probes_read,
+                report.settle_us
+            );
+        }
+        self.core.record_prepare(&report)
     }
 
     /// Switches everything the paused client already wrote, then cuts.
