@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use vmcsnap_switch::mediator::probe::PROBES_BEFORE_PAUSE;
 use vmcsnap_switch::SwitchHandle;
 
 use crate::cluster::Member;
@@ -87,10 +88,15 @@ pub struct Report {
     pub quit_ms: f64,
     /// Size of the state file.
     pub state_bytes: u64,
-    /// Waiting for the old QEMU to read frames already sent (before pause).
+    /// Waiting for the old QEMU to read frames already sent and hand them
+    /// to the guest (socket drain and cut probes, before the pause).
     pub drain_ms: f64,
-    /// Whether that wait hit its bound.
+    /// Whether that wait hit its bound before the socket drained.
     pub drain_bound_hit: bool,
+    /// The socket drained but the old QEMU did not read both probes in
+    /// time: it may have quit with frames the guest had not taken yet
+    /// (TCP retransmits them).
+    pub unsettled: bool,
     /// Frames the switch held for the VM while it was away.
     pub frames_held: u64,
     /// Old and new QEMU pids.
@@ -129,7 +135,13 @@ pub fn rejuvenate(
     let name = member.vm.name.clone();
 
     switch.hold(member.port)?;
-    let (drain_ms, drain_bound_hit) = wait_drained(switch, member)?;
+    let settle = switch.settle(member.port, DRAIN_BOUND, PROBES_BEFORE_PAUSE)?;
+    if !settle.state.is_drained() || settle.unsettled {
+        log(format!(
+            "VM {}: its QEMU had not taken everything sent to it after {:?} ({} bytes unread, {} of {PROBES_BEFORE_PAUSE} probes read)",
+            name, settle.waited, settle.state.unread_bytes, settle.probes_read
+        ));
+    }
     let t0 = Instant::now();
     let result = match mode {
         Mode::Cold => cold(member, qemu_bin, &prev),
@@ -157,8 +169,9 @@ pub fn rejuvenate(
         load_ms: t.load_ms,
         quit_ms: t.quit_ms,
         state_bytes,
-        drain_ms,
-        drain_bound_hit,
+        drain_ms: settle.waited.as_secs_f64() * 1000.0,
+        drain_bound_hit: !settle.state.is_drained(),
+        unsettled: settle.unsettled,
         frames_held,
         old_pid,
         new_pid: member.vm.pid,
@@ -183,21 +196,6 @@ struct Timings {
 
 fn port_held(switch: &SwitchHandle, m: &Member) -> Result<u64, AgentError> {
     Ok(switch.stats()?.port(m.port).map(|p| p.counters.held).unwrap_or(0))
-}
-
-fn wait_drained(switch: &SwitchHandle, m: &Member) -> Result<(f64, bool), AgentError> {
-    let t = Instant::now();
-    loop {
-        let d = switch.drain_state(m.port)?;
-        if d.is_drained() || !d.connected {
-            return Ok((t.elapsed().as_secs_f64() * 1000.0, false));
-        }
-        if t.elapsed() > DRAIN_BOUND {
-            log(format!("VM {}: {} bytes still unread after {DRAIN_BOUND:?}", m.vm.name, d.unread_bytes));
-            return Ok((t.elapsed().as_secs_f64() * 1000.0, true));
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
 }
 
 fn caps(ignore_shared: bool) -> Value {

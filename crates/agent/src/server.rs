@@ -234,10 +234,11 @@ fn dispatch(
             let report = crate::snapshot::snapshot(m, run, opts, &mut crate::snapshot::NoHooks, progress)?;
             Ok(to_json(&report))
         }
-        Request::ClusterSnapshot { mode, name } => {
+        Request::ClusterSnapshot { mode, name, no_cut_probes } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
             let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
-            let opts = crate::cluster_snapshot::Options { mode, name };
+            let cut_probes = if no_cut_probes { 0 } else { vmcsnap_switch::mediator::probe::PROBES_BEFORE_PAUSE };
+            let opts = crate::cluster_snapshot::Options { mode, name, cut_probes };
             let report = crate::cluster_snapshot::snapshot_cluster(c, run, opts, progress)?;
             Ok(to_json(&report))
         }

@@ -62,6 +62,11 @@ pub enum Request {
         /// Snapshot name; default `<cluster>-<unix time>`.
         #[serde(default)]
         name: Option<String>,
+        /// Cut each VM after its socket drained only, without the cut
+        /// probes that make sure its QEMU handed the guest every frame
+        /// (to measure what they change).
+        #[serde(default)]
+        no_cut_probes: bool,
     },
     /// Restore every VM of a cluster snapshot into a new cluster (HotRestore:
     /// restore dependency graph, revised working sets, restore line).

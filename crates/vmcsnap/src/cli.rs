@@ -85,6 +85,11 @@ pub enum Command {
         /// Debug: copy guest RAM to PATH while the VM is paused for the snapshot.
         #[arg(long, hide = true, value_name = "PATH", conflicts_with = "cluster")]
         reference: Option<PathBuf>,
+        /// With --cluster: cut each VM once its QEMU read everything sent to it, without
+        /// checking (cut probes) that QEMU handed it all to the guest; frames QEMU still held
+        /// are then missing from a restore. To measure what the probes change.
+        #[arg(long, requires = "cluster")]
+        no_cut_probes: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,

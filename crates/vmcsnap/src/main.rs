@@ -78,8 +78,8 @@ fn run(cli: Cli) -> Result<()> {
             let v = request(&run_dir.agent_socket(), &Request::Rejuvenate { vm, mode })?;
             output::json_or(json, &v, || output::rejuvenate(&v))
         }
-        Command::Snapshot { vm: None, cluster: true, mode, name, json, .. } => {
-            let v = request(&run_dir.agent_socket(), &Request::ClusterSnapshot { mode, name })?;
+        Command::Snapshot { vm: None, cluster: true, mode, name, no_cut_probes, json, .. } => {
+            let v = request(&run_dir.agent_socket(), &Request::ClusterSnapshot { mode, name, no_cut_probes })?;
             output_cluster::json_or_snapshot(json, &v)
         }
         Command::Snapshot { vm, mode, name, reference, json, .. } => {

@@ -50,8 +50,15 @@ pub fn json_or_snapshot(json: bool, v: &Value) -> Result<()> {
     );
     let s = &v["switch"];
     println!(
-        "switch: {} forwarded, {} held, {} logged ({} bytes), {} dropped, {} violations, {} drain-bound hits",
-        s["forwarded"], s["held"], s["logged"], s["logged_bytes"], s["dropped"], s["violations"], s["bound_hits"]
+        "switch: {} forwarded, {} held, {} logged ({} bytes), {} dropped, {} violations, {} drain-bound hits, {} unsettled cuts",
+        s["forwarded"],
+        s["held"],
+        s["logged"],
+        s["logged_bytes"],
+        s["dropped"],
+        s["violations"],
+        s["bound_hits"],
+        s["unsettled_cuts"].as_u64().unwrap_or(0)
     );
     for e in v["edges"].as_array().into_iter().flatten() {
         println!("  W({}, {}) = {} frames", e["from"].as_str().unwrap_or("?"), e["to"].as_str().unwrap_or("?"), e["frames"]);

@@ -10,7 +10,7 @@ use vmcsnap_image::cluster::ClusterManifest;
 
 use super::{Mode, Plan};
 use crate::cluster::Member;
-use crate::cluster_snapshot::GuestView;
+use crate::cluster_snapshot::{GuestView, TcpCounters, TcpGrowth};
 use crate::restore;
 
 /// How long to wait for the restored guests' console stat lines (one per
@@ -54,6 +54,15 @@ pub struct VmRestoreReport {
     pub tlp_later: Option<u64>,
     /// See `tlp_later`.
     pub rto_later: Option<u64>,
+    /// The guest's TCP counters at the cut (see `retrans_first`).
+    pub tcp_at_cut: TcpCounters,
+    /// A few seconds after the restore.
+    pub tcp_later: TcpCounters,
+    /// Their growth because of the restore: retransmitted segments, tail
+    /// loss probes, of those the ones that repaired a real loss (a segment
+    /// missing from the restored cluster), and timeouts. A tail loss probe
+    /// that repaired nothing was a peer stalled past 2 RTT + 200 ms.
+    pub tcp_growth: TcpGrowth,
     /// The longest gap between two pingpong replies the guest saw since the
     /// restore (pingpong clients only): the disruption as its application
     /// felt it, in guest time.
@@ -116,30 +125,21 @@ pub fn build(
     // The guests' retransmission counters: first stat line after the
     // restore vs one a few seconds later.
     let deadline = Instant::now() + GUEST_STAT_WAIT;
-    let views: Vec<(Option<u64>, GuestView)> = loop {
-        let v: Vec<(Option<u64>, GuestView)> = restored
+    let views: Vec<GuestView> = loop {
+        let v: Vec<GuestView> = restored
             .iter()
-            .map(|r| {
-                let text = crate::cluster_snapshot::console_text(&r.0.vm.config.console_log);
-                (crate::cluster_snapshot::first_retrans(&text), crate::cluster_snapshot::parse_console(&text))
-            })
+            .map(|r| crate::cluster_snapshot::parse_console(&crate::cluster_snapshot::console_text(&r.0.vm.config.console_log)))
             .collect();
-        if v.iter().all(|(_, g)| g.stat_lines >= 3) || Instant::now() > deadline {
+        if v.iter().all(|g| g.stat_lines >= 3) || Instant::now() > deadline {
             break v;
         }
         std::thread::sleep(Duration::from_millis(200));
     };
     let mut vms: Vec<VmRestoreReport> = Vec::new();
-    for ((member, rep, started, replayed), (first, view)) in restored.iter().zip(views) {
+    for ((member, rep, started, replayed), view) in restored.iter().zip(views) {
         let name = member.vm.name.clone();
-        // The counter at the cut: exact when the snapshot saw none grow
-        // (its value before and after the snapshot agree); otherwise the
-        // first line after the restore (which may miss its first second).
-        let at_cut = m.vms.iter().find(|v| v.name == name).and_then(|v| {
-            let (b, a) = (v.metrics["retrans_before"].as_u64(), v.metrics["retrans_after"].as_u64());
-            (b.is_some() && b == a).then_some(b).flatten()
-        });
-        let first = at_cut.or(first);
+        let tcp_at_cut = m.vms.iter().find(|v| v.name == name).map_or(view.tcp_first, |v| counters_at_cut(&v.metrics, &view));
+        let first = tcp_at_cut.retrans;
         let start = started.map(rel).unwrap_or(rep.restore_latency_ms);
         let mut backoff = 0.0f64;
         for e in plan.rdg.edges().iter().filter(|e| e.from == name) {
@@ -163,6 +163,9 @@ pub fn build(
             retrans_later: view.retrans,
             tlp_later: view.tlp,
             rto_later: view.rto,
+            tcp_at_cut,
+            tcp_later: view.tcp,
+            tcp_growth: view.tcp.growth_since(&tcp_at_cut),
             guest_max_gap_ms: view.pingpong_max_gap_ms,
             record: rep.record.clone(),
         });
@@ -203,5 +206,56 @@ pub fn build(
         edges: plan.rdg.edges().iter().map(|e| (e.from.clone(), e.to.clone(), e.weight)).collect(),
         lp_objective: plan.lp_objective,
         duration_ms: t0.elapsed().as_secs_f64() * 1000.0,
+    }
+}
+
+/// A restored guest's TCP counters at the cut: exact when its cluster
+/// snapshot saw none of them grow (the stat lines before and after the
+/// snapshot agree); otherwise the first line after the restore, which may
+/// miss what happened in the restore's first second. Snapshots taken
+/// before the counters were recorded have only `retrans_before/after`.
+fn counters_at_cut(metrics: &serde_json::Value, view: &GuestView) -> TcpCounters {
+    let parse = |k: &str| serde_json::from_value::<TcpCounters>(metrics[k].clone()).ok();
+    match (parse("tcp_before"), parse("tcp_after")) {
+        (Some(b), Some(a)) if b == a && b.retrans.is_some() => b,
+        (Some(_), Some(_)) => view.tcp_first,
+        _ => {
+            let (b, a) = (metrics["retrans_before"].as_u64(), metrics["retrans_after"].as_u64());
+            let retrans = if b.is_some() && b == a { b } else { view.tcp_first.retrans };
+            TcpCounters { retrans, ..view.tcp_first }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(first: &str) -> GuestView {
+        crate::cluster_snapshot::parse_console(first)
+    }
+
+    #[test]
+    fn counters_at_the_cut_come_from_the_snapshot_when_steady() {
+        let v = view("vmcsnap-stat name=a uptime=9 retrans=12 tlp=5 tlprec=1 rto=0\n");
+        let steady = serde_json::json!({
+            "tcp_before": {"retrans": 10, "tlp": 4, "tlp_recovered": 0, "rto": 0},
+            "tcp_after": {"retrans": 10, "tlp": 4, "tlp_recovered": 0, "rto": 0},
+        });
+        let c = counters_at_cut(&steady, &v);
+        assert_eq!((c.retrans, c.tlp, c.tlp_recovered), (Some(10), Some(4), Some(0)));
+        let g = v.tcp.growth_since(&c);
+        assert_eq!((g.retrans, g.tlp, g.tlp_recovered, g.rto), (Some(2), Some(1), Some(1), Some(0)));
+        // Grew during the snapshot: the value at the cut is unknown; the
+        // first line after the restore stands in.
+        let moving = serde_json::json!({
+            "tcp_before": {"retrans": 10, "tlp": 4, "tlp_recovered": 0, "rto": 0},
+            "tcp_after": {"retrans": 11, "tlp": 5, "tlp_recovered": 0, "rto": 0},
+        });
+        assert_eq!(counters_at_cut(&moving, &v), v.tcp_first);
+        // An older snapshot: only RetransSegs.
+        let old = serde_json::json!({"retrans_before": 7, "retrans_after": 7});
+        let c = counters_at_cut(&old, &v);
+        assert_eq!((c.retrans, c.tlp), (Some(7), Some(5)));
     }
 }

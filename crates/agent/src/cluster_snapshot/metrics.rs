@@ -79,6 +79,59 @@ pub fn communicating_pairs<'a>(directed: impl IntoIterator<Item = (&'a str, &'a 
     set.into_iter().collect()
 }
 
+/// A guest's TCP counters from one `vmcsnap-stat` line (since its boot;
+/// `None` where the line does not have the field: older guests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TcpCounters {
+    /// `retrans=`: RetransSegs, every retransmitted segment.
+    pub retrans: Option<u64>,
+    /// `tlp=`: TCPLossProbes, tail loss probes (sent when a peer stays
+    /// silent for 2 RTT + 200 ms with one segment out).
+    pub tlp: Option<u64>,
+    /// `tlprec=`: TCPLossProbeRecovery, tail loss probes that repaired a
+    /// real loss (the others were answered by a duplicate SACK: the peer
+    /// had the segment and was only slow).
+    pub tlp_recovered: Option<u64>,
+    /// `rto=`: TCPTimeouts, retransmission timeouts.
+    pub rto: Option<u64>,
+}
+
+impl TcpCounters {
+    /// The counters of one stat line.
+    pub fn parse(line: &str) -> TcpCounters {
+        TcpCounters {
+            retrans: field(line, "retrans"),
+            tlp: field(line, "tlp"),
+            tlp_recovered: field(line, "tlprec"),
+            rto: field(line, "rto"),
+        }
+    }
+
+    /// Per-field growth from `earlier` (`None` where either lacks it).
+    pub fn growth_since(&self, earlier: &TcpCounters) -> TcpGrowth {
+        let d = |a: Option<u64>, b: Option<u64>| Some(a?.saturating_sub(b?));
+        TcpGrowth {
+            retrans: d(self.retrans, earlier.retrans),
+            tlp: d(self.tlp, earlier.tlp),
+            tlp_recovered: d(self.tlp_recovered, earlier.tlp_recovered),
+            rto: d(self.rto, earlier.rto),
+        }
+    }
+}
+
+/// How much each [`TcpCounters`] field grew.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TcpGrowth {
+    /// Retransmitted segments.
+    pub retrans: Option<u64>,
+    /// Tail loss probes.
+    pub tlp: Option<u64>,
+    /// Tail loss probes that repaired a loss.
+    pub tlp_recovered: Option<u64>,
+    /// Retransmission timeouts.
+    pub rto: Option<u64>,
+}
+
 /// What a guest's console said after a given offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct GuestView {
@@ -90,6 +143,10 @@ pub struct GuestView {
     pub tlp: Option<u64>,
     /// The last `rto=` (TCPTimeouts: retransmission timeouts).
     pub rto: Option<u64>,
+    /// All counters of the last stat line.
+    pub tcp: TcpCounters,
+    /// All counters of the first stat line.
+    pub tcp_first: TcpCounters,
     /// The largest per-second `maxgap_ms=` of pingpong client lines.
     pub pingpong_max_gap_ms: Option<u64>,
     /// How many `vmcsnap-stat` lines were seen (one per second).
@@ -102,6 +159,10 @@ pub fn parse_console(text: &str) -> GuestView {
     for line in text.lines() {
         if line.starts_with("vmcsnap-stat ") {
             v.stat_lines += 1;
+            v.tcp = TcpCounters::parse(line);
+            if v.stat_lines == 1 {
+                v.tcp_first = v.tcp;
+            }
             if let Some(n) = field(line, "retrans") {
                 v.retrans = Some(n);
             }
@@ -137,15 +198,10 @@ pub fn console_text(path: &Path) -> String {
     console_since(path, 0)
 }
 
-/// The `retrans=` of the first `vmcsnap-stat` line in `text`.
-pub fn first_retrans(text: &str) -> Option<u64> {
-    text.lines().find(|l| l.starts_with("vmcsnap-stat ")).and_then(|l| field(l, "retrans"))
-}
-
-/// The last retrans count in the last few KiB of a console.
-pub fn retrans_now(path: &Path) -> Option<u64> {
+/// The TCP counters of the last stat line in the last few KiB of a console.
+pub fn tcp_now(path: &Path) -> TcpCounters {
     let len = console_offset(path);
-    parse_console(&console_since(path, len.saturating_sub(8192))).retrans
+    parse_console(&console_since(path, len.saturating_sub(8192))).tcp
 }
 
 fn field(line: &str, key: &str) -> Option<u64> {
@@ -196,6 +252,12 @@ mod tests {
         assert_eq!((v.tlp, v.rto), (Some(2), Some(1)));
         assert_eq!(parse_console("vmcsnap-stat name=a uptime=2.0 retrans=5\n").tlp, None, "older guests print no tlp");
         assert_eq!(v.pingpong_max_gap_ms, Some(31));
+        assert_eq!(v.tcp, TcpCounters { retrans: Some(5), tlp: Some(2), tlp_recovered: None, rto: Some(1) });
+        assert_eq!(v.tcp_first.retrans, Some(3));
+        let later = TcpCounters::parse("vmcsnap-stat name=a uptime=3.0 retrans=9 tlp=4 tlprec=1 rto=1");
+        assert_eq!(later.tlp_recovered, Some(1));
+        let g = later.growth_since(&v.tcp);
+        assert_eq!((g.retrans, g.tlp, g.tlp_recovered, g.rto), (Some(4), Some(2), None, Some(0)));
         assert_eq!(v.stat_lines, 2);
         assert_eq!(parse_console("").retrans, None);
     }

@@ -91,6 +91,8 @@ pub struct Job {
     pub progress: Sender<String>,
     /// Told once the snapshot is prepared (`Ok(vm)`) or failed preparing.
     pub ready: Sender<Result<String, String>>,
+    /// Cut probes before the pause (see [`Options::cut_probes`](super::Options::cut_probes)).
+    pub cut_probes: u32,
 }
 
 /// Prepares the VM's snapshot, says so on `ready`, waits for the worker's
@@ -109,6 +111,7 @@ pub fn snapshot_thread(member: &mut Member, run: &RunDir, job: Job) -> VmOutcome
         cut: None,
         commands: job.commands,
         ready: Some(job.ready),
+        probes: job.cut_probes,
     };
     let progress = job.progress.clone();
     let result = snapshot::snapshot(member, run, job.opts, &mut hooks, &mut |line| {
@@ -152,6 +155,8 @@ struct CutHooks {
     cut: Option<CutReport>,
     commands: Receiver<WorkerCmd>,
     ready: Option<Sender<Result<String, String>>>,
+    /// Cut probes before the pause (`vmcsnap_switch::mediator::probe`).
+    probes: u32,
 }
 
 impl Hooks for CutHooks {
@@ -169,14 +174,14 @@ impl Hooks for CutHooks {
     }
 
     fn before_pause(&mut self) -> Result<(), AgentError> {
-        self.prepare = Some(self.switch.prepare_cut(self.port, CUT_DRAIN_BOUND)?);
+        self.prepare = Some(self.switch.prepare_cut_with(self.port, CUT_DRAIN_BOUND, self.probes)?);
         Ok(())
     }
 
     fn paused(&mut self) -> Result<(), AgentError> {
         if self.prepare.is_none() {
             // Pre-copy: QEMU paused the VM by itself; hold the port now.
-            self.prepare = Some(self.switch.prepare_cut(self.port, CUT_DRAIN_BOUND)?);
+            self.prepare = Some(self.switch.prepare_cut_with(self.port, CUT_DRAIN_BOUND, self.probes)?);
         }
         self.cut = Some(self.switch.cut(self.port)?);
         Ok(())

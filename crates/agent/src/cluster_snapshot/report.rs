@@ -13,7 +13,7 @@ use vmcsnap_image::channel_log::{write_channel_log, ChannelFrame, FrameReason};
 use vmcsnap_image::cluster::{commit_cluster_dir, ChannelStateRef, ClusterManifest, ClusterVm, Edge, Timeline, CHANNEL_LOG};
 use vmcsnap_switch::{LogReason, SessionStats};
 
-use super::metrics::{self, Backoff, Moments};
+use super::metrics::{self, Backoff, Moments, TcpCounters};
 use super::peer::VmOutcome;
 use super::ProtocolStats;
 use crate::cluster::Cluster;
@@ -31,13 +31,13 @@ const GUEST_STAT_WAIT: Duration = Duration::from_millis(2500);
 pub struct GuestBefore {
     path: PathBuf,
     offset: u64,
-    retrans: Option<u64>,
+    tcp: TcpCounters,
 }
 
 impl GuestBefore {
-    /// Reads where the console is and the guest's retransmission count.
+    /// Reads where the console is and the guest's TCP counters.
     pub fn read(console: &Path) -> GuestBefore {
-        GuestBefore { path: console.to_path_buf(), offset: metrics::console_offset(console), retrans: metrics::retrans_now(console) }
+        GuestBefore { path: console.to_path_buf(), offset: metrics::console_offset(console), tcp: metrics::tcp_now(console) }
     }
 }
 
@@ -67,12 +67,25 @@ pub struct VmReport {
     pub drain_bound_hit: bool,
     /// SIOCOUTQ when the wait ended (0 = everything read).
     pub unread_bytes_at_cut: u64,
+    /// Of that wait, µs from the socket drained to the second cut probe
+    /// read: until the VM's QEMU had handed the guest everything it read.
+    pub settle_us: u64,
+    /// The cut probes were not both read within the bound: QEMU may have
+    /// held frames the guest had not taken, which a restore of this VM
+    /// lacks (its peers' TCP retransmits them).
+    pub unsettled: bool,
     /// Frames the switch read from the VM after it paused (sent before the cut).
     pub frames_drained_at_cut: u64,
     /// The guest's TCP RetransSegs before and after the snapshot.
     pub retrans_before: Option<u64>,
     /// After (the next console stat line after completion).
     pub retrans_after: Option<u64>,
+    /// All TCP counters of the guest's last stat line before the snapshot.
+    pub tcp_before: TcpCounters,
+    /// And of its last stat line after (when the snapshot was measured);
+    /// equal to `tcp_before` when nothing was retransmitted meanwhile, and
+    /// then also the counters in the snapshot.
+    pub tcp_after: TcpCounters,
     /// Pingpong's longest gap between replies during the snapshot, ms.
     pub pingpong_max_gap_ms: Option<u64>,
     /// Pages stored in the image.
@@ -216,9 +229,13 @@ pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentErr
             drain_wait_us: prep.waited_us,
             drain_bound_hit: prep.bound_hit,
             unread_bytes_at_cut: prep.unread_bytes as u64,
+            settle_us: prep.settle_us,
+            unsettled: prep.unsettled,
             frames_drained_at_cut: cut.frames_drained,
-            retrans_before: b.retrans,
-            retrans_after: view.retrans.or(b.retrans),
+            retrans_before: b.tcp.retrans,
+            retrans_after: view.retrans.or(b.tcp.retrans),
+            tcp_before: b.tcp,
+            tcp_after: if view.stat_lines > 0 { view.tcp } else { b.tcp },
             pingpong_max_gap_ms: view.pingpong_max_gap_ms,
             pages_stored: r.pages_stored,
             path: f.final_dir.join("vms").join(&v.vm),
