@@ -119,24 +119,29 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
         }
         let replayed: u64 = vms.iter().map(|v| v["frames_replayed"].as_u64().unwrap()).sum();
         assert_eq!(replayed, snap["channel_state_frames"].as_u64().unwrap(), "{mode}: every logged frame replayed");
-        let retrans: Vec<(String, i64)> = vms
+        let growth = |v: &serde_json::Value, k: &str| v["tcp_growth"][k].as_u64();
+        type Growth = (String, Option<u64>, Option<u64>, Option<u64>);
+        let tcp: Vec<Growth> = vms
             .iter()
             .map(|v| {
-                let d = v["retrans_later"].as_i64().unwrap_or(0) - v["retrans_first"].as_i64().unwrap_or(0);
-                (v["vm"].as_str().unwrap().to_string(), d)
+                let name = v["vm"].as_str().unwrap().to_string();
+                (name, growth(v, "retrans"), growth(v, "tlp"), growth(v, "tlp_recovered"))
             })
             .collect();
-        eprintln!("{mode}: RetransSegs growth {retrans:?}, backoff avg {} ms", r["backoff_avg_ms"]);
-        if mode == "eager-rl" {
-            // Nothing is demand-paged after the start and the VMs that talk
-            // start together: TCP sees neither loss nor a peer silent past
-            // its tail-loss-probe timeout (2 RTT + 200 ms). Working-set
-            // modes do not hold to this on TCG (0-3 segments per restore in
-            // bench/cluster_restore.py, mostly on a snapshot's first
-            // restore; docs/restore.md), so only their growth is printed.
-            // One segment of slack for a host hiccup.
-            let total: i64 = retrans.iter().map(|r| r.1).sum();
-            assert!(total <= 1, "{mode}: guests retransmitted after the restore: {retrans:?}");
+        eprintln!("{mode}: (vm, RetransSegs, TLPs, TLPs that repaired a loss) growth {tcp:?}, backoff avg {} ms", r["backoff_avg_ms"]);
+        // No segment is lost across the cut and the restore: every frame in
+        // flight was logged and replayed, and every frame the VMs' QEMUs had
+        // read was in the guests (the cut probes). A lost segment shows as a
+        // tail loss probe that repaired it (TCPLossProbeRecovery; seen in CI
+        // before the probes: RetransSegs +2 for r1 after every restore of
+        // one snapshot, in every mode). Retransmissions do happen after
+        // restores here, spurious ones: a peer that runs but is slow for
+        // over 200 ms (TCG retranslating every guest's code at once on 2
+        // cores, demand faults) gets a tail loss probe it already had and
+        // answers with a duplicate SACK (docs/restore.md). Their number is
+        // printed, not held to a bound: it is the host's speed.
+        for (vm, _, _, repaired) in &tcp {
+            assert_eq!(*repaired, Some(0), "{mode}: {vm} retransmitted a segment that was lost: {tcp:?}");
         }
 
         // The workloads go on from the snapshot, on the same connections.
