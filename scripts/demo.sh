@@ -52,7 +52,7 @@ for mode in eager workingset; do
 done
 echo "== beta's pingpong client and the restored alpha"
 echo "   (alpha is back at its snapshot while beta kept going: their TCP connection no longer"
-echo "    matches, so beta's client reconnects once TCP gives up; consistent cluster restores come later)"
+echo "    matches, so beta's client reconnects once TCP gives up; the cluster restore below avoids this)"
 for _ in $(seq 1 60); do
     sleep 1
     $V console beta --bytes 3000 | grep -qE '^pingpong: t=.* conn=2 reqs=[1-9]' && break

@@ -19,8 +19,8 @@ pub fn json_or_snapshot(json: bool, v: &Value) -> Result<()> {
         v["path"].as_str().unwrap_or("?")
     );
     println!(
-        "{:<10} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8} {:>9} {:>9}",
-        "VM", "PAUSE_MS", "PAUSED@", "RESUMED@", "TRANSIENT@", "COMPLETE@", "DRAINED", "RETRANS", "PP_GAP_MS"
+        "{:<10} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9} {:>8} {:>9} {:>9}",
+        "VM", "PAUSE_MS", "PAUSED@", "RESUMED@", "TRANSIENT@", "COMPLETE@", "SETTLE_MS", "DRAINED", "RETRANS", "PP_GAP_MS"
     );
     for r in v["vms"].as_array().into_iter().flatten() {
         let retrans = match (r["retrans_before"].as_u64(), r["retrans_after"].as_u64()) {
@@ -28,13 +28,20 @@ pub fn json_or_snapshot(json: bool, v: &Value) -> Result<()> {
             _ => "?".into(),
         };
         println!(
-            "{:<10} {:>9.1} {:>9.1} {:>9.1} {:>10.1} {:>10.1} {:>8} {:>9} {:>9}",
+            "{:<10} {:>9.1} {:>9.1} {:>9.1} {:>10.1} {:>10.1} {:>9} {:>8} {:>9} {:>9}",
             r["vm"].as_str().unwrap_or("?"),
             r["downtime_ms"].as_f64().unwrap_or(0.0),
             r["pause_start_ms"].as_f64().unwrap_or(0.0),
             r["pause_end_ms"].as_f64().unwrap_or(0.0),
             r["transient_done_ms"].as_f64().unwrap_or(0.0),
             r["complete_ms"].as_f64().unwrap_or(0.0),
+            // The wait for QEMU to hand the guest everything (cut probes);
+            // "!" when it did not within the bound.
+            format!(
+                "{:.1}{}",
+                r["settle_us"].as_u64().unwrap_or(0) as f64 / 1000.0,
+                if r["unsettled"].as_bool().unwrap_or(false) { "!" } else { "" }
+            ),
             r["frames_drained_at_cut"],
             retrans,
             r["pingpong_max_gap_ms"].as_u64().map_or("-".into(), |g| g.to_string()),
@@ -175,8 +182,8 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
     let line: Vec<&str> = v["restore_line"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
     println!("restore line (planned): {}", line.join(" < "));
     println!(
-        "{:<10} {:>10} {:>10} {:>13} {:>8} {:>11} {:>7} {:>8} {:>8} {:>11}",
-        "VM", "LATENCY_MS", "BACKOFF_MS", "DISRUPTION_MS", "WSS", "PAGES_FIRST", "FAULTS", "REPLAYED", "RETRANS", "GUEST_GAP_MS"
+        "{:<10} {:>10} {:>10} {:>13} {:>8} {:>11} {:>7} {:>8} {:>8} {:>5} {:>11}",
+        "VM", "LATENCY_MS", "BACKOFF_MS", "DISRUPTION_MS", "WSS", "PAGES_FIRST", "FAULTS", "REPLAYED", "RETRANS", "LOST", "GUEST_GAP_MS"
     );
     for r in v["vms"].as_array().into_iter().flatten() {
         let retrans = match (r["retrans_first"].as_u64(), r["retrans_later"].as_u64()) {
@@ -184,8 +191,11 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
             _ => "?".into(),
         };
         let gap = r["guest_max_gap_ms"].as_u64().map_or("-".to_string(), |g| g.to_string());
+        // Segments lost across the restore (tail loss probes that repaired
+        // a loss); the other retransmissions were a slow peer.
+        let lost = r["tcp_growth"]["tlp_recovered"].as_u64().map_or("?".to_string(), |n| n.to_string());
         println!(
-            "{:<10} {:>10.1} {:>10.1} {:>13.1} {:>8} {:>11} {:>7} {:>8} {:>8} {:>11}",
+            "{:<10} {:>10.1} {:>10.1} {:>13.1} {:>8} {:>11} {:>7} {:>8} {:>8} {:>5} {:>11}",
             r["vm"].as_str().unwrap_or("?"),
             r["latency_ms"].as_f64().unwrap_or(0.0),
             r["backoff_ms"].as_f64().unwrap_or(0.0),
@@ -195,6 +205,7 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
             r["demand_faults"],
             r["frames_replayed"],
             retrans,
+            lost,
             gap
         );
     }
