@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Benchmark: cluster restores, eager and eager-rl vs workingset-restore vs hotrestore vs hotrestore-rl (HotRestore).
 
-Per cluster size N (default 4 and 8), VMs of different sizes and working sets (memory 128-256 MiB,
-memtouch regions of different sizes) in pairs: 2k runs a pingpong server and a KV server, 2k+1 a
-pingpong client and a KV load against it. One hot cluster snapshot is taken (after a warm-up
+Per cluster size N (default 4 and 8), VMs of different sizes and working sets in pairs (see spec():
+by default the clients' working sets range from a few MiB to ~100 MiB): 2k runs a pingpong server
+and a KV server, 2k+1 a pingpong client and a KV load against it. One hot cluster snapshot is taken (after a warm-up
 snapshot), the cluster is destroyed, and it is restored REPS times per mode, modes interleaved;
 each restore is measured from `restore --cluster --json` and the cluster is torn down again.
 Recorded: per-VM latency, backoff (HotRestore's approximation), disruption, pages loaded first,
-demand faults, frames replayed, RetransSegs growth, the longest gap between pingpong replies the
-guests saw; per run their average/median/max.
+demand faults, frames replayed, RetransSegs growth (and of it the tail loss probes, and those that
+repaired a real loss), the longest gap between pingpong replies the guests saw; per run their
+average/median/max.
 
 Goals (issue text): with the restore line, average backoff <= 20 ms and max <= 50 ms, and average
 disruption <= 0.5x workingset-restore's.
@@ -19,7 +20,7 @@ per mode and cluster size, like HotRestore's figure 7, for the last run of each)
 A mode written M:nopri runs M with `--no-priorities` (every thread at the same CPU priority), to
 measure the fault-path/background priorities side by side, e.g. --modes hotrestore-rl,hotrestore-rl:nopri.
 
-Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--modes M,M] [--bin PATH] [--out DIR] [--replot]
+Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--modes M,M] [--spec spread|small] [--bin PATH] [--out DIR] [--replot]
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile, time
 
@@ -35,15 +36,29 @@ def run(run_dir, *args):
     return benchlib.run(VMCSNAP, run_dir, *args)
 
 
-def spec(n):
-    out = ['[cluster]\nname = "bench-cr"\naccel = "auto"\n']
+def spec(n, kind="spread"):
+    """Pairs: 2k runs a pingpong server and a KV server, 2k+1 a pingpong client and a KV load against
+    it. `small`: memtouch regions of 8-48 MiB at memtouch's default rate (1024 pages/s), so every
+    working set is a few MiB. `spread` (default): the clients write at very different rates (2k-24k
+    pages/s over 32-160 MiB), so working sets range from a few MiB to ~100 MiB and a pair's members
+    finish loading at different times, HotRestore's case."""
+    out = [f'[cluster]\nname = "bench-cr"\naccel = "auto"\n']
     for i in range(n):
-        mem = [128, 160, 192, 256][i % 4]
-        touch = [8, 16, 32, 48][(i // 2) % 4]
-        if i % 2 == 0:
-            wl = f"memtouch -m {touch} &\npingpong server 7000 &\nkvserver 7001 &\n"
+        k = i // 2
+        if kind == "small":
+            mem = [128, 160, 192, 256][i % 4]
+            touch = f"memtouch -m {[8, 16, 32, 48][k % 4]} &\n"
+        elif i % 2 == 0:
+            mem = 160
+            touch = "memtouch -m 16 &\n"
         else:
-            wl = f"memtouch -m {touch} &\npingpong client {{ip:vm{i - 1}}} 7000 &\nkvload {{ip:vm{i - 1}}} 7001 &\n"
+            mem = [128, 256, 192, 256][k % 4]
+            m, r = [(32, 2048), (160, 24576), (64, 8192), (128, 16384)][k % 4]
+            touch = f"memtouch -m {m} -r {r} &\n"
+        if i % 2 == 0:
+            wl = f"{touch}pingpong server 7000 &\nkvserver 7001 &\n"
+        else:
+            wl = f"{touch}pingpong client {{ip:vm{i - 1}}} 7000 &\nkvload {{ip:vm{i - 1}}} 7001 &\n"
         out.append(f'[[vm]]\nname = "vm{i}"\nmemory_mib = {mem}\nworkload = """\n{wl}"""\n')
     return "\n".join(out)
 
@@ -57,6 +72,8 @@ def main():
     ap.add_argument("--modes", default=",".join(MODES),
                     help="comma-separated subset of " + ",".join(MODES) + " (each may end in :nopri)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--spec", default="spread", choices=["spread", "small"],
+                    help="working sets: spread (a few MiB to ~100 MiB, default) or small (all a few MiB)")
     ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON in --out")
     a = ap.parse_args()
     if a.replot:
@@ -67,12 +84,12 @@ def main():
         VMCSNAP = os.path.abspath(a.bin)
     modes = [m for m in a.modes.split(",") if m]
     os.makedirs(a.out, exist_ok=True)
-    results = {"command": " ".join(sys.argv), "runs": [], "summary": []}
+    results = {"command": " ".join(sys.argv), "spec": a.spec, "runs": [], "summary": []}
     for n in [int(x) for x in a.vms.split(",")]:
         run_dir = tempfile.mkdtemp(prefix="vmcsnap-bench-cr-", dir="/tmp")
         sp = os.path.join(run_dir, "spec.toml")
         with open(sp, "w") as f:
-            f.write(spec(n))
+            f.write(spec(n, a.spec))
         try:
             run(run_dir, "up", sp)
             time.sleep(15)
@@ -126,6 +143,11 @@ def main():
                  "disruption_avg_ms": med([r["disruption_avg_ms"] for r in good]),
                  "retrans_growth": [sum((v["retrans_later"] or 0) - (v["retrans_first"] or 0) for v in r["vms"])
                                     for r in good],
+                 # Of those, tail loss probes, and the ones that repaired a real loss (a segment missing
+                 # after the restore); the others were answered by a duplicate SACK (a slow peer).
+                 "tlp_growth": [sum((v.get("tcp_growth") or {}).get("tlp") or 0 for v in r["vms"]) for r in good],
+                 "lost_segments": [sum((v.get("tcp_growth") or {}).get("tlp_recovered") or 0 for v in r["vms"])
+                                   for r in good],
                  # The longest pause between two pingpong replies any client saw after the restore.
                  "guest_max_gap_ms": [max([v.get("guest_max_gap_ms") or 0 for v in r["vms"]]) for r in good]}
             if mode == "workingset-restore":
@@ -135,7 +157,8 @@ def main():
             ratio = s["disruption_vs_workingset_restore"]
             print(f"{n:>3} {mode:<19} {s['ok']:>4} {s['latency_avg_ms']:>8.0f} {s['backoff_avg_ms']:>11.1f} "
                   f"{s['backoff_max_ms']:>11.1f} {s['disruption_avg_ms']:>10.0f} "
-                  f"{(f'{ratio:.2f}' if ratio else '-'):>13}  retrans growth per run {s['retrans_growth']}, "
+                  f"{(f'{ratio:.2f}' if ratio else '-'):>13}  retrans growth per run {s['retrans_growth']} "
+                  f"(TLP {s['tlp_growth']}, lost {s['lost_segments']}), "
                   f"guest max gap ms per run {s['guest_max_gap_ms']}")
     with open(os.path.join(a.out, "cluster_restore.json"), "w") as f:
         json.dump(results, f, indent=1)
