@@ -29,47 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VMCSNAP = os.path.join(ROOT, "target", "release", "vmcsnap")
 VARIANTS = ["probes", "no-probes"]
 
-SPEC = '''
-[cluster]
-name = "bench-probe"
-accel = "auto"
-
-[[vm]]
-name = "r1"
-memory_mib = 256
-workload = """
-memtouch -m 48 &
-pingpong server 7000 &
-kvserver 7001 &
-pingpong client {ip:r2} 7000 &
-"""
-
-[[vm]]
-name = "r2"
-memory_mib = 128
-workload = """
-memtouch -m 8 &
-pingpong server 7000 &
-pingpong client {ip:r3} 7000 &
-"""
-
-[[vm]]
-name = "r3"
-memory_mib = 160
-workload = """
-memtouch -m 16 &
-pingpong server 7000 &
-pingpong client {ip:r1} 7000 &
-"""
-
-[[vm]]
-name = "kvc"
-memory_mib = 192
-workload = """
-memtouch -m 24 &
-kvload {ip:r1} 7001 &
-"""
-'''
+# The cluster restore test's cluster.
+SPEC_FILE = os.path.join(ROOT, "examples", "ring-kv.toml")
 
 
 def run(run_dir, *args):
@@ -93,11 +54,8 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     results = {"command": " ".join(sys.argv), "snapshots": [], "restores": []}
     run_dir = tempfile.mkdtemp(prefix="vmcsnap-bench-probe-", dir="/tmp")
-    sp = os.path.join(run_dir, "spec.toml")
-    with open(sp, "w") as f:
-        f.write(SPEC)
     try:
-        run(run_dir, "up", sp)
+        run(run_dir, "up", SPEC_FILE)
         time.sleep(15)
         run(run_dir, "snapshot", "--cluster", "--name", "warmup", "--json")
         names = []

@@ -11,47 +11,7 @@ use common::{cluster_lock, last_field, Env};
 /// Heterogeneous: different memory sizes and workloads. A pingpong ring
 /// (r1 → r2 → r3 → r1: each VM runs a server and a client of the next) and
 /// a KV pair (kvc → r1).
-const SPEC: &str = r#"
-[cluster]
-name = "cr"
-accel = "auto"
-
-[[vm]]
-name = "r1"
-memory_mib = 256
-workload = """
-memtouch -m 48 &
-pingpong server 7000 &
-kvserver 7001 &
-pingpong client {ip:r2} 7000 &
-"""
-
-[[vm]]
-name = "r2"
-memory_mib = 128
-workload = """
-memtouch -m 8 &
-pingpong server 7000 &
-pingpong client {ip:r3} 7000 &
-"""
-
-[[vm]]
-name = "r3"
-memory_mib = 160
-workload = """
-memtouch -m 16 &
-pingpong server 7000 &
-pingpong client {ip:r1} 7000 &
-"""
-
-[[vm]]
-name = "kvc"
-memory_mib = 192
-workload = """
-memtouch -m 24 &
-kvload {ip:r1} 7001 &
-"""
-"#;
+const SPEC: &str = include_str!("../../../examples/ring-kv.toml");
 
 const VMS: [&str; 4] = ["r1", "r2", "r3", "kvc"];
 const RING: [&str; 3] = ["r1", "r2", "r3"];

@@ -64,9 +64,13 @@ fn wait_pingpong(env: &Env, from: u64, more: u64) -> String {
 }
 
 fn assert_memtouch_clean(env: &Env, vm: &str) {
-    let c = env.console(vm);
+    // memtouch reports once a second; right after a restart early in a
+    // guest's life only its start line may be there yet.
+    let c = env.wait_console(vm, "a memtouch report", Duration::from_secs(30), |c| {
+        last_field(c, "memtouch:", "errors").is_some()
+    });
     assert!(!c.contains("MEMTOUCH-CORRUPTION"), "{vm}: corruption:\n{c}");
-    assert_eq!(last_field(&c, "memtouch:", "errors"), Some(0), "{vm}");
+    assert_eq!(last_field(&c, "memtouch:", "errors"), Some(0), "{vm}:\n{}", common::tail(&c, 3000));
 }
 
 fn rejuvenate(env: &Env, vm: &str, mode: &str) -> serde_json::Value {
@@ -105,7 +109,7 @@ fn warm_saved_and_cold_restarts_keep_or_lose_the_guest_as_they_should() {
         pagecache_reads(c).len() >= reads_before + 3
     });
     let after: Vec<u64> = pagecache_reads(&srv)[reads_before..].to_vec();
-    assert!(after.iter().all(|&r| r == 0), "warm restart lost the page cache: disk reads {after:?}");
+    assert!(after.iter().all(|&r| r == 0), "warm restart lost the page cache: disk reads {after:?}; restart {r}\n{}", common::tail(&srv, 3000));
     assert_memtouch_clean(&env, "srv");
     let status = env.json(&["status", "--json"]);
     let srv = status["vms"].as_array().unwrap().iter().find(|v| v["name"] == "srv").unwrap().clone();
