@@ -6,6 +6,18 @@ use vmcsnap_control::{StatusResult, UpResult};
 use vmcsnap_switch::SwitchStats;
 
 /// Prints `v` as JSON if `json`, else runs `human`.
+/// A JSON value as a table cell: numbers and strings as they are, `-` for
+/// null. `serde_json::Value`'s own `Display` ignores width and alignment
+/// (`{:>8}` printed 383 unpadded and broke the columns of the restore table),
+/// so cells go through a `String`.
+pub fn cell(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
 pub fn json_or(json: bool, v: &Value, human: impl FnOnce()) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string(v)?);
@@ -68,13 +80,13 @@ pub fn rejuvenate(v: &Value) {
             "{:<12} {:<6} {:>8} {:>12.1} {:>9.1} {:>11.1} {:>9.1} {:>12} {:>7}",
             r["vm"].as_str().unwrap_or("?"),
             r["mode"].as_str().unwrap_or("?"),
-            r["memory_mib"],
+            cell(&r["memory_mib"]),
             f("downtime_ms"),
             f("save_ms"),
             f("restart_ms"),
             f("load_ms"),
-            r["state_bytes"],
-            r["frames_held"]
+            cell(&r["state_bytes"]),
+            cell(&r["frames_held"])
         );
     }
     println!("total {:.1} ms", v["total_ms"].as_f64().unwrap_or(0.0));
@@ -148,9 +160,9 @@ pub fn snapshots(root: &std::path::Path, json: bool) -> Result<()> {
                 r["name"].as_str().unwrap_or("?"),
                 r["vm"].as_str().unwrap_or("?"),
                 r["mode"].as_str().unwrap_or("?"),
-                r["downtime_ms"],
-                r["duration_ms"],
-                r["bytes_written"]
+                cell(&r["downtime_ms"]),
+                cell(&r["duration_ms"]),
+                cell(&r["bytes_written"])
             );
         } else {
             println!("{:<32} INVALID: {}", r["name"].as_str().unwrap_or("?"), r["error"].as_str().unwrap_or("?"));
@@ -307,4 +319,21 @@ pub fn analyze_ws(dir: &std::path::Path, json: bool) -> Result<()> {
             );
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::cell;
+
+    #[test]
+    fn cells_take_width_where_json_values_do_not() {
+        // The bug: a Value formats without padding.
+        assert_eq!(format!("{:>8}", json!(383)), "383");
+        assert_eq!(format!("{:>8}", cell(&json!(383))), "     383");
+        assert_eq!(format!("{:<6}|", cell(&json!("warm"))), "warm  |");
+        assert_eq!(cell(&json!(null)), "-");
+        assert_eq!(cell(&json!(1.5)), "1.5");
+    }
 }

@@ -42,7 +42,7 @@ pub fn json_or_snapshot(json: bool, v: &Value) -> Result<()> {
                 r["settle_us"].as_u64().unwrap_or(0) as f64 / 1000.0,
                 if r["unsettled"].as_bool().unwrap_or(false) { "!" } else { "" }
             ),
-            r["frames_drained_at_cut"],
+            crate::output::cell(&r["frames_drained_at_cut"]),
             retrans,
             r["pingpong_max_gap_ms"].as_u64().map_or("-".into(), |g| g.to_string()),
         );
@@ -200,10 +200,10 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
             r["latency_ms"].as_f64().unwrap_or(0.0),
             r["backoff_ms"].as_f64().unwrap_or(0.0),
             r["disruption_ms"].as_f64().unwrap_or(0.0),
-            r["wss"],
-            r["pages_before_start"],
-            r["demand_faults"],
-            r["frames_replayed"],
+            crate::output::cell(&r["wss"]),
+            crate::output::cell(&r["pages_before_start"]),
+            crate::output::cell(&r["demand_faults"]),
+            crate::output::cell(&r["frames_replayed"]),
             retrans,
             lost,
             gap
