@@ -135,15 +135,8 @@ pub struct TcpGrowth {
 /// What a guest's console said after a given offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct GuestView {
-    /// The last `retrans=` of the guest's `vmcsnap-stat` lines (its TCP
-    /// RetransSegs), if any line was seen.
-    pub retrans: Option<u64>,
-    /// The last `tlp=` (TCPLossProbes: tail loss probes, the retransmissions
-    /// a short stall of the peer causes) of those lines.
-    pub tlp: Option<u64>,
-    /// The last `rto=` (TCPTimeouts: retransmission timeouts).
-    pub rto: Option<u64>,
-    /// All counters of the last stat line.
+    /// The TCP counters of the guest's last `vmcsnap-stat` line (all `None`
+    /// if no line was seen).
     pub tcp: TcpCounters,
     /// All counters of the first stat line.
     pub tcp_first: TcpCounters,
@@ -163,11 +156,6 @@ pub fn parse_console(text: &str) -> GuestView {
             if v.stat_lines == 1 {
                 v.tcp_first = v.tcp;
             }
-            if let Some(n) = field(line, "retrans") {
-                v.retrans = Some(n);
-            }
-            v.tlp = field(line, "tlp").or(v.tlp);
-            v.rto = field(line, "rto").or(v.rto);
         } else if line.starts_with("pingpong: ") {
             if let Some(g) = field(line, "maxgap_ms") {
                 v.pingpong_max_gap_ms = Some(v.pingpong_max_gap_ms.map_or(g, |m| m.max(g)));
@@ -248,9 +236,9 @@ mod tests {
                     pingpong: t=2 conn=1 reqs=650 total=1350 maxgap_ms=31 maxgap_all_ms=31\n\
                     vmcsnap-stat name=a uptime=2.0 retrans=5 tlp=2 rto=1\n";
         let v = parse_console(text);
-        assert_eq!(v.retrans, Some(5));
-        assert_eq!((v.tlp, v.rto), (Some(2), Some(1)));
-        assert_eq!(parse_console("vmcsnap-stat name=a uptime=2.0 retrans=5\n").tlp, None, "older guests print no tlp");
+        assert_eq!(v.tcp.retrans, Some(5));
+        assert_eq!((v.tcp.tlp, v.tcp.rto), (Some(2), Some(1)));
+        assert_eq!(parse_console("vmcsnap-stat name=a uptime=2.0 retrans=5\n").tcp.tlp, None, "older guests print no tlp");
         assert_eq!(v.pingpong_max_gap_ms, Some(31));
         assert_eq!(v.tcp, TcpCounters { retrans: Some(5), tlp: Some(2), tlp_recovered: None, rto: Some(1) });
         assert_eq!(v.tcp_first.retrans, Some(3));
@@ -259,6 +247,6 @@ mod tests {
         let g = later.growth_since(&v.tcp);
         assert_eq!((g.retrans, g.tlp, g.tlp_recovered, g.rto), (Some(4), Some(2), None, Some(0)));
         assert_eq!(v.stat_lines, 2);
-        assert_eq!(parse_console("").retrans, None);
+        assert_eq!(parse_console("").tcp.retrans, None);
     }
 }

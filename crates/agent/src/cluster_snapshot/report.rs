@@ -233,7 +233,7 @@ pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentErr
             unsettled: prep.unsettled,
             frames_drained_at_cut: cut.frames_drained,
             retrans_before: b.tcp.retrans,
-            retrans_after: view.retrans.or(b.tcp.retrans),
+            retrans_after: view.tcp.retrans.or(b.tcp.retrans),
             tcp_before: b.tcp,
             tcp_after: if view.stat_lines > 0 { view.tcp } else { b.tcp },
             pingpong_max_gap_ms: view.pingpong_max_gap_ms,
