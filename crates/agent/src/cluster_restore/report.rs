@@ -16,6 +16,11 @@ use crate::restore;
 /// How long to wait for the restored guests' console stat lines (one per
 /// second) to read their TCP retransmission counters.
 const GUEST_STAT_WAIT: Duration = Duration::from_millis(3500);
+/// How much longer to wait for a guest that has not printed a single stat
+/// line yet (a guest starved of CPU right after its start; seen in CI: no
+/// line from one of four guests within 3.5 s), so that every guest's
+/// counters are measured.
+const GUEST_FIRST_STAT_WAIT: Duration = Duration::from_secs(20);
 
 /// One restored VM. Times are ms since the cluster restore request.
 #[derive(Debug, Clone, Serialize)]
@@ -124,13 +129,16 @@ pub fn build(
     let rel = |us: u64| us.saturating_sub(start_unix_us) as f64 / 1000.0;
     // The guests' retransmission counters: first stat line after the
     // restore vs one a few seconds later.
-    let deadline = Instant::now() + GUEST_STAT_WAIT;
+    let t = Instant::now();
     let views: Vec<GuestView> = loop {
         let v: Vec<GuestView> = restored
             .iter()
             .map(|r| crate::cluster_snapshot::parse_console(&crate::cluster_snapshot::console_text(&r.0.vm.config.console_log)))
             .collect();
-        if v.iter().all(|g| g.stat_lines >= 3) || Instant::now() > deadline {
+        let waited = t.elapsed();
+        let enough = v.iter().all(|g| g.stat_lines >= 3);
+        let some = v.iter().all(|g| g.stat_lines >= 1);
+        if enough || (some && waited > GUEST_STAT_WAIT) || waited > GUEST_FIRST_STAT_WAIT {
             break v;
         }
         std::thread::sleep(Duration::from_millis(200));
