@@ -191,9 +191,13 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
             _ => "?".into(),
         };
         let gap = r["guest_max_gap_ms"].as_u64().map_or("-".to_string(), |g| g.to_string());
-        // Segments lost across the restore (tail loss probes that repaired
-        // a loss); the other retransmissions were a slow peer.
-        let lost = r["tcp_growth"]["tlp_recovered"].as_u64().map_or("?".to_string(), |n| n.to_string());
+        // Segments lost across the restore: retransmissions the peer did
+        // not answer with a duplicate SACK (the others were a slow peer).
+        // Guests without `dsack=`: the tail loss probes that repaired one.
+        let lost = r["lost_segments"]
+            .as_u64()
+            .or_else(|| r["tcp_growth"]["tlp_recovered"].as_u64())
+            .map_or("?".to_string(), |n| n.to_string());
         println!(
             "{:<10} {:>10.1} {:>10.1} {:>13.1} {:>8} {:>11} {:>7} {:>8} {:>8} {:>5} {:>11}",
             r["vm"].as_str().unwrap_or("?"),

@@ -65,9 +65,14 @@ pub struct VmRestoreReport {
     pub tcp_later: TcpCounters,
     /// Their growth because of the restore: retransmitted segments, tail
     /// loss probes, of those the ones that repaired a real loss (a segment
-    /// missing from the restored cluster), and timeouts. A tail loss probe
+    /// missing from the restored cluster), timeouts, and duplicate SACKs
+    /// received (retransmissions the peer already had). A tail loss probe
     /// that repaired nothing was a peer stalled past 2 RTT + 200 ms.
     pub tcp_growth: TcpGrowth,
+    /// Retransmissions since the cut that repaired a real loss: those not
+    /// answered by a duplicate SACK (`tcp_growth.retrans - tcp_growth.dsack`;
+    /// `None` for guests that do not report duplicate SACKs).
+    pub lost_segments: Option<u64>,
     /// The longest gap between two pingpong replies the guest saw since the
     /// restore (pingpong clients only): the disruption as its application
     /// felt it, in guest time.
@@ -174,6 +179,7 @@ pub fn build(
             tcp_at_cut,
             tcp_later: view.tcp,
             tcp_growth: view.tcp.growth_since(&tcp_at_cut),
+            lost_segments: view.tcp.growth_since(&tcp_at_cut).lost(),
             guest_max_gap_ms: view.pingpong_max_gap_ms,
             record: rep.record.clone(),
         });

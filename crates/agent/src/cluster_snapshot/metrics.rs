@@ -94,6 +94,10 @@ pub struct TcpCounters {
     pub tlp_recovered: Option<u64>,
     /// `rto=`: TCPTimeouts, retransmission timeouts.
     pub rto: Option<u64>,
+    /// `dsack=`: TCPDSACKRecv + TCPDSACKOfoRecv, duplicate SACKs received:
+    /// one per retransmitted segment the peer already had.
+    #[serde(default)]
+    pub dsack: Option<u64>,
 }
 
 impl TcpCounters {
@@ -104,6 +108,7 @@ impl TcpCounters {
             tlp: field(line, "tlp"),
             tlp_recovered: field(line, "tlprec"),
             rto: field(line, "rto"),
+            dsack: field(line, "dsack"),
         }
     }
 
@@ -115,7 +120,17 @@ impl TcpCounters {
             tlp: d(self.tlp, earlier.tlp),
             tlp_recovered: d(self.tlp_recovered, earlier.tlp_recovered),
             rto: d(self.rto, earlier.rto),
+            dsack: d(self.dsack, earlier.dsack),
         }
+    }
+}
+
+impl TcpGrowth {
+    /// Retransmissions that repaired a real loss: those the peer did not
+    /// answer with a duplicate SACK (it had not received the segment).
+    /// `None` for guests that do not print `dsack=`.
+    pub fn lost(&self) -> Option<u64> {
+        Some(self.retrans?.saturating_sub(self.dsack?))
     }
 }
 
@@ -130,6 +145,9 @@ pub struct TcpGrowth {
     pub tlp_recovered: Option<u64>,
     /// Retransmission timeouts.
     pub rto: Option<u64>,
+    /// Duplicate SACKs received: retransmissions that were not needed.
+    #[serde(default)]
+    pub dsack: Option<u64>,
 }
 
 /// What a guest's console said after a given offset.
@@ -240,13 +258,31 @@ mod tests {
         assert_eq!((v.tcp.tlp, v.tcp.rto), (Some(2), Some(1)));
         assert_eq!(parse_console("vmcsnap-stat name=a uptime=2.0 retrans=5\n").tcp.tlp, None, "older guests print no tlp");
         assert_eq!(v.pingpong_max_gap_ms, Some(31));
-        assert_eq!(v.tcp, TcpCounters { retrans: Some(5), tlp: Some(2), tlp_recovered: None, rto: Some(1) });
+        assert_eq!(v.tcp, TcpCounters { retrans: Some(5), tlp: Some(2), tlp_recovered: None, rto: Some(1), dsack: None });
         assert_eq!(v.tcp_first.retrans, Some(3));
         let later = TcpCounters::parse("vmcsnap-stat name=a uptime=3.0 retrans=9 tlp=4 tlprec=1 rto=1");
         assert_eq!(later.tlp_recovered, Some(1));
         let g = later.growth_since(&v.tcp);
         assert_eq!((g.retrans, g.tlp, g.tlp_recovered, g.rto), (Some(4), Some(2), None, Some(0)));
+        assert_eq!(g.lost(), None, "no dsack= on the earlier line: loss unknown");
         assert_eq!(v.stat_lines, 2);
         assert_eq!(parse_console("").tcp.retrans, None);
+    }
+
+    #[test]
+    fn retransmissions_without_a_duplicate_sack_are_losses() {
+        let at = TcpCounters::parse("vmcsnap-stat name=a uptime=3.0 retrans=9 tlp=4 tlprec=0 rto=1 dsack=2");
+        let spurious = TcpCounters::parse("vmcsnap-stat name=a uptime=9.0 retrans=12 tlp=6 tlprec=0 rto=1 dsack=5");
+        let g = spurious.growth_since(&at);
+        assert_eq!((g.retrans, g.dsack, g.lost()), (Some(3), Some(3), Some(0)));
+        let lossy = TcpCounters::parse("vmcsnap-stat name=a uptime=9.0 retrans=13 tlp=6 tlprec=1 rto=2 dsack=4");
+        assert_eq!(lossy.growth_since(&at).lost(), Some(2));
+        // More duplicate SACKs than retransmissions (the peer also saw a
+        // duplicate the network made): never a negative loss.
+        let dup = TcpCounters::parse("vmcsnap-stat name=a uptime=9.0 retrans=9 tlp=4 tlprec=0 rto=1 dsack=3");
+        assert_eq!(dup.growth_since(&at).lost(), Some(0));
+        // Snapshots written before `dsack` existed still load.
+        let old: TcpCounters = serde_json::from_str(r#"{"retrans":1,"tlp":0,"tlp_recovered":0,"rto":0}"#).unwrap();
+        assert_eq!(old.dsack, None);
     }
 }
