@@ -11,10 +11,10 @@ the guest.
 
 Recorded per snapshot: per VM the settle time (socket drained -> second probe read), the drain
 wait, the pause, whether a cut was unsettled; per restore the growth per VM of the guest's
-RetransSegs, tail loss probes, tail loss probes that repaired a real loss (TCPLossProbeRecovery:
-a segment missing from the restored cluster) and timeouts. A tail loss probe that repaired
-nothing was answered by a duplicate SACK: the peer had the segment and was only slow (under TCG a
-restored guest starts with a cold translation cache).
+RetransSegs, tail loss probes, tail loss probes that repaired a real loss (TCPLossProbeRecovery),
+timeouts and duplicate SACKs received. A retransmission answered by a duplicate SACK was not
+needed: the peer had the segment and was only slow (under TCG a restored guest starts with a cold
+translation cache); the others repaired a segment missing from the restored cluster (lost).
 
 Writes bench/results/cut_probe.json and cut_probe.png and prints a table.
 
@@ -103,8 +103,8 @@ def main():
         s = {"variant": variant, "restores": len(rest),
              "restores_with_retrans": sum(1 for r in rest if tot(r, "retrans") > 0),
              "segments": sum(tot(r, "retrans") for r in rest),
-             "losses_repaired": sum(tot(r, "tlp_recovered") for r in rest),
-             "restores_with_loss": sum(1 for r in rest if tot(r, "tlp_recovered") + tot(r, "rto") > 0),
+             "losses_repaired": sum(lost(r) for r in rest),
+             "restores_with_loss": sum(1 for r in rest if lost(r) > 0),
              "rto": sum(tot(r, "rto") for r in rest),
              "settle_median_us": benchlib.med(settle), "settle_max_us": max(settle) if settle else None,
              "pause_median_ms": benchlib.med(pause),
@@ -120,6 +120,18 @@ def main():
     plot(results, a.out)
 
 
+def lost(restore):
+    """Segments lost across one restore: retransmissions no duplicate SACK answered (guests that
+    print `dsack=`), else tail loss probes that repaired a loss plus timeouts."""
+    total = 0
+    for g in restore["growth"].values():
+        if g.get("dsack") is not None:
+            total += max(0, (g.get("retrans") or 0) - g["dsack"])
+        else:
+            total += (g.get("tlp_recovered") or 0) + (g.get("rto") or 0)
+    return total
+
+
 def plot(results, out):
     """Left: retransmitted segments per eager-rl restore per variant; right: settle times."""
     plt = benchlib.pyplot()
@@ -128,10 +140,10 @@ def plot(results, out):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     for i, variant in enumerate(VARIANTS):
         rest = [r for r in results["restores"] if r["variant"] == variant and "growth" in r]
-        for k, (key, mark) in enumerate([("retrans", "o"), ("tlp_recovered", "x")]):
-            ys = [sum((g.get(key) or 0) for g in r["growth"].values()) for r in rest]
+        for k, (label, mark) in enumerate([("retransmitted", "o"), ("lost", "x")]):
+            ys = [sum((g.get("retrans") or 0) for g in r["growth"].values()) if k == 0 else lost(r) for r in rest]
             ax1.scatter([i + k * 0.3 + (j - len(ys) / 2) * 0.02 for j in range(len(ys))], ys, marker=mark,
-                        label=f"{variant}: {'retransmitted' if key == 'retrans' else 'lost (TLP repaired)'}")
+                        label=f"{variant}: {label}")
         settle = [v["settle_us"] / 1000 for s in results["snapshots"] if s["variant"] == variant for v in s["vms"]
                   if v["settle_us"] is not None]
         if settle:
