@@ -60,6 +60,10 @@ fn boot(env: &Env) {
     for (vm, what) in [("b", "pingpong:"), ("d", "pingpong:"), ("b", "kvload:")] {
         env.wait_console(vm, what, limit, |c| last_field(c, what, "total").unwrap_or(0) >= 100);
     }
+    // The snapshot reads each guest's TCP counters from its last status line.
+    for vm in VMS {
+        env.wait_console(vm, "a status line", limit, |c| c.contains("vmcsnap-stat "));
+    }
 }
 
 fn assert_workloads_clean(env: &Env) {
@@ -121,7 +125,14 @@ fn hot_cluster_snapshot_is_consistent_and_keeps_every_frame() {
         assert!(listed.iter().any(|s| s["name"] == name.as_str() && s["valid"] == true), "{list}");
     }
     eprintln!("RetransSegs growth per (round, VM): {retrans_grew:?}");
-    assert_eq!(retrans_grew.len(), 12, "every guest reports its RetransSegs in every round");
+    if retrans_grew.len() != 12 {
+        let silent: Vec<String> = (0..3)
+            .flat_map(|round| VMS.iter().map(move |vm| (round, *vm)))
+            .filter(|(round, vm)| !retrans_grew.iter().any(|r| r.0 == *round && r.1 == *vm))
+            .map(|(round, vm)| format!("round {round}: {vm}, its console ends:\n{}", common::tail(&env.console(vm), 3000)))
+            .collect();
+        panic!("every guest reports its RetransSegs in every round; missing:\n{}", silent.join("\n"));
+    }
     // The bar is 9 of 10 snapshots without a retransmission; with
     // three here, allow one round with a retransmission (TCG on two shared
     // cores can starve a guest past its RTO without any snapshot).
