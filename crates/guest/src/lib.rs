@@ -914,6 +914,17 @@ mod tests {
         let init = EMBEDDED[1].contents;
         assert!(init.contains(&format!("echo \"{READY_MARKER} $NAME\"")));
         assert!(init.contains(&format!("echo \"{STAT_PREFIX} name=")));
+        // The status loop runs every second in every guest on emulated CPUs:
+        // it forks nothing but `sleep` (six command substitutions per line
+        // once starved a guest's loop past a cluster snapshot's window).
+        let tcp_counters = &init[init.find("tcp_counters() {").expect("tcp_counters in init")..];
+        let tcp_counters = &tcp_counters[..tcp_counters.find("\n}\n").expect("end of tcp_counters")];
+        let status_loop = &init[init.rfind("while :; do").expect("status loop in init")..];
+        for (what, code) in [("tcp_counters", tcp_counters), ("the status loop", status_loop)] {
+            // `$(` not followed by `(` (arithmetic), or a backquote.
+            let substitution = code.match_indices("$(").any(|(i, _)| !code[i + 2..].starts_with('('));
+            assert!(!substitution && !code.contains('`'), "{what} forks a command substitution:\n{code}");
+        }
     }
 
     #[test]
