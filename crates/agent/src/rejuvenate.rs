@@ -198,8 +198,14 @@ fn port_held(switch: &SwitchHandle, m: &Member) -> Result<u64, AgentError> {
     Ok(switch.stats()?.port(m.port).map(|p| p.counters.held).unwrap_or(0))
 }
 
+/// The capabilities of a VMM restart's migration. `postcopy-ram` is turned
+/// off: a VM restored through postcopy still has it on, and the stream of
+/// an outgoing migration would then announce postcopy.
 fn caps(ignore_shared: bool) -> Value {
-    json!({ "capabilities": [ { "capability": "x-ignore-shared", "state": ignore_shared } ] })
+    json!({ "capabilities": [
+        { "capability": "x-ignore-shared", "state": ignore_shared },
+        { "capability": "postcopy-ram", "state": false },
+    ] })
 }
 
 /// The QEMU the VM ran before, for a fallback: a copy of its binary, its

@@ -159,6 +159,19 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     let r = env.json(&["restore", "s-hot", "--mode", "workingset", "--json"]);
     assert_eq!(r["learned"], true, "{r}");
 
+    // A restored VM snapshots again, in every mode. Regression: the restore
+    // left QEMU's postcopy-ram capability on; a hot snapshot was refused
+    // ("Background-snapshot is not compatible with postcopy-ram") and a
+    // pre-copy one hung with the guest paused.
+    for (mode, name) in [("hot", "again-hot"), ("precopy", "again-pre"), ("stop-copy", "again-sc")] {
+        let (a_from, b_from) = (env.console("a").len(), env.console("b").len());
+        let s = env.json(&["snapshot", "a", "--mode", mode, "--name", name, "--json"]);
+        assert!(s["downtime_ms"].as_f64().is_some(), "{mode} snapshot of a restored VM: {s}");
+        check_alive(&env, a_from, b_from, &format!("{mode} snapshot of a restored VM"));
+    }
+    let out = env.vmcsnap(&["inspect", "again-pre", "--verify"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
     // The destination QEMU dies mid-restore: a clear error, nothing of a left.
     env.ok(&["stop", "a"]);
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_vmcsnap"))

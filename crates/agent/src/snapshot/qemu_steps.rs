@@ -96,11 +96,17 @@ pub(super) fn wait_resume(vm: &mut Vm) -> Result<u64, AgentError> {
     }
 }
 
+/// The capabilities of a snapshot's migration. `postcopy-ram` is turned
+/// off: a VM restored through postcopy still has it on, and QEMU refuses
+/// `background-snapshot` next to it ("Background-snapshot is not compatible
+/// with postcopy-ram"); a pre-copy or stop-copy stream would announce
+/// postcopy, which the capture does not take.
 pub(super) fn set_caps(vm: &mut Vm, background: bool, pause_before_switchover: bool) -> Result<Value, AgentError> {
     vm.execute(
         "migrate-set-capabilities",
         json!({ "capabilities": [
             { "capability": "x-ignore-shared", "state": false },
+            { "capability": "postcopy-ram", "state": false },
             { "capability": "background-snapshot", "state": background },
             { "capability": "pause-before-switchover", "state": pause_before_switchover },
         ] }),
