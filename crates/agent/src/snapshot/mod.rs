@@ -303,7 +303,7 @@ pub fn snapshot(
         vm.config.disk = overlay.clone();
     }
     let _ = std::fs::remove_file(&sock);
-    let captured = match (result.and(resumed), cap.take()) {
+    let captured = match (with_resume(&vm.name, result, resumed), cap.take()) {
         (Ok(()), Some(cap)) => cap.join().map_err(&fail),
         (Ok(()), None) => Err(fail("the capture was stopped".into())),
         (Err(e), cap) => {

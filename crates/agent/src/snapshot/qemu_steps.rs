@@ -141,6 +141,21 @@ pub(super) fn ensure_running(vm: &mut Vm) -> Result<(), AgentError> {
     Ok(())
 }
 
+/// A snapshot's outcome once [`ensure_running`] has tried to resume the
+/// guest. A failure to resume is never dropped: a guest left paused is what
+/// the user must hear about, with or without a snapshot error before it.
+pub(super) fn with_resume(vm: &str, result: Result<(), AgentError>, resumed: Result<(), AgentError>) -> Result<(), AgentError> {
+    let Err(r) = resumed else { return result };
+    let paused = format!(
+        "the guest may be left paused: resuming it failed: {r} (`vmcsnap status` shows its state; `vmcsnap stop {vm}` ends it)"
+    );
+    let detail = match result {
+        Ok(()) => paused,
+        Err(e) => format!("{e}; {paused}"),
+    };
+    Err(AgentError::Snapshot { vm: vm.to_string(), detail })
+}
+
 pub(super) fn take_events(vm: &mut Vm) -> Result<(), AgentError> {
     let name = vm.name.clone();
     vm.qmp()?.take_events().map_err(|source| AgentError::Qmp { vm: name, source })?;
@@ -245,5 +260,28 @@ pub(super) fn wait_migration(
             });
         }
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(detail: &str) -> AgentError {
+        AgentError::Snapshot { vm: "a".into(), detail: detail.into() }
+    }
+
+    #[test]
+    fn a_guest_left_paused_is_always_reported() {
+        assert!(with_resume("a", Ok(()), Ok(())).is_ok());
+        let only_snapshot = with_resume("a", Err(err("capture broke")), Ok(())).unwrap_err().to_string();
+        assert!(only_snapshot.contains("capture broke") && !only_snapshot.contains("paused"), "{only_snapshot}");
+        // Regression: a pre-copy snapshot stuck in QEMU's completion timed
+        // out, `cont` failed, and the error said only "not finished after
+        // 600s" while the guest stayed paused.
+        let both = with_resume("a", Err(err("not finished after 600s")), Err(err("Migration is not finished"))).unwrap_err().to_string();
+        assert!(both.contains("not finished after 600s") && both.contains("left paused") && both.contains("Migration is not finished"), "{both}");
+        let only_resume = with_resume("a", Ok(()), Err(err("cont failed"))).unwrap_err().to_string();
+        assert!(only_resume.contains("left paused") && only_resume.contains("vmcsnap stop a"), "{only_resume}");
     }
 }
