@@ -109,7 +109,17 @@ fn warm_saved_and_cold_restarts_keep_or_lose_the_guest_as_they_should() {
         pagecache_reads(c).len() >= reads_before + 3
     });
     let after: Vec<u64> = pagecache_reads(&srv)[reads_before..].to_vec();
-    assert!(after.iter().all(|&r| r == 0), "warm restart lost the page cache: disk reads {after:?}; restart {r}\n{}", common::tail(&srv, 3000));
+    // A lost page cache reads the whole blob again (as many reads as its
+    // first, cold read). A kept one may still see a couple of reads: CI saw
+    // [2, 0, 0] and [0, 2, 0] after warm restarts against 34 for the cold
+    // read, i.e. two blocks, not the blob (which ones is not known).
+    let cold = pagecache_reads(&srv)[0];
+    assert!(
+        after.iter().all(|&r| r * 4 < cold),
+        "warm restart lost the page cache: disk reads {after:?} (cold read: {cold}); restart {r}\n{}",
+        common::tail(&srv, 3000)
+    );
+    eprintln!("disk reads of /data/blob after the warm restart: {after:?} (cold read: {cold})");
     assert_memtouch_clean(&env, "srv");
     let status = env.json(&["status", "--json"]);
     let srv = status["vms"].as_array().unwrap().iter().find(|v| v["name"] == "srv").unwrap().clone();
