@@ -69,9 +69,10 @@ pub struct VmRestoreReport {
     /// received (retransmissions the peer already had). A tail loss probe
     /// that repaired nothing was a peer stalled past 2 RTT + 200 ms.
     pub tcp_growth: TcpGrowth,
-    /// Retransmissions since the cut that repaired a real loss: those not
-    /// answered by a duplicate SACK (`tcp_growth.retrans - tcp_growth.dsack`;
-    /// `None` for guests that do not report duplicate SACKs).
+    /// Retransmissions since the cut that no duplicate SACK answered
+    /// (`tcp_growth.retrans - tcp_growth.dsack`; `None` for guests that do
+    /// not report duplicate SACKs): an upper bound on the segments lost, as
+    /// the peer had every other one (docs/restore.md).
     pub lost_segments: Option<u64>,
     /// The longest gap between two pingpong replies the guest saw since the
     /// restore (pingpong clients only): the disruption as its application

@@ -126,9 +126,9 @@ impl TcpCounters {
 }
 
 impl TcpGrowth {
-    /// Retransmissions that repaired a real loss: those the peer did not
-    /// answer with a duplicate SACK (it had not received the segment).
-    /// `None` for guests that do not print `dsack=`.
+    /// Retransmissions the peer did not answer with a duplicate SACK: an
+    /// upper bound on those that repaired a real loss (every other one the
+    /// peer already had). `None` for guests that do not print `dsack=`.
     pub fn lost(&self) -> Option<u64> {
         Some(self.retrans?.saturating_sub(self.dsack?))
     }
