@@ -20,6 +20,16 @@ def med(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+def lost(growth):
+    """Segments lost across a restore by one VM, from its `tcp_growth`: the retransmissions no
+    duplicate SACK answered (an upper bound: the peer had every other one), or for guests that do
+    not report duplicate SACKs, the tail loss probes that repaired a loss."""
+    growth = growth or {}
+    if growth.get("dsack") is not None:
+        return max(0, (growth.get("retrans") or 0) - growth["dsack"])
+    return growth.get("tlp_recovered") or 0
+
+
 def pyplot():
     """matplotlib.pyplot with the Agg backend (pip-installed if missing), or None."""
     try:

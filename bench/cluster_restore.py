@@ -8,7 +8,7 @@ snapshot), the cluster is destroyed, and it is restored REPS times per mode, mod
 each restore is measured from `restore --cluster --json` and the cluster is torn down again.
 Recorded: per-VM latency, backoff (HotRestore's approximation), disruption, pages loaded first,
 demand faults, frames replayed, RetransSegs growth (and of it the tail loss probes, the duplicate
-SACKs received: retransmissions the peer already had, and the segments really lost), the longest gap between pingpong replies the guests saw; per run their
+SACKs received: retransmissions the peer already had, and the rest: an upper bound on segments lost), the longest gap between pingpong replies the guests saw; per run their
 average/median/max.
 
 Goals (issue text): with the restore line, average backoff <= 20 ms and max <= 50 ms, and average
@@ -148,7 +148,7 @@ def main():
                  # answered: missing after the restore).
                  "tlp_growth": [sum((v.get("tcp_growth") or {}).get("tlp") or 0 for v in r["vms"]) for r in good],
                  "dsack_growth": [sum((v.get("tcp_growth") or {}).get("dsack") or 0 for v in r["vms"]) for r in good],
-                 "lost_segments": [sum(lost(v) for v in r["vms"]) for r in good],
+                 "lost_segments": [sum(benchlib.lost(v.get("tcp_growth")) for v in r["vms"]) for r in good],
                  # The longest pause between two pingpong replies any client saw after the restore.
                  "guest_max_gap_ms": [max([v.get("guest_max_gap_ms") or 0 for v in r["vms"]]) for r in good]}
             if mode == "workingset-restore":
@@ -164,14 +164,6 @@ def main():
     with open(os.path.join(a.out, "cluster_restore.json"), "w") as f:
         json.dump(results, f, indent=1)
     plot(results, a.out)
-
-
-def lost(v):
-    """Segments one VM lost across the restore: its `lost_segments`, or for results from guests
-    without duplicate-SACK counts, the tail loss probes that repaired a loss."""
-    if v.get("lost_segments") is not None:
-        return v["lost_segments"]
-    return (v.get("tcp_growth") or {}).get("tlp_recovered") or 0
 
 
 def labels(results):

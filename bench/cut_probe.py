@@ -121,15 +121,8 @@ def main():
 
 
 def lost(restore):
-    """Segments lost across one restore: retransmissions no duplicate SACK answered (guests that
-    print `dsack=`), else tail loss probes that repaired a loss plus timeouts."""
-    total = 0
-    for g in restore["growth"].values():
-        if g.get("dsack") is not None:
-            total += max(0, (g.get("retrans") or 0) - g["dsack"])
-        else:
-            total += (g.get("tlp_recovered") or 0) + (g.get("rto") or 0)
-    return total
+    """Segments lost across one restore, summed over its VMs (see benchlib.lost)."""
+    return sum(benchlib.lost(g) for g in restore["growth"].values())
 
 
 def plot(results, out):

@@ -191,9 +191,9 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
             _ => "?".into(),
         };
         let gap = r["guest_max_gap_ms"].as_u64().map_or("-".to_string(), |g| g.to_string());
-        // Segments lost across the restore: retransmissions the peer did
-        // not answer with a duplicate SACK (the others were a slow peer).
-        // Guests without `dsack=`: the tail loss probes that repaired one.
+        // At most this many segments lost across the restore: the
+        // retransmissions no duplicate SACK answered (the others were a slow
+        // peer). Guests without `dsack=`: the tail loss probes that repaired one.
         let lost = r["lost_segments"]
             .as_u64()
             .or_else(|| r["tcp_growth"]["tlp_recovered"].as_u64())

@@ -154,6 +154,7 @@ pub fn build(
         let name = member.vm.name.clone();
         let tcp_at_cut = m.vms.iter().find(|v| v.name == name).map_or(view.tcp_first, |v| counters_at_cut(&v.metrics, &view));
         let first = tcp_at_cut.retrans;
+        let growth = view.tcp.growth_since(&tcp_at_cut);
         let start = started.map(rel).unwrap_or(rep.restore_latency_ms);
         let mut backoff = 0.0f64;
         for e in plan.rdg.edges().iter().filter(|e| e.from == name) {
@@ -179,8 +180,8 @@ pub fn build(
             rto_later: view.tcp.rto,
             tcp_at_cut,
             tcp_later: view.tcp,
-            tcp_growth: view.tcp.growth_since(&tcp_at_cut),
-            lost_segments: view.tcp.growth_since(&tcp_at_cut).lost(),
+            tcp_growth: growth,
+            lost_segments: growth.lost(),
             guest_max_gap_ms: view.pingpong_max_gap_ms,
             record: rep.record.clone(),
         });

@@ -270,7 +270,7 @@ mod tests {
     }
 
     #[test]
-    fn retransmissions_without_a_duplicate_sack_are_losses() {
+    fn retransmissions_without_a_duplicate_sack_bound_the_losses() {
         let at = TcpCounters::parse("vmcsnap-stat name=a uptime=3.0 retrans=9 tlp=4 tlprec=0 rto=1 dsack=2");
         let spurious = TcpCounters::parse("vmcsnap-stat name=a uptime=9.0 retrans=12 tlp=6 tlprec=0 rto=1 dsack=5");
         let g = spurious.growth_since(&at);
