@@ -22,6 +22,7 @@ pub mod cluster;
 pub mod cluster_restore;
 pub mod cluster_snapshot;
 pub mod disk_chain;
+pub mod fault;
 pub mod handover;
 mod error;
 pub mod paths;

@@ -205,6 +205,7 @@ fn caps(ignore_shared: bool) -> Value {
     json!({ "capabilities": [
         { "capability": "x-ignore-shared", "state": ignore_shared },
         { "capability": "postcopy-ram", "state": false },
+        { "capability": "return-path", "state": false },
     ] })
 }
 
@@ -260,8 +261,10 @@ fn suspend_resume(m: &mut Member, qemu_bin: &Path, prev: &Prev, state: &Path, mo
         .execute("migrate", json!({ "uri": format!("exec:cat > {}", shell_quote(state)) }))
         .and_then(|_| wait_migration(vm, "saving state"));
     if let Err(e) = saved {
-        // The old QEMU still has everything: let the guest run on.
+        // The old QEMU still has everything: let the guest run on, once
+        // the cancelled migration has ended.
         let _ = vm.execute("migrate_cancel", Value::Null);
+        vm.wait_migration_end("the cancelled state save", Duration::from_secs(60));
         let _ = vm.execute("cont", Value::Null);
         let _ = std::fs::remove_file(state);
         return Err(e);

@@ -225,12 +225,13 @@ fn dispatch(
             append(&run.rejuvenation_log(), &format!("{result}\n"))?;
             Ok(result)
         }
-        Request::Snapshot { vm, mode, name, reference } => {
+        Request::Snapshot { vm, mode, name, reference, fault } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
             let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
+            let fault = fault.map(|f| f.parse()).transpose().map_err(|e: crate::fault::BadFault| AgentError::BadRequest(e.to_string()))?;
             let vm_config = crate::cluster_snapshot::vm_config(c, &vm)?;
             let m = c.member_mut(&vm)?;
-            let opts = crate::snapshot::Options { mode, name, reference, vm_config, target: None };
+            let opts = crate::snapshot::Options { mode, name, reference, fault, vm_config, target: None };
             let report = crate::snapshot::snapshot(m, run, opts, &mut crate::snapshot::NoHooks, progress)?;
             Ok(to_json(&report))
         }

@@ -184,6 +184,33 @@ impl Vm {
         r.map_err(|source| AgentError::Qmp { vm: name, source })
     }
 
+    /// Waits, up to `limit`, until QEMU reports that its migration (`what`,
+    /// for the log) has ended: one that was cancelled or is completing on
+    /// its own. Until then QEMU refuses new migration settings, a new
+    /// migration, and may still stop or resume the guest by itself.
+    pub fn wait_migration_end(&mut self, what: &str, limit: Duration) {
+        let t = Instant::now();
+        loop {
+            let status = match self.execute("query-migrate", Value::Null) {
+                Ok(st) => st["status"].as_str().unwrap_or("").to_string(),
+                Err(e) => {
+                    crate::log(format!("VM {}: waiting for {what} to end: {e}", self.name));
+                    return;
+                }
+            };
+            if !matches!(status.as_str(), "setup" | "active" | "device" | "wait-unplug" | "pre-switchover" | "cancelling") {
+                let ms = t.elapsed().as_secs_f64() * 1000.0;
+                crate::log(format!("VM {}: {what} ended ({status}) after {ms:.0} ms", self.name));
+                return;
+            }
+            if t.elapsed() > limit {
+                crate::log(format!("VM {}: {what} is still {status} after {limit:?}", self.name));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// QEMU's run state (`running`, `paused`, ...) or `exited`.
     pub fn run_state(&mut self) -> String {
         if self.exited().is_some() {

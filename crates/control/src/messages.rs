@@ -51,6 +51,10 @@ pub enum Request {
         /// snapshot, to compare the image with.
         #[serde(default)]
         reference: Option<PathBuf>,
+        /// Testing: a fault for the capture to obey, e.g.
+        /// `capture-error-after=BYTES` (see the agent's `fault` module).
+        #[serde(default)]
+        fault: Option<String>,
     },
     /// Take a consistent snapshot of every VM of the cluster at once
     /// (HotSnap's coordinated protocol, with the switch's packet mediator)

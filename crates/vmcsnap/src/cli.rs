@@ -85,6 +85,10 @@ pub enum Command {
         /// Debug: copy guest RAM to PATH while the VM is paused for the snapshot.
         #[arg(long, hide = true, value_name = "PATH", conflicts_with = "cluster")]
         reference: Option<PathBuf>,
+        /// Testing: make this snapshot's capture fail (capture-error-after=BYTES) or stop
+        /// reading (capture-stall-after=BYTES) part-way, to check what a failure leaves.
+        #[arg(long, hide = true, value_name = "FAULT", conflicts_with = "cluster")]
+        inject_fault: Option<String>,
         /// With --cluster: cut each VM once its QEMU read everything sent to it, without
         /// checking (cut probes) that QEMU handed it all to the guest; frames QEMU still held
         /// are then missing from a restore. To measure what the probes change.

@@ -82,10 +82,10 @@ fn run(cli: Cli) -> Result<()> {
             let v = request(&run_dir.agent_socket(), &Request::ClusterSnapshot { mode, name, no_cut_probes })?;
             output_cluster::json_or_snapshot(json, &v)
         }
-        Command::Snapshot { vm, mode, name, reference, json, .. } => {
+        Command::Snapshot { vm, mode, name, reference, inject_fault, json, .. } => {
             let vm = vm.context("name the VM to snapshot, or give --cluster")?;
             let reference = reference.map(|r| std::env::current_dir().map(|d| d.join(&r)).unwrap_or(r));
-            let v = request(&run_dir.agent_socket(), &Request::Snapshot { vm, mode, name, reference })?;
+            let v = request(&run_dir.agent_socket(), &Request::Snapshot { vm, mode, name, reference, fault: inject_fault })?;
             output::json_or(json, &v, || output::snapshot(&v))
         }
         Command::Restore { snapshot, cluster: true, mode, no_priorities, json, .. } => {

@@ -245,6 +245,7 @@ fn run_protocol(
                 mode: ctx.mode,
                 name: Some(vm.clone()),
                 reference: None,
+                fault: None,
                 vm_config: config,
                 target: Some(snapshot::Target { root: ctx.tmp.join("vms"), disks_dir: ctx.disks.join(&vm) }),
             };

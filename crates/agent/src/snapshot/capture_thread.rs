@@ -1,31 +1,90 @@
 //! The thread that accepts QEMU's connection and captures its stream into
-//! an image.
+//! an image, and the watchdog that stops it when it stalls.
+//!
+//! A capture stalls when the disk under the image hangs: it stops reading,
+//! the relay stops reading, and QEMU blocks writing its stream. While it
+//! blocks, a stop-copy guest stays paused, a hot guest waits at its next
+//! write fault, and in its completion phase QEMU holds its main loop lock,
+//! so not even QMP answers. So the watchdog does not ask QEMU anything: if
+//! the capture takes no bytes and writes nothing for [`STALL_TIMEOUT`]
+//! while armed (while QEMU is expected to send, and while the image is
+//! written after the stream), it shuts the capture's socket. The relay then
+//! discards the rest of the stream, QEMU finishes or fails its migration,
+//! and the snapshot fails with [`CaptureThread::stalled`]'s message.
+
+use std::sync::atomic::AtomicU64;
 
 use super::*;
+use crate::fault::{Fault, FaultyReader};
+
+/// What the capture thread, its watchdog and the snapshot share.
+#[derive(Default)]
+struct Shared {
+    abort: Arc<AtomicBool>,
+    /// QEMU's connection, to shut it from outside the capture thread.
+    conn: Mutex<Option<UnixStream>>,
+    /// Bytes of the stream taken so far.
+    received: AtomicU64,
+    /// Progress reports of the capture (it reports while writing the image).
+    reports: AtomicU64,
+    /// Whether the watchdog counts a lack of progress as a stall.
+    armed: AtomicBool,
+    /// Set by the watchdog when it stopped a stalled capture.
+    stalled: AtomicBool,
+    /// Set when the capture thread has returned.
+    ended: AtomicBool,
+}
+
+impl Shared {
+    /// Stops the capture: the reader ends, QEMU's connection is shut.
+    fn stop(&self) {
+        self.abort.store(true, Ordering::SeqCst);
+        if let Some(c) = self.conn.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// Sets [`Shared::ended`] when the capture thread returns, or panics.
+struct EndGuard(Arc<Shared>);
+
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        self.0.ended.store(true, Ordering::SeqCst);
+    }
+}
 
 /// The thread that accepts QEMU's connection and captures the stream.
 pub(super) struct CaptureThread {
     handle: Option<JoinHandle<Result<Captured, String>>>,
-    abort: Arc<AtomicBool>,
-    conn: Arc<Mutex<Option<UnixStream>>>,
+    shared: Arc<Shared>,
+    stall: Duration,
     pub(super) progress: mpsc::Receiver<String>,
     result: Option<Result<Captured, String>>,
 }
 
 impl CaptureThread {
-    pub(super) fn start(listener: UnixListener, final_dir: PathBuf, opts: CaptureOptions) -> CaptureThread {
-        let abort = Arc::new(AtomicBool::new(false));
-        let conn: Arc<Mutex<Option<UnixStream>>> = Arc::new(Mutex::new(None));
+    /// Starts capturing from `listener` into `final_dir`, watched for
+    /// stalls of `stall` (see the module doc).
+    pub(super) fn start(
+        listener: UnixListener,
+        final_dir: PathBuf,
+        opts: CaptureOptions,
+        fault: Option<Fault>,
+        stall: Duration,
+    ) -> CaptureThread {
+        let shared = Arc::new(Shared::default());
         let (tx, rx) = mpsc::channel();
-        let (abort2, conn2) = (abort.clone(), conn.clone());
+        let sh = shared.clone();
         let handle = std::thread::spawn(move || -> Result<Captured, String> {
+            let _end = EndGuard(sh.clone());
             listener.set_nonblocking(true).map_err(|e| e.to_string())?;
             let deadline = Instant::now() + ACCEPT_TIMEOUT;
             let stream = loop {
                 match listener.accept() {
                     Ok((s, _)) => break s,
                     Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        if abort2.load(Ordering::SeqCst) {
+                        if sh.abort.load(Ordering::SeqCst) {
                             return Err("aborted before QEMU connected".into());
                         }
                         if Instant::now() > deadline {
@@ -38,12 +97,14 @@ impl CaptureThread {
             };
             stream.set_nonblocking(false).map_err(|e| e.to_string())?;
             if let Ok(c) = stream.try_clone() {
-                *conn2.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
+                *sh.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
             }
-            if abort2.load(Ordering::SeqCst) {
+            if sh.abort.load(Ordering::SeqCst) {
                 return Err("aborted".into());
             }
+            let stream = Counting { inner: FaultyReader::new(stream, fault, sh.abort.clone()), shared: sh.clone() };
             capture(std::io::BufReader::with_capacity(1 << 20, stream), &final_dir, opts, &mut |p| {
+                sh.reports.fetch_add(1, Ordering::Relaxed);
                 let what = match p.phase {
                     Phase::Receiving => "receiving",
                     Phase::WritingImage => "writing image",
@@ -58,7 +119,26 @@ impl CaptureThread {
             })
             .map_err(|e| e.to_string())
         });
-        CaptureThread { handle: Some(handle), abort, conn, progress: rx, result: None }
+        let sh = shared.clone();
+        std::thread::spawn(move || watchdog(&sh, stall));
+        CaptureThread { handle: Some(handle), shared, stall, progress: rx, result: None }
+    }
+
+    /// Whether a lack of progress counts as a stall from now on: armed
+    /// while QEMU is expected to send.
+    pub(super) fn arm(&self, on: bool) {
+        self.shared.armed.store(on, Ordering::SeqCst);
+    }
+
+    /// The error to report if the watchdog stopped a stalled capture.
+    pub(super) fn stalled(&self) -> Option<String> {
+        self.shared.stalled.load(Ordering::SeqCst).then(|| {
+            format!(
+                "the capture made no progress for {:?} after {} MiB of QEMU's stream and was stopped: is the disk the image goes to hung or full?",
+                self.stall,
+                self.shared.received.load(Ordering::Relaxed) >> 20
+            )
+        })
     }
 
     pub(super) fn finished(&mut self) -> bool {
@@ -76,22 +156,80 @@ impl CaptureThread {
         }
     }
 
-    /// Waits for the capture to end (QEMU closes the stream at completion).
-    pub(super) fn join(mut self) -> Result<Captured, String> {
-        if let Some(h) = self.handle.take() {
-            self.result = Some(h.join().unwrap_or_else(|_| Err("capture thread panicked".into())));
+    /// Waits for the capture to end (QEMU closes the stream at completion)
+    /// and the image to be written, passing on its progress; armed, so a
+    /// capture stuck on a hung disk fails the snapshot instead of holding
+    /// it forever.
+    pub(super) fn join(mut self, progress: &mut dyn FnMut(&str)) -> Result<Captured, String> {
+        self.arm(true);
+        while !self.finished() {
+            for m in self.progress.try_iter() {
+                progress(&m);
+            }
+            if let Some(e) = self.stalled() {
+                self.abort();
+                return Err(e);
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
-        self.result.take().expect("joined")
+        for m in self.progress.try_iter() {
+            progress(&m);
+        }
+        let result = self.result.take().expect("finished");
+        match self.stalled() {
+            Some(e) if result.is_err() => Err(e),
+            _ => result,
+        }
     }
 
-    /// Stops the capture (its temporary directory is removed).
+    /// Stops the capture (its temporary directory is removed) and waits
+    /// for it a little: a capture stuck writing to a hung disk is left
+    /// behind rather than holding up the guest's resumption.
     pub(super) fn abort(mut self) {
-        self.abort.store(true, Ordering::SeqCst);
-        if let Some(c) = self.conn.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            let _ = c.shutdown(std::net::Shutdown::Both);
+        self.shared.stop();
+        let t = Instant::now();
+        while !self.finished() {
+            if t.elapsed() > ABORT_WAIT {
+                crate::log(format!("the stopped capture has not ended after {ABORT_WAIT:?}; leaving it behind"));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
+    }
+}
+
+/// How long [`CaptureThread::abort`] waits for the capture to end.
+const ABORT_WAIT: Duration = Duration::from_secs(5);
+
+/// Stops the capture once it has made no progress for `stall` while armed;
+/// ends with the capture.
+fn watchdog(sh: &Shared, stall: Duration) {
+    let progress = || (sh.received.load(Ordering::Relaxed), sh.reports.load(Ordering::Relaxed));
+    let mut seen = (progress(), Instant::now());
+    while !sh.ended.load(Ordering::SeqCst) && !sh.abort.load(Ordering::SeqCst) {
+        let now = progress();
+        if now != seen.0 || !sh.armed.load(Ordering::SeqCst) {
+            seen = (now, Instant::now());
+        } else if seen.1.elapsed() > stall {
+            crate::log(format!("the capture made no progress for {stall:?}; stopping it"));
+            sh.stalled.store(true, Ordering::SeqCst);
+            sh.stop();
+            return;
         }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Counts the bytes read through it.
+struct Counting<R> {
+    inner: R,
+    shared: Arc<Shared>,
+}
+
+impl<R: std::io::Read> std::io::Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.shared.received.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
     }
 }

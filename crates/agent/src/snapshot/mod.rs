@@ -46,6 +46,10 @@ use crate::{log, AgentError, RunDir};
 
 /// How long a snapshot's migration may take.
 const MIGRATION_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long the capture may make no progress while QEMU is expected to
+/// send (or while it writes the image) before it is stopped and the
+/// snapshot fails: a hung disk under the image (see `capture_thread`).
+const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long QEMU gets to connect to the capture socket.
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(30);
 /// A pre-copy that has not converged after this long gets a larger
@@ -102,6 +106,9 @@ pub struct Options {
     pub reference: Option<PathBuf>,
     /// The VM's spec entry, for the manifest.
     pub vm_config: Value,
+    /// Testing: a fault for this snapshot's capture to obey (see
+    /// [`crate::fault`]).
+    pub fault: Option<crate::fault::Fault>,
     /// Where the snapshot goes; `None`: `<run>/snapshots/<name>`, frozen
     /// disks in `<run>/snapshots/.disks/<name>`.
     pub target: Option<Target>,
@@ -264,7 +271,7 @@ pub fn snapshot(
     // answers only once the whole RAM is written (7 s for a busy 1 GiB
     // guest under TCG in the benchmark), so wait longer than usual.
     vm.qmp()?.set_timeout(SNAPSHOT_QMP_TIMEOUT);
-    let mut cap = CaptureThread::start(listener, final_dir.clone(), copts);
+    let mut cap = CaptureThread::start(listener, final_dir.clone(), copts, opts.fault, STALL_TIMEOUT);
     let mut ctx = Ctx {
         t: Timings::default(),
         disk_done: false,
@@ -278,20 +285,27 @@ pub fn snapshot(
     // back to what they were.
     let mut cap = Some(cap);
     if result.is_err() && ctx.migrating {
-        if opts.mode == Mode::Hot {
+        // Stop capturing first, in every mode: the relay then discards the
+        // rest of the stream, so QEMU is never left blocked writing to a
+        // capture that stopped reading. (In its completion phase QEMU writes
+        // with its main loop locked: QMP, `migrate_cancel` and `cont`
+        // included, would not answer until it could write again.)
+        if let Some(c) = cap.take() {
+            c.abort();
+        }
+        if opts.mode != Mode::Hot {
             // QEMU 7.2 removes the write protection of guest RAM only when a
             // background snapshot completes: one that fails or is cancelled
             // leaves RAM protected with nobody serving the faults, and the
-            // guest hangs at its next write. So never cancel it: stop
-            // capturing (the relay then discards the rest of the stream) and
-            // let QEMU finish.
-            if let Some(c) = cap.take() {
-                c.abort();
+            // guest hangs at its next write. So a hot snapshot is never
+            // cancelled but left to finish into the relay; the others are.
+            if let Err(e) = vm.execute("migrate_cancel", Value::Null) {
+                log(format!("VM {}: cancelling the failed snapshot's migration: {e}", vm.name));
             }
-            finish_background_snapshot(vm);
-        } else {
-            let _ = vm.execute("migrate_cancel", Value::Null);
         }
+        // Until the migration has ended, QEMU refuses the settings below
+        // and a next snapshot.
+        vm.wait_migration_end("the failed snapshot's migration", MIGRATION_TIMEOUT);
     }
     restore_settings(vm, &saved_params);
     if let Ok(q) = vm.qmp() {
@@ -304,7 +318,10 @@ pub fn snapshot(
     }
     let _ = std::fs::remove_file(&sock);
     let captured = match (with_resume(&vm.name, result, resumed), cap.take()) {
-        (Ok(()), Some(cap)) => cap.join().map_err(&fail),
+        (Ok(()), Some(cap)) => {
+            let name = vm.name.clone();
+            cap.join(&mut |m| progress(&format!("{name}: {m}"))).map_err(&fail)
+        }
         (Ok(()), None) => Err(fail("the capture was stopped".into())),
         (Err(e), cap) => {
             if let Some(c) = cap {

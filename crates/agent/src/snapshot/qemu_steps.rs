@@ -42,34 +42,6 @@ pub(super) fn populate_ram(vm: &mut Vm, hooks: &dyn Hooks, progress: &mut dyn Fn
     Ok(())
 }
 
-/// Waits (bounded) until a background snapshot whose stream is being
-/// discarded has finished in QEMU, so that guest RAM is unprotected.
-pub(super) fn finish_background_snapshot(vm: &mut Vm) {
-    let t = Instant::now();
-    loop {
-        let status = match vm.execute("query-migrate", Value::Null) {
-            Ok(st) => st["status"].as_str().unwrap_or("").to_string(),
-            Err(e) => {
-                log(format!("VM {}: waiting for the abandoned background snapshot: {e}", vm.name));
-                return;
-            }
-        };
-        if !matches!(status.as_str(), "setup" | "active" | "device" | "wait-unplug") {
-            log(format!(
-                "VM {}: abandoned background snapshot ended ({status}) after {:.0} ms",
-                vm.name,
-                t.elapsed().as_secs_f64() * 1000.0
-            ));
-            return;
-        }
-        if t.elapsed() > MIGRATION_TIMEOUT {
-            log(format!("VM {}: abandoned background snapshot still {status} after {MIGRATION_TIMEOUT:?}", vm.name));
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Hot mode: waits for QEMU to resume the guest after saving device state
 /// and write-protecting RAM; returns the RESUME event's timestamp (µs).
 pub(super) fn wait_resume(vm: &mut Vm) -> Result<u64, AgentError> {
@@ -100,13 +72,15 @@ pub(super) fn wait_resume(vm: &mut Vm) -> Result<u64, AgentError> {
 /// off: a VM restored through postcopy still has it on, and QEMU refuses
 /// `background-snapshot` next to it ("Background-snapshot is not compatible
 /// with postcopy-ram"); a pre-copy or stop-copy stream would announce
-/// postcopy, which the capture does not take.
+/// postcopy, which the capture does not take. `return-path` is off too: QEMU
+/// would expect answers on it, and the relay never sends any.
 pub(super) fn set_caps(vm: &mut Vm, background: bool, pause_before_switchover: bool) -> Result<Value, AgentError> {
     vm.execute(
         "migrate-set-capabilities",
         json!({ "capabilities": [
             { "capability": "x-ignore-shared", "state": false },
             { "capability": "postcopy-ram", "state": false },
+            { "capability": "return-path", "state": false },
             { "capability": "background-snapshot", "state": background },
             { "capability": "pause-before-switchover", "state": pause_before_switchover },
         ] }),
@@ -210,8 +184,22 @@ pub(super) fn event_ts(vm: &mut Vm, name: &str) -> Result<u64, AgentError> {
 }
 
 /// Polls `query-migrate` until its status is one of `until`; fails on
-/// `failed`/`cancelled`, or when the capture thread ended in error.
+/// `failed`/`cancelled`, when the capture thread ended in error, or when its
+/// watchdog stopped it (armed meanwhile: QEMU is expected to send).
 pub(super) fn wait_migration(
+    vm: &mut Vm,
+    until: &[&str],
+    cap: &mut CaptureThread,
+    hooks: &dyn Hooks,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(), AgentError> {
+    cap.arm(true);
+    let result = poll_migration(vm, until, cap, hooks, progress);
+    cap.arm(false);
+    result
+}
+
+fn poll_migration(
     vm: &mut Vm,
     until: &[&str],
     cap: &mut CaptureThread,
@@ -228,6 +216,9 @@ pub(super) fn wait_migration(
             progress(&format!("{}: {m}", vm.name));
         }
         let st = vm.execute("query-migrate", Value::Null)?;
+        if let Some(e) = cap.stalled() {
+            return Err(AgentError::Snapshot { vm: vm.name.clone(), detail: e });
+        }
         let status = st["status"].as_str().unwrap_or("");
         if until.contains(&status) {
             return Ok(());

@@ -1,0 +1,137 @@
+//! Faults injected on purpose, for the tests of what a failed snapshot
+//! leaves behind.
+//!
+//! A failure in the middle of a migration is hard to provoke from outside
+//! (a disk that fills or hangs while the image is written), yet it is the
+//! case where a careless failure path leaves a guest paused. A snapshot
+//! request may therefore carry a fault (the CLI's hidden `vmcsnap snapshot
+//! VM --inject-fault FAULT`), which that snapshot's capture obeys:
+//!
+//! | FAULT | what the capture does |
+//! |---|---|
+//! | `capture-error-after=BYTES` | reads BYTES of QEMU's stream, then fails as a full disk would |
+//! | `capture-stall-after=BYTES` | reads BYTES, then stops reading without closing, as a hung disk would |
+//!
+//! An unknown FAULT is refused, so a typo cannot silently test nothing.
+
+use std::io::{Error, Read};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A fault to inject into a snapshot's capture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Fail after reading this many bytes of the stream.
+    CaptureErrorAfter(u64),
+    /// Stop reading (without closing) after this many bytes.
+    CaptureStallAfter(u64),
+}
+
+/// A FAULT that is not one of the documented ones.
+#[derive(Debug, thiserror::Error)]
+#[error("{value:?} is not a fault vmcsnap can inject; use capture-error-after=BYTES or capture-stall-after=BYTES")]
+pub struct BadFault {
+    value: String,
+}
+
+impl std::str::FromStr for Fault {
+    type Err = BadFault;
+
+    fn from_str(s: &str) -> Result<Fault, BadFault> {
+        let bad = || BadFault { value: s.to_string() };
+        let (kind, n) = s.split_once('=').ok_or_else(bad)?;
+        let n: u64 = n.trim().parse().map_err(|_| bad())?;
+        match kind.trim() {
+            "capture-error-after" => Ok(Fault::CaptureErrorAfter(n)),
+            "capture-stall-after" => Ok(Fault::CaptureStallAfter(n)),
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// A reader that obeys `fault`; `abort` ends a stall.
+pub struct FaultyReader<R> {
+    inner: R,
+    fault: Option<Fault>,
+    read: u64,
+    abort: Arc<AtomicBool>,
+}
+
+impl<R: Read> FaultyReader<R> {
+    pub fn new(inner: R, fault: Option<Fault>, abort: Arc<AtomicBool>) -> Self {
+        FaultyReader { inner, fault, read: 0, abort }
+    }
+}
+
+impl<R: Read> Read for FaultyReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let limit = match self.fault {
+            None => return self.inner.read(buf),
+            Some(Fault::CaptureErrorAfter(n) | Fault::CaptureStallAfter(n)) => n,
+        };
+        if self.read >= limit {
+            if let Some(Fault::CaptureStallAfter(_)) = self.fault {
+                while !self.abort.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            return Err(Error::other(format!("injected fault: the capture failed after {limit} bytes of the stream")));
+        }
+        let room = (limit - self.read).min(buf.len() as u64) as usize;
+        let n = self.inner.read(&mut buf[..room])?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_faults_and_refuses_the_rest() {
+        assert_eq!("capture-error-after=4096".parse::<Fault>().unwrap(), Fault::CaptureErrorAfter(4096));
+        assert_eq!("capture-stall-after=0".parse::<Fault>().unwrap(), Fault::CaptureStallAfter(0));
+        for bad in ["capture-error-after", "capture-error-after=x", "disk-full=1", ""] {
+            let e = bad.parse::<Fault>().unwrap_err().to_string();
+            assert!(e.contains("not a fault") && e.contains("capture-error-after=BYTES"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn an_error_fault_delivers_exactly_its_bytes_then_fails() {
+        let data = vec![7u8; 10_000];
+        let abort = Arc::new(AtomicBool::new(false));
+        let mut r = FaultyReader::new(&data[..], Some(Fault::CaptureErrorAfter(4_321)), abort);
+        let mut got = Vec::new();
+        let e = r.read_to_end(&mut got).unwrap_err();
+        assert_eq!(got.len(), 4_321);
+        assert!(e.to_string().contains("injected fault"), "{e}");
+    }
+
+    #[test]
+    fn a_stall_lasts_until_aborted() {
+        let data = std::io::Cursor::new(vec![7u8; 100]);
+        let abort = Arc::new(AtomicBool::new(false));
+        let mut r = FaultyReader::new(data, Some(Fault::CaptureStallAfter(10)), abort.clone());
+        let mut buf = [0u8; 64];
+        assert_eq!(r.read(&mut buf).unwrap(), 10);
+        let t = std::time::Instant::now();
+        let stalled = std::thread::spawn(move || r.read(&mut buf).map_err(|e| e.to_string()));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!stalled.is_finished(), "a stalled read returned before the abort");
+        abort.store(true, Ordering::SeqCst);
+        assert!(stalled.join().unwrap().unwrap_err().contains("injected fault"));
+        assert!(t.elapsed() >= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn no_fault_is_a_plain_reader() {
+        let data: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+        let mut r = FaultyReader::new(&data[..], None, Arc::new(AtomicBool::new(false)));
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).unwrap();
+        assert_eq!(got, data);
+    }
+}
