@@ -7,7 +7,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{cluster_lock, last_field, Env};
+use common::{cluster_lock, last_field, memtouch_lines, Env};
 use vmcsnap_qmp::QmpClient;
 
 const SPEC: &str = r#"
@@ -25,10 +25,6 @@ memtouch -m 160 -r 0 &
 
 fn console(env: &Env) -> String {
     std::fs::read_to_string(env.run_dir().join("cluster/a/console.log")).unwrap_or_default()
-}
-
-fn memtouch_lines(text: &str) -> usize {
-    text.lines().filter(|l| l.starts_with("memtouch: t=")).count()
 }
 
 #[test]

@@ -16,7 +16,7 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{cluster_lock, last_field, Env};
+use common::{cluster_lock, last_field, memtouch_lines, Env};
 
 const SPEC: &str = r#"
 [cluster]
@@ -33,10 +33,6 @@ memtouch -m 160 -r 0 &
 
 /// Long enough for any snapshot here; only a hang takes longer.
 const HANG: Duration = Duration::from_secs(400);
-
-fn memtouch_lines(text: &str) -> usize {
-    text.lines().filter(|l| l.starts_with("memtouch: t=")).count()
-}
 
 /// Runs vmcsnap; panics if it has not ended within [`HANG`].
 fn run(env: &Env, args: &[&str]) -> (bool, String, String) {

@@ -162,6 +162,11 @@ pub fn tail(s: &str, n: usize) -> &str {
     &s[start..]
 }
 
+/// How many status lines memtouch has printed.
+pub fn memtouch_lines(console: &str) -> usize {
+    console.lines().filter(|l| l.starts_with("memtouch: t=")).count()
+}
+
 /// The last `key=<number>` value on lines starting with `prefix`.
 pub fn last_field(console: &str, prefix: &str, key: &str) -> Option<u64> {
     console.lines().rev().filter(|l| l.starts_with(prefix)).find_map(|l| field(l, key))
