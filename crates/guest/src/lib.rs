@@ -915,16 +915,34 @@ mod tests {
         assert!(init.contains(&format!("echo \"{READY_MARKER} $NAME\"")));
         assert!(init.contains(&format!("echo \"{STAT_PREFIX} name=")));
         // The status loop runs every second in every guest on emulated CPUs:
-        // it forks nothing but `sleep` (six command substitutions per line
-        // once starved a guest's loop past a cluster snapshot's window).
-        let tcp_counters = &init[init.find("tcp_counters() {").expect("tcp_counters in init")..];
-        let tcp_counters = &tcp_counters[..tcp_counters.find("\n}\n").expect("end of tcp_counters")];
-        let status_loop = &init[init.rfind("while :; do").expect("status loop in init")..];
-        for (what, code) in [("tcp_counters", tcp_counters), ("the status loop", status_loop)] {
-            // `$(` not followed by `(` (arithmetic), or a backquote.
-            let substitution = code.match_indices("$(").any(|(i, _)| !code[i + 2..].starts_with('('));
-            assert!(!substitution && !code.contains('`'), "{what} forks a command substitution:\n{code}");
+        // it and the functions it calls fork nothing but `sleep` (six command
+        // substitutions per line once starved a guest's loop past a cluster
+        // snapshot's window).
+        let code = &init[init.find("prefix_lines() {").expect("prefix_lines in init")..];
+        for f in ["retrans_segs", "tcp_ext", "tcp_counters"] {
+            assert!(code.contains(&format!("{f}() {{")), "{f} is defined after prefix_lines");
         }
+        assert!(code.contains("while :; do"), "the status loop follows its functions");
+        // `$(` not followed by `(` (arithmetic), or a backquote.
+        let substitution = code.match_indices("$(").any(|(i, _)| !code[i + 2..].starts_with('('));
+        assert!(!substitution && !code.contains('`'), "the status loop forks a command substitution:\n{code}");
+        // Regression: RetransSegs and TcpExt were read once each, one after
+        // the other; a line read across a stall counted a loss probe in
+        // TcpExt but not in RetransSegs, and cluster restores reported
+        // retransmissions that nothing explained. RetransSegs is read on
+        // both sides of TcpExt until it did not change.
+        let counters = &code[code.find("tcp_counters() {").expect("tcp_counters")..];
+        let counters = &counters[..counters.find("\n}\n").expect("end of tcp_counters")];
+        let order: Vec<usize> = ["retrans_segs\n", "tcp_ext\n", "retrans_segs\n"]
+            .iter()
+            .scan(0, |from, call| {
+                let at = *from + counters[*from..].find(call)?;
+                *from = at + call.len();
+                Some(at)
+            })
+            .collect();
+        assert_eq!(order.len(), 3, "tcp_counters reads RetransSegs, TcpExt, RetransSegs:\n{counters}");
+        assert!(counters.contains("\"$retrans\" = \"$before\""), "tcp_counters compares both reads:\n{counters}");
     }
 
     #[test]
