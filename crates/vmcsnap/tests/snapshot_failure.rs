@@ -12,9 +12,7 @@
 
 mod common;
 
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{cluster_lock, last_field, memtouch_lines, Env};
 
@@ -36,29 +34,11 @@ const HANG: Duration = Duration::from_secs(400);
 
 /// Runs vmcsnap; panics if it has not ended within [`HANG`].
 fn run(env: &Env, args: &[&str]) -> (bool, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vmcsnap"))
-        .arg("--run-dir")
-        .arg(env.run_dir())
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t.elapsed() > HANG {
-            let _ = child.kill();
-            panic!("vmcsnap {args:?} hung for {HANG:?}; agent log:\n{}", agent_log(env));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let (mut out, mut err) = (String::new(), String::new());
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    (status.success(), out, err)
+    let out = env
+        .vmcsnap_within(args, HANG)
+        .unwrap_or_else(|| panic!("vmcsnap {args:?} hung for {HANG:?}; agent log:\n{}", agent_log(env)));
+    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+    (out.status.success(), text(out.stdout), text(out.stderr))
 }
 
 fn agent_log(env: &Env) -> String {

@@ -4,7 +4,8 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -37,13 +38,47 @@ impl Env {
         p
     }
 
-    pub fn vmcsnap(&self, args: &[&str]) -> Output {
+    /// The `vmcsnap` command with this run directory and environment.
+    pub fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_vmcsnap"));
         c.arg("--run-dir").arg(self.run_dir()).args(args);
         for (k, v) in &self.extra_env {
             c.env(k, v);
         }
-        c.output().expect("run vmcsnap")
+        c
+    }
+
+    pub fn vmcsnap(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run vmcsnap")
+    }
+
+    /// Runs vmcsnap; `None` (after killing it) if it has not ended within
+    /// `limit`. Its output is read while it runs, so it never blocks on a
+    /// full pipe.
+    pub fn vmcsnap_within(&self, args: &[&str], limit: Duration) -> Option<Output> {
+        let mut child = self.command(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run vmcsnap");
+        let drain = |mut r: Box<dyn Read + Send>| {
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                let _ = r.read_to_end(&mut v);
+                v
+            })
+        };
+        let out = drain(Box::new(child.stdout.take().expect("piped")));
+        let err = drain(Box::new(child.stderr.take().expect("piped")));
+        let t = Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait().expect("wait for vmcsnap") {
+                break st;
+            }
+            if t.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        Some(Output { status, stdout: out.join().expect("stdout reader"), stderr: err.join().expect("stderr reader") })
     }
 
     /// Runs vmcsnap and insists on success; returns stdout.
