@@ -94,13 +94,20 @@ pub enum AgentError {
         /// The kept state file.
         state: PathBuf,
     },
-    /// A snapshot failed (the VM was left running).
+    /// A restore failed (the new QEMU was stopped).
     #[error("restore of VM {vm:?} failed: {detail}")]
     Restore {
         /// The VM.
         vm: String,
         /// What went wrong.
         detail: String,
+    },
+    /// A VM of a cluster restore was loaded but never started: the restore
+    /// was abandoned because of another VM (whose error says why).
+    #[error("restore of VM {vm:?} abandoned before its start, because the cluster restore failed")]
+    Abandoned {
+        /// The VM.
+        vm: String,
     },
 
     /// A cluster snapshot failed or was abandoned.

@@ -356,6 +356,9 @@ fn cold(m: &mut Member, qemu_bin: &Path, prev: &Prev) -> Result<Timings, AgentEr
     let _ = std::fs::remove_file(&vm.config.ram_file);
     let mut config = vm.config.clone();
     config.incoming = false;
+    // A boot, not a restore: the guest must run (a VM restored with
+    // --paused and resumed since still says -S).
+    config.paused = false;
     let qemu_log = vm.qemu_log.clone();
     let boot = |bin: &Path, config: crate::qemu::QemuConfig| -> Result<Vm, AgentError> {
         let mut new = Vm::spawn(bin, config, qemu_log.clone())?;

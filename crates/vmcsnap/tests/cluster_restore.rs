@@ -136,5 +136,22 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
         }
         env.ok(&["down"]);
     }
+
+    // A VM whose memory image is corrupt fails the whole restore with an
+    // error naming it: the Coordinator abandons the others (loaded, their
+    // QEMUs paused waiting for START, or still loading), every QEMU of the
+    // restore is stopped and nothing of it is left behind.
+    let mem = env.run_dir().join("snapshots/cut/vms/r2/memory.img");
+    let mut bytes = std::fs::read(&mem).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(&mem, &bytes).unwrap();
+    let out = env.vmcsnap_within(&["restore", "--cluster", "cut", "--mode", "eager-rl"], Duration::from_secs(300)).expect("the failed restore returns");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("r2") && err.to_lowercase().contains("crc"), "{err}");
+    let st = env.json(&["status", "--json"]);
+    assert!(st["vms"].as_array().is_none_or(|v| v.is_empty()), "nothing of the failed restore runs: {st}");
+    eprintln!("the failed restore said: {err}");
     env.assert_clean();
 }

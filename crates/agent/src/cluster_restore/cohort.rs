@@ -1,16 +1,15 @@
 //! One VM's part in a cluster restore: the Cohort's worker and the thread
 //! that restores the VM (`restore::restore_into`) with its start held by a
-//! run gate until the Coordinator's START.
+//! start gate until the Coordinator's START.
 
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
 
 use vmcsnap_coord::restore::{CohortInput, CohortWorker};
-use vmcsnap_migstream::postcopy::RunGate;
 use vmcsnap_switch::SwitchHandle;
 
 use crate::cluster::Member;
-use crate::restore::{self, InCluster, RestoreEvent};
+use crate::restore::{self, InCluster, RestoreEvent, StartGate};
 use crate::{AgentError, RunDir};
 
 /// What the worker asks of the restore thread.
@@ -27,8 +26,8 @@ pub enum Cmd {
 pub struct Worker {
     /// To the restore thread.
     pub cmds: Sender<Cmd>,
-    /// The VM's run gate.
-    pub gate: RunGate,
+    /// The VM's start gate.
+    pub gate: StartGate,
 }
 
 impl CohortWorker for Worker {
@@ -53,7 +52,7 @@ pub struct Job {
     /// Per-VM restore options (mode, working-set size).
     pub opts: restore::Options,
     /// The gate (shared with the worker).
-    pub gate: RunGate,
+    pub gate: StartGate,
     /// Commands from the worker.
     pub cmds: Receiver<Cmd>,
     /// The Cohort's inbox.

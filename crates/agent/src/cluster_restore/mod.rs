@@ -4,8 +4,9 @@
 //! receivers finish loading before senders, and the Coordinator/Cohort
 //! protocol (`vmcsnap_coord::restore`) whose Checker starts a VM only once
 //! the VMs it sends to run. Each VM is restored through postcopy
-//! (`crate::restore`) with its start held by a run gate: pages keep
-//! loading while it waits. Once a VM runs, the switch replays to it the
+//! (`crate::restore`) with its start held by a start gate: its QEMU runs
+//! with -S and loads the device state, pages keep loading while it waits,
+//! and START is a `cont`. Once a VM runs, the switch replays to it the
 //! frames that were in flight to it at the cut.
 //!
 //! Modes (`vmcsnap restore --cluster SNAP --mode ...`):
@@ -32,7 +33,6 @@ use vmcsnap_coord::restore::{
 };
 use vmcsnap_coord::transport::InProcessNetwork;
 use vmcsnap_image::cluster::{check_cluster_committed, ClusterManifest};
-use vmcsnap_migstream::postcopy::RunGate;
 use vmcsnap_restoreline::{revise_wss_scaled, Edge, Rdg};
 use vmcsnap_spec::ClusterSpec;
 use vmcsnap_workingset as ws;
@@ -308,7 +308,7 @@ fn run_protocol(
                 let _ = deliver.send(vmcsnap_coord::restore::CohortInput::Message(env));
             });
             let (cmd_tx, cmd_rx) = mpsc::channel();
-            let gate = RunGate::new();
+            let gate = restore::StartGate::new();
             let (ws_mode, wss) = match mode {
                 Mode::Eager | Mode::EagerRl => (ws::Mode::Eager, WssChoice::Auto),
                 Mode::WorkingsetRestore => (ws::Mode::SamplingWs, WssChoice::Auto),

@@ -29,6 +29,12 @@ pub struct VmRestoreReport {
     pub vm: String,
     /// Request to guest running.
     pub latency_ms: f64,
+    /// When the Coordinator's START reached this VM's source (`None` in
+    /// modes without a restore line).
+    pub start_received_ms: Option<f64>,
+    /// When its source had sent the device state and RUN; from there to
+    /// `latency_ms` QEMU loads the device state and starts the guest.
+    pub run_sent_ms: f64,
     /// HotRestore's backoff approximation: the largest start-time lag of a
     /// VM this one sends to (it starts later than this one), 0 if none.
     pub backoff_ms: f64,
@@ -43,6 +49,9 @@ pub struct VmRestoreReport {
     pub pages_before_start: u64,
     /// Demand faults.
     pub demand_faults: u64,
+    /// Of those, the ones before the guest started (QEMU loading the device
+    /// state waited for these pages).
+    pub demand_faults_before_start: u64,
     /// Request until every page was loaded, ms.
     pub full_load_ms: f64,
     /// Frames in flight to it at the cut, replayed once it ran.
@@ -163,15 +172,20 @@ pub fn build(
             }
         }
         let pv = plan.vms.iter().find(|v| v.name == name);
+        // The VM's own clock (its restore request) put on the cluster's.
+        let offset = rep.request_unix_us.saturating_sub(start_unix_us) as f64 / 1000.0;
         vms.push(VmRestoreReport {
             vm: name,
             latency_ms: start,
+            start_received_ms: rep.start_received_ms.map(|t| t + offset),
+            run_sent_ms: rep.run_sent_ms + offset,
             backoff_ms: backoff,
             disruption_ms: start + backoff,
             wss_hybrid: pv.map_or(0, |v| v.hybrid),
             wss: pv.map_or(0, |v| v.size),
             pages_before_start: rep.ws_pages,
             demand_faults: rep.demand_faults,
+            demand_faults_before_start: rep.demand_faults_before_start,
             full_load_ms: rep.full_load_ms,
             frames_replayed: *replayed,
             retrans_first: first,

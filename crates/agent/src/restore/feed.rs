@@ -4,6 +4,24 @@
 //! (and, in a cluster restore, the Cohort's events), gives the fault path its
 //! CPU priorities ([`super::priority`]), and finally records what the
 //! restore learned ([`super::traces`]).
+//!
+//! The guest's way to running ([`Phase`]):
+//!
+//! ```text
+//!  Loading ── RUN sent ──▶ Starting ── RESUME ──▶ Running       (single restore)
+//!     │                                               ▲
+//!     └─ RUN sent ─▶ Preparing ─ query-status ─▶ Ready ─ START: cont ─▶ Starting
+//!        (cluster: QEMU -S)      leaves inmigrate    LOAD_FIN told
+//! ```
+//!
+//! In a cluster restore the device state is loaded while the VM waits for
+//! START, so that START → running is a `cont` (a fraction of a ms) and the
+//! VMs of a ring, which get START together, start together: loading the
+//! device state after START took 5-70 ms per VM on a busy host, different
+//! for each (docs/restore.md). Pages keep loading (postcopy, background
+//! order) while it waits. An abandon before START, an error, or a QEMU
+//! that does not get there in time closes the migration socket, which
+//! ends the source; the caller stops the QEMU.
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -24,6 +42,57 @@ use crate::AgentError;
 
 /// How long to look for QEMU's fault-path threads after RUN.
 const RAISE_WITHIN: Duration = Duration::from_secs(5);
+
+/// While QEMU loads the device state (cluster restore), how often to ask
+/// whether it is done.
+const PREPARE_POLL: Duration = Duration::from_millis(2);
+/// How long QEMU may take to load the device state.
+const PREPARE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long after RUN (or `cont`) the guest may take to start.
+const RESUME_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What the feeding thread waits for.
+enum Input {
+    /// From the source thread.
+    Source(SourceEvent),
+    /// The source thread ended (its result says how).
+    SourceDone { ok: bool },
+    /// The Coordinator's START (`opened`) or abandon.
+    Gate { opened: bool },
+}
+
+/// Where the guest is on its way to running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Before RUN.
+    Loading,
+    /// RUN sent to a QEMU started with -S: it loads the device state.
+    Preparing,
+    /// The device state is loaded; waiting for START.
+    Ready,
+    /// RUN (or `cont`) sent; waiting for RESUME.
+    Starting,
+    /// The guest runs (or, with `--paused`, its state is loaded).
+    Running,
+}
+
+/// What the feeding thread saw on the way.
+#[derive(Default)]
+struct Started {
+    latency_ms: Option<f64>,
+    run_sent_ms: Option<f64>,
+    start_received_ms: Option<f64>,
+    bytes_before: u64,
+    pages_before: u64,
+    failure: Option<AgentError>,
+}
+
+/// Whether a QEMU started with -S has loaded the device state after RUN
+/// (it leaves `inmigrate` for `paused`).
+fn device_state_loaded(vm: &mut Vm) -> Result<bool, AgentError> {
+    let st = vm.execute("query-status", Value::Null)?;
+    Ok(st["status"].as_str().is_some_and(|s| s != "inmigrate"))
+}
 
 /// The fault path's priorities, if this process may raise them (checked
 /// once).
@@ -46,8 +115,13 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
     )?;
     vm.execute("migrate-incoming", json!({ "uri": format!("unix:{}", incoming.display()) }))?;
     let stream = connect(vm, &incoming)?;
+    // To stop the source early (the caller then stops QEMU).
+    let stop = stream.try_clone().map_err(AgentError::io("cloning the socket to", &incoming))?;
     let _ = std::fs::remove_file(&incoming);
 
+    // In a cluster restore QEMU runs with -S: RUN loads the device state
+    // while the VM waits for START, and START is a `cont`.
+    let prepared = opts.cluster.is_some();
     let to_id = |k: &PageKey| PageId { block: k.ram_block, page: k.page };
     let device_state = img.device_state().map_err(|e| fail(&name, format!("device state: {e}")))?;
     let scfg = SourceConfig {
@@ -61,14 +135,12 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
         background: planned.plan.background.iter().map(to_id).collect(),
         background_after: opts.no_background.then_some(TRACE_WINDOW),
         shut_timeout: Duration::from_secs(60),
-        run_gate: opts.cluster.as_ref().map(|c| c.gate.clone()),
     };
     let mut pages = ImagePages::new(img, &planned.plan.before_run).map_err(|e| fail(&name, e))?;
-    let bytes_read = pages.bytes_read.clone();
-    let (tx, rx) = mpsc::channel::<(SourceEvent, Instant)>();
+    let (bytes_read, pages_read) = (pages.bytes_read.clone(), pages.pages_read.clone());
+    let (tx, rx) = mpsc::channel::<(Input, Instant)>();
     let source_start = Instant::now();
-    let mut latency_ms = None;
-    let mut bytes_before = 0;
+    let ms_since_t0 = |at: Instant| at.duration_since(t0).as_secs_f64() * 1000.0;
     let tell = |ev: RestoreEvent| {
         if let Some(c) = &opts.cluster {
             let _ = c.events.send(ev);
@@ -76,6 +148,15 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
     };
     let prio = priorities().filter(|_| opts.priorities);
     let source_done = AtomicBool::new(false);
+    // A cluster restore starts the guest on START with `cont`: the device
+    // state was loaded while the VM waited.
+    let _start_watch = opts.cluster.as_ref().map(|c| {
+        let tx = tx.clone();
+        c.gate.watch(Box::new(move |opened| {
+            let _ = tx.send((Input::Gate { opened }, Instant::now()));
+        }))
+    });
+    let mut st = Started::default();
     let outcome = std::thread::scope(|s| {
         let h = s.spawn(move || {
             // The return-path reader (started first) inherits the fault
@@ -83,77 +164,138 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
             if let Some(p) = prio {
                 let _ = priority::set_current_thread(p.fault_path);
             }
-            postcopy::run_source(&scfg, &mut pages, stream, &mut |ev| {
+            let r = postcopy::run_source(&scfg, &mut pages, stream, &mut |ev| {
                 if let (SourceEvent::Work(w), Some(p)) = (&ev, prio) {
                     let _ = priority::set_current_thread(p.for_work(*w));
                 }
-                let _ = tx.send((ev, Instant::now()));
-            })
+                let _ = tx.send((Input::Source(ev), Instant::now()));
+            });
+            let _ = tx.send((Input::SourceDone { ok: r.is_ok() }, Instant::now()));
+            r
         });
         let mut last_progress = Instant::now();
-        let mut waiting_for_resume = false;
         let mut raiser = None;
+        let (mut phase, mut since) = (Phase::Loading, Instant::now());
+        let (mut start_requested, mut source_finished) = (false, false);
         loop {
-            match rx.recv_timeout(Duration::from_millis(20)) {
-                Ok((SourceEvent::RunSent, at)) => {
+            let wait = if phase == Phase::Preparing { PREPARE_POLL } else { Duration::from_millis(20) };
+            match rx.recv_timeout(wait) {
+                Ok((Input::Source(SourceEvent::RunSent), at)) => {
+                    st.run_sent_ms = Some(ms_since_t0(at));
                     if let Some(p) = prio {
                         let pid = vm.pid;
                         let done = &source_done;
                         raiser = Some(s.spawn(move || priority::raise_qemu_fault_path(pid, p.fault_path, RAISE_WITHIN, done)));
                     }
-                    bytes_before = bytes_read.load(Ordering::Relaxed);
-                    progress(&format!(
-                        "{name}: device state and {} pages sent, guest starting",
-                        planned.plan.before_run.len()
-                    ));
-                    if opts.paused {
-                        latency_ms = Some(at.duration_since(t0).as_secs_f64() * 1000.0);
-                    } else {
-                        waiting_for_resume = true;
-                    }
+                    st.bytes_before = bytes_read.load(Ordering::Relaxed);
+                    st.pages_before = pages_read.load(Ordering::Relaxed);
+                    progress(&format!("{name}: device state and {} pages sent, {}", planned.plan.before_run.len(), if prepared { "device state loading" } else { "guest starting" }));
+                    (phase, since) = match (opts.paused, prepared) {
+                        (true, _) => {
+                            st.latency_ms = st.run_sent_ms;
+                            (Phase::Running, at)
+                        }
+                        (false, true) => (Phase::Preparing, at),
+                        (false, false) => (Phase::Starting, at),
+                    };
                 }
-                Ok((SourceEvent::Loaded { pages }, _)) => {
-                    progress(&format!("{name}: {pages} pages loaded, waiting for START"));
-                    tell(RestoreEvent::Loaded);
-                }
-                Ok((SourceEvent::AllSent, _)) => tell(RestoreEvent::AllLoaded),
-                Ok((SourceEvent::Progress { sent, total }, _)) if last_progress.elapsed() > Duration::from_millis(500) => {
+                Ok((Input::Source(SourceEvent::AllSent), _)) => tell(RestoreEvent::AllLoaded),
+                Ok((Input::Source(SourceEvent::Progress { sent, total }), _)) if last_progress.elapsed() > Duration::from_millis(500) => {
                     last_progress = Instant::now();
                     progress(&format!("{name}: {sent} of {total} pages loaded"));
                 }
+                Ok((Input::SourceDone { ok }, _)) => {
+                    source_finished = true;
+                    if !ok {
+                        break; // its error says why
+                    }
+                }
+                Ok((Input::Gate { opened: true }, at)) => {
+                    st.start_received_ms = Some(ms_since_t0(at));
+                    start_requested = true;
+                }
+                Ok((Input::Gate { opened: false }, _)) => {
+                    st.failure.get_or_insert_with(|| AgentError::Abandoned { vm: name.clone() });
+                    break;
+                }
                 Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) if !waiting_for_resume => break,
-                Err(mpsc::RecvTimeoutError::Disconnected) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
-            if waiting_for_resume {
-                // The guest starts once QEMU has loaded the package; its
-                // QMP may stall meanwhile (it faults on missing pages).
-                if let Ok(q) = vm.qmp() {
-                    if let Ok(e) = q.wait_event("RESUME", Duration::from_millis(20)) {
-                        latency_ms = Some(e.timestamp_us.saturating_sub(unix_us(t0_wall)) as f64 / 1000.0);
-                        waiting_for_resume = false;
-                        tell(RestoreEvent::Started(e.timestamp_us));
+            match phase {
+                Phase::Preparing => match device_state_loaded(vm) {
+                    Ok(true) => {
+                        let n = pages_read.load(Ordering::Relaxed);
+                        progress(&format!("{name}: device state and {n} pages loaded, waiting for START"));
+                        tell(RestoreEvent::Loaded);
+                        (phase, since) = (Phase::Ready, Instant::now());
+                    }
+                    Ok(false) if since.elapsed() < PREPARE_TIMEOUT => {}
+                    Ok(false) => {
+                        st.failure = Some(fail(&name, format!("QEMU did not load the device state within {PREPARE_TIMEOUT:?}")));
+                        break;
+                    }
+                    Err(e) => {
+                        st.failure = Some(e);
+                        break;
+                    }
+                },
+                Phase::Ready if start_requested => {
+                    if let Err(e) = vm.execute("cont", Value::Null) {
+                        st.failure = Some(e);
+                        break;
+                    }
+                    (phase, since) = (Phase::Starting, Instant::now());
+                }
+                Phase::Starting => {
+                    // The guest starts once QEMU has loaded the package (or
+                    // on `cont`); its QMP may stall meanwhile (it faults on
+                    // missing pages).
+                    let limit = if source_finished || since.elapsed() > RESUME_TIMEOUT { Duration::from_secs(2) } else { Duration::from_millis(20) };
+                    match vm.qmp().map(|q| q.wait_event("RESUME", limit)) {
+                        Ok(Ok(e)) => {
+                            st.latency_ms = Some(e.timestamp_us.saturating_sub(unix_us(t0_wall)) as f64 / 1000.0);
+                            if prepared {
+                                // Pages pushed while it waited count as loaded before its start.
+                                st.bytes_before = bytes_read.load(Ordering::Relaxed);
+                                st.pages_before = pages_read.load(Ordering::Relaxed);
+                                vm.config.paused = false;
+                            }
+                            phase = Phase::Running;
+                            tell(RestoreEvent::Started(e.timestamp_us));
+                        }
+                        _ if limit > Duration::from_millis(20) => {
+                            st.failure = Some(fail(&name, "the guest did not start (no RESUME event)"));
+                            break;
+                        }
+                        _ => {}
                     }
                 }
-                if h.is_finished() && waiting_for_resume && latency_ms.is_none() {
-                    // One last look, then give up on the event.
-                    if let Ok(Ok(e)) = vm.qmp().map(|q| q.wait_event("RESUME", Duration::from_secs(2))) {
-                        latency_ms = Some(e.timestamp_us.saturating_sub(unix_us(t0_wall)) as f64 / 1000.0);
-                        tell(RestoreEvent::Started(e.timestamp_us));
-                    }
-                    waiting_for_resume = false;
-                }
+                _ => {}
             }
+            if source_finished && phase == Phase::Running {
+                break;
+            }
+        }
+        if st.failure.is_some() || !source_finished {
+            // Ends the source (QEMU fails the incoming migration, or waits
+            // paused in postcopy, until the caller stops it).
+            let _ = stop.shutdown(std::net::Shutdown::Both);
         }
         source_done.store(true, Ordering::Relaxed);
         let raised = raiser.map(|r| r.join().expect("priority thread panicked"));
         (h.join().expect("postcopy source thread panicked"), raised)
     });
     let (outcome, qemu_threads_raised) = outcome;
+    if let Some(e) = st.failure {
+        return Err(e);
+    }
     let rep = outcome.map_err(|e| fail(&name, e))?;
     let full_load_ms = (source_start.duration_since(t0) + rep.all_sent_after).as_secs_f64() * 1000.0;
     wait_completed(vm)?;
-    let restore_latency_ms = latency_ms.ok_or_else(|| fail(&name, "the guest did not start (no RESUME event)"))?;
+    let restore_latency_ms = st.latency_ms.ok_or_else(|| fail(&name, "the guest did not start (no RESUME event)"))?;
+    let run_sent_ms = st.run_sent_ms.unwrap_or(restore_latency_ms);
+    let start_after_run = Duration::from_secs_f64((restore_latency_ms - run_sent_ms).max(0.0) / 1000.0);
+    let faults_before_start = rep.demand.iter().filter(|(d, _)| *d < start_after_run).count() as u64;
     let mut per_100ms = vec![0u64; 100];
     for (d, _) in &rep.demand {
         let i = (d.as_millis() / 100) as usize;
@@ -175,13 +317,17 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
         mode: opts.mode,
         paused: opts.paused,
         restore_latency_ms,
-        ws_pages: rep.pages_before_run,
+        run_sent_ms,
+        start_received_ms: st.start_received_ms,
+        request_unix_us: unix_us(t0_wall),
+        ws_pages: st.pages_before,
         wss: planned.wss,
         wss_sample: planned.wss_sample,
         wss_snapshot: planned.wss_snapshot,
         learned: planned.learned,
-        bytes_read_before_start: bytes_before,
+        bytes_read_before_start: st.bytes_before,
         demand_faults: rep.demand.len() as u64,
+        demand_faults_before_start: faults_before_start,
         demand_faults_per_100ms: per_100ms,
         full_load_ms,
         pages_total: rep.pages_total,

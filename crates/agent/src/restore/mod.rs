@@ -16,6 +16,10 @@
 //!                                         full_load_ms ◀─────┘   EOF, SHUT
 //! ```
 //!
+//! In a cluster restore QEMU runs with `-S`: RUN loads the device state and
+//! the guest waits, paused, for the Coordinator's START (a `cont`) while
+//! pages keep loading (`feed`).
+//!
 //! The VM runs on a new qcow2 overlay over the snapshot's frozen disk, with
 //! its snapshot-time MAC and address, and joins the cluster's switch (a
 //! cluster of its own if none is up). A VM of that name that is running is
@@ -33,6 +37,8 @@ mod feed;
 pub mod pages;
 mod priority;
 mod run;
+mod start_gate;
 pub mod traces;
 
+pub use start_gate::StartGate;
 pub use run::{hybrid_size, restore, restore_into, saved_vm, InCluster, Options, Report, RestoreEvent, Saved, WssChoice};

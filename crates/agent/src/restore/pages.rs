@@ -30,6 +30,9 @@ pub struct ImagePages<'a> {
     buf: Vec<u8>,
     /// Bytes read from the memory image so far.
     pub bytes_read: Arc<AtomicU64>,
+    /// Pages handed out so far (each page once: the source sends a page
+    /// only once).
+    pub pages_read: Arc<AtomicU64>,
 }
 
 impl<'a> ImagePages<'a> {
@@ -43,7 +46,7 @@ impl<'a> ImagePages<'a> {
                 planned.insert(k, (i, off as usize));
             }
         }
-        Ok(ImagePages { img, plan, planned, loaded: None, buf: Vec::new(), bytes_read: Arc::new(AtomicU64::new(0)) })
+        Ok(ImagePages { img, plan, planned, loaded: None, buf: Vec::new(), bytes_read: Arc::default(), pages_read: Arc::default() })
     }
 }
 
@@ -54,6 +57,7 @@ fn to_io(e: vmcsnap_image::ReadError) -> io::Error {
 impl PageSource for ImagePages<'_> {
     fn read_page(&mut self, id: PageId, buf: &mut [u8]) -> io::Result<bool> {
         let key = PageKey::new(id.block, id.page);
+        self.pages_read.fetch_add(1, Ordering::Relaxed);
         if let Some(&(extent, off)) = self.planned.get(&key) {
             if self.loaded != Some(extent) {
                 let e = &self.plan.extents[extent];

@@ -30,10 +30,10 @@ pub struct Priorities {
     /// The sender while it serves requests, its return-path reader, and
     /// QEMU's fault-path threads.
     pub fault_path: i32,
-    /// The sender while it pushes background pages: after RUN, or while
-    /// it waits for START.
+    /// The sender while it pushes background pages after RUN (in a cluster
+    /// restore also while the VM waits for START).
     pub background: i32,
-    /// The sender before RUN (working set; pages loaded while held).
+    /// The sender before RUN (the working set).
     pub preload: i32,
 }
 
@@ -53,7 +53,7 @@ impl Priorities {
         match work {
             Work::Preload => self.preload,
             Work::Demand => self.fault_path,
-            Work::Background | Work::Held => self.background,
+            Work::Background => self.background,
         }
     }
 }

@@ -63,8 +63,9 @@ pub struct Options {
 pub struct InCluster {
     /// The VM's snapshot directory (`<cluster snapshot>/vms/<vm>`).
     pub dir: PathBuf,
-    /// Held until the Coordinator's START; pages keep loading meanwhile.
-    pub gate: vmcsnap_migstream::postcopy::RunGate,
+    /// Held until the Coordinator's START: the guest's QEMU runs with -S,
+    /// loads the device state and waits; pages keep loading meanwhile.
+    pub gate: super::StartGate,
     /// Told when the working set is loaded, when the guest started, and
     /// when every page is loaded.
     pub events: mpsc::Sender<RestoreEvent>,
@@ -96,6 +97,17 @@ pub struct Report {
     pub paused: bool,
     /// Request to guest running (to its state loaded, with `--paused`).
     pub restore_latency_ms: f64,
+    /// Request to the device state and RUN sent to QEMU: the rest of
+    /// `restore_latency_ms` is QEMU loading the device state and starting
+    /// the guest.
+    pub run_sent_ms: f64,
+    /// In a cluster restore, request to the Coordinator's START reaching
+    /// this VM's source (the working set was loaded and it waited since).
+    pub start_received_ms: Option<f64>,
+    /// The request's wall clock time, unix µs (to put the times above on
+    /// a cluster restore's clock).
+    #[serde(skip)]
+    pub request_unix_us: u64,
     /// Pages loaded before the guest started.
     pub ws_pages: u64,
     /// The working-set size the mode asked for (before capping to the queue).
@@ -110,6 +122,9 @@ pub struct Report {
     pub bytes_read_before_start: u64,
     /// Demand faults (requests for pages not yet sent).
     pub demand_faults: u64,
+    /// Of those, the ones between RUN and the guest's start: QEMU loading
+    /// the device state waited for these pages.
+    pub demand_faults_before_start: u64,
     /// Demand faults per 100 ms for the first 10 s after the start.
     pub demand_faults_per_100ms: Vec<u64>,
     /// Request until every page was sent.
@@ -378,7 +393,8 @@ fn start_and_feed(
     config.port_socket = dir.join("port.sock");
     config.disk = overlay.clone();
     config.incoming = true;
-    config.paused = opts.paused;
+    // A cluster restore starts its guests on START (`cont`).
+    config.paused = opts.paused || opts.cluster.is_some();
     config.data_dir = None;
     config.module_dir = None;
     let mem = img.ram_block_id("mem").map(|b| img.ram_blocks()[b as usize].used_length);
@@ -412,16 +428,21 @@ fn start_and_feed(
         Err(e) => {
             // A QEMU that exited by itself says why in its log (e.g. a
             // stream it rejected) or the guest's console (e.g. a panic).
+            // (Unless this restore stopped it: an abandoned one.)
             let e = match vm.exited() {
-                Some(status) => fail(
+                Some(status) if !matches!(e, AgentError::Abandoned { .. }) => fail(
                     &name,
                     format!(
-                        "{e}; QEMU exited ({status}); its log ends:\n{}\nthe guest console ends:\n{}",
+                        "{}; QEMU exited ({status}); its log ends:\n{}\nthe guest console ends:\n{}",
+                        match &e {
+                            AgentError::Restore { detail, .. } => detail.clone(),
+                            e => e.to_string(),
+                        },
                         crate::vm::tail(&vm.qemu_log, 1500).trim_end(),
                         crate::vm::tail(&config.console_log, 1500).trim_end()
                     ),
                 ),
-                None => e,
+                _ => e,
             };
             log(format!("restore of {name} failed, stopping its QEMU: {e}"));
             vm.shutdown();

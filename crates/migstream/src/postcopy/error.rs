@@ -115,17 +115,6 @@ pub enum PostcopyError {
         source: io::Error,
     },
 
-    /// The [`RunGate`](super::RunGate) was aborted before it was opened:
-    /// the restore was abandoned before the start. Nothing more was
-    /// written after the pages already sent and RUN never was, so the
-    /// destination's guest never ran; closing the socket fails its
-    /// incoming migration (kill it).
-    #[error("the restore was abandoned before the start: the run gate was aborted after {pages_sent} page(s) had been sent, before RUN (the destination guest never ran; its incoming migration fails)")]
-    Abandoned {
-        /// Pages written before the source stopped.
-        pages_sent: u64,
-    },
-
     /// A local socket operation failed (other than the peer closing).
     #[error("socket error {phase} while {what}: {source}")]
     Socket {
@@ -161,7 +150,6 @@ impl PostcopyError {
             | PostcopyError::PageSource { phase, .. }
             | PostcopyError::Socket { phase, .. } => Some(*phase),
             PostcopyError::NoShut { .. } => Some(Phase::AfterEof),
-            PostcopyError::Abandoned { .. } => Some(Phase::BeforeRun),
             _ => None,
         }
     }

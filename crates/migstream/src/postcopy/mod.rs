@@ -18,9 +18,6 @@
 //!  CMD POSTCOPY_ADVISE (be64 0x1000, be64 0x1000)               §3.2 (zaps all RAM)
 //!  START id "ram" 0 4 : MEM_SIZE | (name, used_length)... | EOS | footer   §2.2
 //!  [PART id : before-run pages (idstr on each section's first record) | EOS | footer] ...
-//!  ·· with a run gate: event Loaded; then, while the gate is closed:
-//!  [PART id : background-order pages, never the last unsent one | EOS | footer] ...
-//!  ·· (then it sleeps); gate opened: event GateOpened; aborted: stops (Abandoned)
 //!  CMD POSTCOPY_RAM_DISCARD × n   = every page NOT sent above, merged  §8.1 §8.2
 //!  CMD PACKAGED be32 L | blob:                                  §3.2
 //!        CMD POSTCOPY_LISTEN | device FULL sections | CMD PING 3 | CMD POSTCOPY_RUN
@@ -35,14 +32,19 @@
 //! ```text
 //!            write header..START          write before-run PARTs
 //!  Setup ──────────────────────▶ Precopy ─────────────────────▶ Discard
-//!                                   │                            ▲    │ DISCARD cmds,
-//!                   run gate: Loaded│               gate opened: │    ▼ PACKAGED blob
-//!                                   └─────────▶ Held ────────────┘  Postcopy (RunSent)
-//!                       background pages ⟲ (all but one, then       requests ⟲ background
-//!                       sleep); gate aborted: Err(Abandoned),            │ all pages sent,
-//!                       no RUN                                           ▼ END, EOF
+//!                                                                     │ DISCARD cmds,
+//!                                                                     ▼ PACKAGED blob
+//!                                                                   Postcopy (RunSent)
+//!                                                                requests ⟲ background
+//!                                                                     │ all pages sent,
+//!                                                                     ▼ END, EOF
 //!  Done ◀─────────────────────── SHUT(0) ────────────────────────────── Eof
 //! ```
+//!
+//! A caller that wants the guest to start later than RUN (HotRestore's
+//! Cohort waiting for START) starts the destination with `-S`: RUN then
+//! loads the device state and leaves the guest paused while this source
+//! keeps pushing pages, and a QMP `cont` starts it.
 //!
 //! * **Return path** (§4): a thread reads the destination's messages
 //!   (SHUT, PONG, REQ_PAGES_ID, REQ_PAGES) from a clone of the socket with
@@ -64,17 +66,6 @@
 //!   before LISTEN the last page of [`SourceConfig::before_run`] is held
 //!   back (sent after RUN instead), so that at least one DISCARD with one
 //!   range exists.
-//! * **Run gate** ([`SourceConfig::run_gate`], [`RunGate`]): the
-//!   destination accepts RAM pages before LISTEN, so a source held at the
-//!   gate keeps loading in background order (requests cannot come before
-//!   LISTEN) and all those pages count as before-run pages, which shrinks
-//!   the DISCARD and what is left for postcopy. It checks the gate and the
-//!   return path between any two pages; once every page but one is sent it
-//!   sleeps until the gate is decided or the destination goes away (a
-//!   destination that dies, closes or sends garbage ends the call at once,
-//!   as anywhere else). Aborting the gate ends the call without RUN: the
-//!   destination's guest never ran, and its incoming migration fails when
-//!   the socket closes.
 //! * **End**: every page of every block goes out before EOF (§8.3); then
 //!   the destination unregisters userfaultfd, sends SHUT(0) and closes.
 //!
@@ -84,14 +75,12 @@
 
 mod encode;
 pub mod error;
-mod gate;
 pub mod return_path;
 mod source;
 
 use std::time::Duration;
 
 pub use error::{Phase, PostcopyError};
-pub use gate::RunGate;
 pub use source::run_source;
 
 /// A page of the destination: index into [`SourceConfig::blocks`], page
@@ -152,21 +141,6 @@ pub struct SourceConfig {
     pub background_after: Option<Duration>,
     /// How long to wait for SHUT after EOF.
     pub shut_timeout: Duration,
-    /// `None`: RUN follows the before-run pages at once. `Some(gate)`:
-    /// after the before-run pages the source emits [`SourceEvent::Loaded`]
-    /// and, while `gate` is closed, keeps sending pages (in `background`
-    /// order, then (block, page) order) before the DISCARD; it sends the
-    /// DISCARD and PACKAGED(RUN) once the gate is opened
-    /// ([`SourceEvent::GateOpened`]). It always holds back at least one page
-    /// (the DISCARD before LISTEN must name one, §8.1), and once only that
-    /// page is left it sleeps until the gate is opened or aborted (or the
-    /// destination goes away). Pages sent while waiting count as before-run
-    /// pages in the report (plus a separate count
-    /// [`SourceReport::pages_while_held`]). Aborting the gate fails the call
-    /// with [`PostcopyError::Abandoned`] without RUN. `background_after`
-    /// only concerns the pages left after RUN. The gate is shared with the
-    /// config's clones.
-    pub run_gate: Option<RunGate>,
 }
 
 impl SourceConfig {
@@ -188,21 +162,6 @@ impl SourceConfig {
 /// Progress of [`run_source`], reported as it happens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SourceEvent {
-    /// With a [`SourceConfig::run_gate`] only, exactly once: the
-    /// before-run pages have been written (before any page sent while the
-    /// gate is held).
-    Loaded {
-        /// Before-run pages written (`before_run` without duplicates, minus
-        /// the held-back page if it named every page).
-        pages: u64,
-    },
-    /// With a [`SourceConfig::run_gate`] only: the source found the gate
-    /// open; the DISCARDs and the PACKAGED blob (RUN) follow.
-    GateOpened {
-        /// Pages written before RUN: the before-run pages and those sent
-        /// while the gate was held.
-        pages_before_run: u64,
-    },
     /// The PACKAGED blob (ending in POSTCOPY_RUN) has been written: the
     /// destination starts its guest once it has loaded the device state
     /// (unless it was started with `-S`).
@@ -232,12 +191,9 @@ pub enum SourceEvent {
 /// What the sender is busy with ([`SourceEvent::Work`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Work {
-    /// Before RUN: the before-run pages, and (with a run gate) the RUN
-    /// once the gate opens. The guest waits for this work.
+    /// Before RUN: the before-run pages and RUN. The guest waits for this
+    /// work.
     Preload,
-    /// With a run gate, while it is held: pages in background order, sent
-    /// opportunistically (nobody waits for them).
-    Held,
     /// After RUN: requested pages and their neighbours, or waiting for
     /// requests; the guest runs and a vCPU may be blocked on a fault.
     Demand,
@@ -250,14 +206,10 @@ pub enum Work {
 pub struct SourceReport {
     /// Pages in all blocks (all of them are sent).
     pub pages_total: u64,
-    /// Pages sent before LISTEN (with a run gate, including the pages sent
-    /// while it was held).
+    /// Pages sent before LISTEN.
     pub pages_before_run: u64,
     /// Page bytes (zero pages count 0) read and sent before LISTEN.
     pub bytes_before_run: u64,
-    /// Pages sent while the [`SourceConfig::run_gate`] was held, after the
-    /// before-run pages (part of `pages_before_run`; 0 without a gate).
-    pub pages_while_held: u64,
     /// From the start of [`run_source`] until the PACKAGED blob was written.
     pub run_sent_after: Duration,
     /// Every page request for a page not yet sent when it arrived (a real

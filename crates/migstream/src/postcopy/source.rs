@@ -12,7 +12,6 @@ use crate::wire::{CommandKind, SectionType, X86_TARGET_PAGE_SIZE};
 
 use super::encode;
 use super::error::{Phase, PostcopyError};
-use super::gate::{Decision, RunGate};
 use super::return_path::{reader_thread, FromDest};
 use super::{PageId, PageSource, SourceConfig, SourceEvent, SourceReport, Work};
 
@@ -32,12 +31,6 @@ const PAGES_PER_SECTION: u32 = 256;
 /// destination's own read buffer (32 KiB in QEMUFile) comes on top.
 const SEND_BUFFER_BYTES: usize = 32 * 1024;
 
-/// While sleeping at a closed run gate, how often the sender checks that
-/// the return-path thread is still alive. Only a panicking thread can end
-/// without a last message (which wakes the sender at once), so this is a
-/// safety net, not the way a dead destination is noticed.
-const HELD_READER_CHECK: Duration = Duration::from_secs(1);
-
 /// Connects the destination to a snapshot: writes the postcopy stream to
 /// `stream` (connected to the destination's `migrate-incoming` socket),
 /// serves page requests from the return path on the same socket, and
@@ -49,11 +42,6 @@ const HELD_READER_CHECK: Duration = Duration::from_secs(1);
 /// that stops reading can block the source (a destination that dies or
 /// sends garbage ends the call promptly without one). The return-path
 /// reader thread has always ended when this function returns.
-///
-/// With a [`SourceConfig::run_gate`], the call waits before the DISCARDs
-/// (loading further pages meanwhile) until the gate is opened from another
-/// thread (or aborted: [`PostcopyError::Abandoned`]); a closed gate that
-/// nobody decides holds the call until the destination goes away.
 pub fn run_source(
     cfg: &SourceConfig,
     pages: &mut dyn PageSource,
@@ -77,9 +65,6 @@ pub fn run_source(
     rp.set_read_timeout(None)
         .map_err(|e| socket_err("clearing the read timeout", e))?;
     let (tx, rx) = mpsc::channel();
-    // With a run gate, the gate wakes the sender through the return path's
-    // channel (an empty batch) while it sleeps at the gate.
-    let wake = cfg.run_gate.as_ref().map(|_| tx.clone());
     let (blocks, page_size) = (cfg.blocks.clone(), cfg.page_size as u64);
     let reader = std::thread::Builder::new()
         .name("postcopy-rp".into())
@@ -98,7 +83,6 @@ pub fn run_source(
         events,
         stream,
         rx,
-        wake,
         reader: Some(reader),
         start,
         block_start,
@@ -201,10 +185,6 @@ struct Sender<'a> {
     events: &'a mut dyn FnMut(SourceEvent),
     stream: UnixStream,
     rx: Receiver<Vec<FromDest>>,
-    /// The sending side of `rx` for the run gate's waker (dropped when the
-    /// gate has been passed, so that a vanished reader thread shows as a
-    /// disconnected channel again).
-    wake: Option<mpsc::Sender<Vec<FromDest>>>,
     reader: Option<JoinHandle<()>>,
     start: Instant,
     /// Global index of each block's first page.
@@ -272,9 +252,6 @@ impl Sender<'_> {
             self.report.bytes_before_run += self.send_page(id)?;
             self.report.pages_before_run += 1;
         }
-        if let Some(gate) = &cfg.run_gate {
-            self.hold(gate)?;
-        }
         self.close_section()?;
 
         // The complement, as DISCARD commands.
@@ -322,75 +299,6 @@ impl Sender<'_> {
             self.poll(Some(deadline))?;
         }
         self.report.shut_value = self.shut.unwrap_or_default();
-        Ok(())
-    }
-
-    /// With a run gate, after the before-run pages: sends background pages
-    /// while the gate is closed, all but one, then sleeps until the gate is
-    /// decided. Returns once it is open.
-    fn hold(&mut self, gate: &RunGate) -> Result<(), PostcopyError> {
-        (self.events)(SourceEvent::Loaded {
-            pages: self.report.pages_before_run,
-        });
-        let _watch = self.wake.take().map(|tx| {
-            gate.watch(Box::new(move || {
-                let _ = tx.send(Vec::new());
-            }))
-        });
-        let mut background = self.cfg.background.iter().copied();
-        let mut scan = 0u64;
-        loop {
-            self.poll(None)?;
-            match gate.decision() {
-                Decision::Open => break,
-                Decision::Aborted => {
-                    return Err(PostcopyError::Abandoned {
-                        pages_sent: self.sent_count,
-                    })
-                }
-                Decision::Closed => {}
-            }
-            // At least one page stays unsent for the DISCARD (§8.1).
-            let next = if self.total - self.sent_count > 1 {
-                self.next_background(&mut background, &mut scan)
-            } else {
-                None
-            };
-            match next {
-                Some(id) => {
-                    self.work(Work::Held);
-                    self.report.bytes_before_run += self.send_page(id)?;
-                    self.report.pages_before_run += 1;
-                    self.report.pages_while_held += 1;
-                }
-                None => self.sleep_at_gate(gate)?,
-            }
-        }
-        self.work(Work::Preload);
-        (self.events)(SourceEvent::GateOpened {
-            pages_before_run: self.report.pages_before_run,
-        });
-        Ok(())
-    }
-
-    /// Nothing left to send while held: sleeps until the gate is decided
-    /// (its waker sends an empty batch) or the destination says something
-    /// (a close or garbage ends the call here).
-    fn sleep_at_gate(&mut self, gate: &RunGate) -> Result<(), PostcopyError> {
-        self.close_section()?;
-        while gate.decision() == Decision::Closed {
-            self.poll(Some(Instant::now() + HELD_READER_CHECK))?;
-            // (`Option::is_none_or` needs Rust 1.82; the workspace supports 1.75.)
-            let gone = match &self.reader {
-                Some(h) => h.is_finished(),
-                None => true,
-            };
-            if gone {
-                // Whatever it sent last tells why; else it vanished.
-                self.poll(None)?;
-                return Err(self.closed(None));
-            }
-        }
         Ok(())
     }
 

@@ -1,45 +1,47 @@
-//! [`RunGate`]: lets the caller of [`run_source`](super::run_source) hold
-//! POSTCOPY_RUN back while pages keep loading (HotRestore's Cohort: a VM
-//! whose working set is loaded waits for the Coordinator's START).
+//! [`StartGate`]: holds a restored guest's start until HotRestore's
+//! Coordinator says START (or abandons the restore). The Cohort's worker
+//! decides it; the thread feeding the VM (`super::feed`) watches it: the
+//! guest's QEMU runs with -S and has loaded its device state, pages keep
+//! loading, and START becomes a `cont`.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// What the gate's owner decided; `Closed` until the first of
-/// [`RunGate::open`] and [`RunGate::abort`].
+/// [`StartGate::open`] and [`StartGate::abort`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Decision {
+enum Decision {
     Closed,
     Open,
     Aborted,
 }
 
-type Waker = Box<dyn Fn() + Send>;
+/// What [`StartGate::watch`] calls on the decision: `true` if the gate was
+/// opened, `false` if it was aborted.
+pub type Waker = Box<dyn Fn(bool) + Send>;
 
 struct State {
     decision: Decision,
-    /// Sources waiting on the gate, woken on the decision.
+    /// Watchers, called on the decision.
     wakers: Vec<(u64, Waker)>,
     next_waker: u64,
 }
 
-/// Holds a postcopy source before DISCARD and RUN (see
-/// [`SourceConfig::run_gate`](super::SourceConfig::run_gate)).
+/// One VM's start, held until the Coordinator decides.
 ///
 /// Closed when created; the first of [`open`](Self::open) and
 /// [`abort`](Self::abort) decides for good (the other is then ignored).
-/// Clones share the gate: one gate may hold several sources (all VMs of a
-/// cohort) and be opened from any thread. A source waiting on it sleeps
-/// (no polling) until the decision or a message from its destination.
+/// Clones share the gate, which may be decided from any thread. Whoever
+/// waits for it registers a [`watch`](Self::watch) (no polling).
 #[derive(Clone)]
-pub struct RunGate {
+pub struct StartGate {
     state: Arc<Mutex<State>>,
 }
 
-impl RunGate {
+impl StartGate {
     /// A closed gate.
     pub fn new() -> Self {
-        RunGate {
+        StartGate {
             state: Arc::new(Mutex::new(State {
                 decision: Decision::Closed,
                 wakers: Vec::new(),
@@ -48,16 +50,15 @@ impl RunGate {
         }
     }
 
-    /// Opens the gate: the sources held by it send their DISCARDs and RUN.
-    /// No effect if the gate was aborted.
+    /// Opens the gate (START): the guest is started. No effect if the gate
+    /// was aborted.
     pub fn open(&self) {
         self.decide(Decision::Open);
     }
 
-    /// Aborts the gate: the restore is abandoned before the start. Every
-    /// source held by it stops without sending RUN and fails with
-    /// [`PostcopyError::Abandoned`](super::PostcopyError::Abandoned); its
-    /// destination's guest never ran. No effect if the gate was opened.
+    /// Aborts the gate: the restore is abandoned before the start; the
+    /// guest never runs (its QEMU is stopped). No effect if the gate was
+    /// opened.
     pub fn abort(&self) {
         self.decide(Decision::Aborted);
     }
@@ -85,18 +86,20 @@ impl RunGate {
         if s.decision == Decision::Closed {
             s.decision = decision;
             for (_, wake) in &s.wakers {
-                wake();
+                wake(decision == Decision::Open);
             }
         }
     }
 
-    pub(crate) fn decision(&self) -> Decision {
+    fn decision(&self) -> Decision {
         self.lock().decision
     }
 
     /// Calls `wake` when the gate is decided (if it is not yet), until the
-    /// returned guard is dropped (which drops `wake`).
-    pub(crate) fn watch(&self, wake: Waker) -> Watch<'_> {
+    /// returned guard is dropped (which drops `wake`). `wake` runs on the
+    /// deciding thread with the gate locked: it must be quick and must not
+    /// use the gate (e.g. send on a channel, change a thread's priority).
+    pub fn watch(&self, wake: Waker) -> Watch<'_> {
         let mut s = self.lock();
         let id = s.next_waker;
         s.next_waker += 1;
@@ -105,16 +108,16 @@ impl RunGate {
     }
 }
 
-impl Default for RunGate {
+impl Default for StartGate {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl fmt::Debug for RunGate {
+impl fmt::Debug for StartGate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = self.lock();
-        f.debug_struct("RunGate")
+        f.debug_struct("StartGate")
             .field("decision", &s.decision)
             .field("waiting", &s.wakers.len())
             .finish()
@@ -122,8 +125,8 @@ impl fmt::Debug for RunGate {
 }
 
 /// A registered waker; unregisters (and drops) it when dropped.
-pub(crate) struct Watch<'g> {
-    gate: &'g RunGate,
+pub struct Watch<'g> {
+    gate: &'g StartGate,
     id: u64,
 }
 
@@ -145,11 +148,12 @@ mod tests {
 
     #[test]
     fn first_decision_wins_and_wakes_watchers_once() {
-        let g = RunGate::new();
+        let g = StartGate::new();
         assert!(!g.is_open() && !g.is_aborted());
         let woken = Arc::new(AtomicU32::new(0));
         let w = woken.clone();
-        let watch = g.watch(Box::new(move || {
+        let watch = g.watch(Box::new(move |opened| {
+            assert!(opened);
             w.fetch_add(1, Ordering::SeqCst);
         }));
         let clone = g.clone();
@@ -161,7 +165,7 @@ mod tests {
         drop(watch);
         assert!(format!("{g:?}").contains("waiting: 0"), "{g:?}");
 
-        let g = RunGate::default();
+        let g = StartGate::default();
         g.abort();
         g.open();
         assert!(g.is_aborted() && !g.is_open());
