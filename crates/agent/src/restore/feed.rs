@@ -188,7 +188,6 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
                         raiser = Some(s.spawn(move || priority::raise_qemu_fault_path(pid, p.fault_path, RAISE_WITHIN, done)));
                     }
                     st.bytes_before = bytes_read.load(Ordering::Relaxed);
-                    st.pages_before = pages_read.load(Ordering::Relaxed);
                     progress(&format!("{name}: device state and {} pages sent, {}", planned.plan.before_run.len(), if prepared { "device state loading" } else { "guest starting" }));
                     (phase, since) = match (opts.paused, prepared) {
                         (true, _) => {
@@ -320,7 +319,9 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
         run_sent_ms,
         start_received_ms: st.start_received_ms,
         request_unix_us: unix_us(t0_wall),
-        ws_pages: st.pages_before,
+        // Exact from the source up to RUN; in a cluster restore, what had
+        // been read by the start (pages pushed while it waited count).
+        ws_pages: if prepared { st.pages_before } else { rep.pages_before_run },
         wss: planned.wss,
         wss_sample: planned.wss_sample,
         wss_snapshot: planned.wss_snapshot,
