@@ -188,7 +188,8 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
                         raiser = Some(s.spawn(move || priority::raise_qemu_fault_path(pid, p.fault_path, RAISE_WITHIN, done)));
                     }
                     st.bytes_before = bytes_read.load(Ordering::Relaxed);
-                    progress(&format!("{name}: device state and {} pages sent, {}", planned.plan.before_run.len(), if prepared { "device state loading" } else { "guest starting" }));
+                    let next = if prepared { "QEMU loads the device state, the guest waits for START" } else { "guest starting" };
+                    progress(&format!("{name}: {} pages and the device state sent, {next}", planned.plan.before_run.len()));
                     (phase, since) = match (opts.paused, prepared) {
                         (true, _) => {
                             st.latency_ms = st.run_sent_ms;
