@@ -95,12 +95,16 @@ impl StartGate {
         self.lock().decision
     }
 
-    /// Calls `wake` when the gate is decided (if it is not yet), until the
-    /// returned guard is dropped (which drops `wake`). `wake` runs on the
-    /// deciding thread with the gate locked: it must be quick and must not
-    /// use the gate (e.g. send on a channel, change a thread's priority).
+    /// Calls `wake` when the gate is decided, at once if it already is
+    /// (an abandon may come before the restore watches), until the
+    /// returned guard is dropped (which drops `wake`). `wake` runs with the
+    /// gate locked, on the deciding thread or this one: it must be quick
+    /// and must not use the gate (e.g. send on a channel).
     pub fn watch(&self, wake: Waker) -> Watch<'_> {
         let mut s = self.lock();
+        if s.decision != Decision::Closed {
+            wake(s.decision == Decision::Open);
+        }
         let id = s.next_waker;
         s.next_waker += 1;
         s.wakers.push((id, wake));
@@ -169,5 +173,23 @@ mod tests {
         g.abort();
         g.open();
         assert!(g.is_aborted() && !g.is_open());
+    }
+
+    /// Regression: a VM whose cluster restore was abandoned while it was
+    /// still being set up (before it watched its gate) never heard of it,
+    /// loaded, and waited for a START that never came, holding the whole
+    /// restore.
+    #[test]
+    fn a_watch_after_the_decision_is_told_at_once() {
+        for (decide, want) in [(StartGate::abort as fn(&StartGate), false), (StartGate::open, true)] {
+            let g = StartGate::new();
+            decide(&g);
+            let (tx, rx) = std::sync::mpsc::channel();
+            let _w = g.watch(Box::new(move |opened| tx.send(opened).unwrap()));
+            assert_eq!(rx.try_recv(), Ok(want));
+            g.open();
+            g.abort();
+            assert!(rx.try_recv().is_err(), "told once");
+        }
     }
 }
