@@ -22,17 +22,16 @@ pub type Waker = Box<dyn Fn(bool) + Send>;
 
 struct State {
     decision: Decision,
-    /// Watchers, called on the decision.
-    wakers: Vec<(u64, Waker)>,
-    next_waker: u64,
+    /// The watcher (the restore feeding the VM), called on the decision.
+    waker: Option<Waker>,
 }
 
 /// One VM's start, held until the Coordinator decides.
 ///
 /// Closed when created; the first of [`open`](Self::open) and
 /// [`abort`](Self::abort) decides for good (the other is then ignored).
-/// Clones share the gate, which may be decided from any thread. Whoever
-/// waits for it registers a [`watch`](Self::watch) (no polling).
+/// Clones share the gate, which may be decided from any thread. The one
+/// that waits for it registers a [`watch`](Self::watch) (no polling).
 #[derive(Clone)]
 pub struct StartGate {
     state: Arc<Mutex<State>>,
@@ -44,8 +43,7 @@ impl StartGate {
         StartGate {
             state: Arc::new(Mutex::new(State {
                 decision: Decision::Closed,
-                wakers: Vec::new(),
-                next_waker: 0,
+                waker: None,
             })),
         }
     }
@@ -85,7 +83,7 @@ impl StartGate {
         let mut s = self.lock();
         if s.decision == Decision::Closed {
             s.decision = decision;
-            for (_, wake) in &s.wakers {
+            if let Some(wake) = &s.waker {
                 wake(decision == Decision::Open);
             }
         }
@@ -97,7 +95,8 @@ impl StartGate {
 
     /// Calls `wake` when the gate is decided, at once if it already is
     /// (an abandon may come before the restore watches), until the
-    /// returned guard is dropped (which drops `wake`). `wake` runs with the
+    /// returned guard is dropped (which drops `wake`). One watcher at a
+    /// time: a new watch replaces the last. `wake` runs with the
     /// gate locked, on the deciding thread or this one: it must be quick
     /// and must not use the gate (e.g. send on a channel).
     pub fn watch(&self, wake: Waker) -> Watch<'_> {
@@ -105,10 +104,8 @@ impl StartGate {
         if s.decision != Decision::Closed {
             wake(s.decision == Decision::Open);
         }
-        let id = s.next_waker;
-        s.next_waker += 1;
-        s.wakers.push((id, wake));
-        Watch { gate: self, id }
+        s.waker = Some(wake);
+        Watch { gate: self }
     }
 }
 
@@ -123,7 +120,7 @@ impl fmt::Debug for StartGate {
         let s = self.lock();
         f.debug_struct("StartGate")
             .field("decision", &s.decision)
-            .field("waiting", &s.wakers.len())
+            .field("waiting", &usize::from(s.waker.is_some()))
             .finish()
     }
 }
@@ -131,16 +128,11 @@ impl fmt::Debug for StartGate {
 /// A registered waker; unregisters (and drops) it when dropped.
 pub struct Watch<'g> {
     gate: &'g StartGate,
-    id: u64,
 }
 
 impl Drop for Watch<'_> {
     fn drop(&mut self) {
-        let removed = {
-            let mut s = self.gate.lock();
-            let i = s.wakers.iter().position(|(id, _)| *id == self.id);
-            i.map(|i| s.wakers.swap_remove(i))
-        };
+        let removed = self.gate.lock().waker.take();
         drop(removed); // outside the lock
     }
 }
