@@ -102,12 +102,14 @@ pub enum AgentError {
         /// What went wrong.
         detail: String,
     },
-    /// A VM of a cluster restore was loaded but never started: the restore
-    /// was abandoned because of another VM (whose error says why).
-    #[error("restore of VM {vm:?} abandoned before its start, because the cluster restore failed")]
+    /// A VM of a cluster restore never started: the restore was abandoned
+    /// because of another VM (whose error says why).
+    #[error("restore of VM {vm:?} abandoned {during}, before its start, because the cluster restore failed")]
     Abandoned {
         /// The VM.
         vm: String,
+        /// Where it was, e.g. "while paused, loaded and waiting for START".
+        during: &'static str,
     },
 
     /// A cluster snapshot failed or was abandoned.

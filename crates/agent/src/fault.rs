@@ -1,5 +1,5 @@
-//! Faults injected on purpose, for the tests of what a failed snapshot
-//! leaves behind.
+//! Faults injected on purpose, for the tests of what a failed snapshot or
+//! cluster restore leaves behind.
 //!
 //! A failure in the middle of a migration is hard to provoke from outside
 //! (a disk that fills or hangs while the image is written), yet it is the
@@ -11,6 +11,18 @@
 //! |---|---|
 //! | `capture-error-after=BYTES` | reads BYTES of QEMU's stream, then fails as a full disk would |
 //! | `capture-stall-after=BYTES` | reads BYTES, then stops reading without closing, as a hung disk would |
+//!
+//! A cluster restore may carry a [`RestoreFault`] (the CLI's hidden
+//! `vmcsnap restore --cluster SNAP --inject-fault FAULT`):
+//!
+//! | FAULT | what the restore does |
+//! |---|---|
+//! | `cohort-fail-when-peers-loaded=VM` | VM's Cohort, once VM is loaded, waits until every other VM is loaded too, then reports a failure in place of LOAD_FIN |
+//!
+//! With VM in a ring (or every other VM after it on the restore line), no
+//! guest can have started when the failure comes: every other VM is
+//! abandoned while paused, waiting for START, which a real failure hits
+//! only by chance.
 //!
 //! An unknown FAULT is refused, so a typo cannot silently test nothing.
 
@@ -46,6 +58,33 @@ impl std::str::FromStr for Fault {
             "capture-error-after" => Ok(Fault::CaptureErrorAfter(n)),
             "capture-stall-after" => Ok(Fault::CaptureStallAfter(n)),
             _ => Err(bad()),
+        }
+    }
+}
+
+/// A fault to inject into a cluster restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreFault {
+    /// This VM's Cohort fails in place of LOAD_FIN once every VM is loaded.
+    CohortFailWhenPeersLoaded(String),
+}
+
+/// A restore FAULT that is not one of the documented ones.
+#[derive(Debug, thiserror::Error)]
+#[error("{value:?} is not a fault a cluster restore can inject; use cohort-fail-when-peers-loaded=VM")]
+pub struct BadRestoreFault {
+    value: String,
+}
+
+impl std::str::FromStr for RestoreFault {
+    type Err = BadRestoreFault;
+
+    fn from_str(s: &str) -> Result<RestoreFault, BadRestoreFault> {
+        match s.split_once('=') {
+            Some(("cohort-fail-when-peers-loaded", vm)) if !vm.trim().is_empty() => {
+                Ok(RestoreFault::CohortFailWhenPeersLoaded(vm.trim().to_string()))
+            }
+            _ => Err(BadRestoreFault { value: s.to_string() }),
         }
     }
 }
@@ -96,6 +135,18 @@ mod tests {
         for bad in ["capture-error-after", "capture-error-after=x", "disk-full=1", ""] {
             let e = bad.parse::<Fault>().unwrap_err().to_string();
             assert!(e.contains("not a fault") && e.contains("capture-error-after=BYTES"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn parses_the_documented_restore_faults_and_refuses_the_rest() {
+        assert_eq!(
+            "cohort-fail-when-peers-loaded=r1".parse::<RestoreFault>().unwrap(),
+            RestoreFault::CohortFailWhenPeersLoaded("r1".into())
+        );
+        for bad in ["cohort-fail-when-peers-loaded", "cohort-fail-when-peers-loaded=", "capture-error-after=1", ""] {
+            let e = bad.parse::<RestoreFault>().unwrap_err().to_string();
+            assert!(e.contains("not a fault") && e.contains("cohort-fail-when-peers-loaded=VM"), "{bad}: {e}");
         }
     }
 

@@ -250,9 +250,10 @@ fn dispatch(
             let report = crate::restore::restore(cluster, run, opts, progress)?;
             Ok(to_json(&report))
         }
-        Request::ClusterRestore { snapshot, mode, no_priorities } => {
+        Request::ClusterRestore { snapshot, mode, no_priorities, fault } => {
             let mode: crate::cluster_restore::Mode = mode.parse().map_err(AgentError::BadRequest)?;
-            let opts = crate::cluster_restore::Options { snapshot, mode, priorities: !no_priorities };
+            let fault = fault.map(|f| f.parse()).transpose().map_err(|e: crate::fault::BadRestoreFault| AgentError::BadRequest(e.to_string()))?;
+            let opts = crate::cluster_restore::Options { snapshot, mode, priorities: !no_priorities, fault };
             let report = crate::cluster_restore::restore_cluster(cluster, run, opts, progress)?;
             Ok(to_json(&report))
         }

@@ -83,6 +83,10 @@ pub enum Request {
         /// Leave every thread's CPU priority alone (see docs/restore.md).
         #[serde(default)]
         no_priorities: bool,
+        /// Testing: a fault to inject, e.g.
+        /// `cohort-fail-when-peers-loaded=VM` (see the agent's `fault` module).
+        #[serde(default)]
+        fault: Option<String>,
     },
     /// Restore a VM from a snapshot (joining the running cluster, or a
     /// cluster of its own). Result: the restore report

@@ -132,6 +132,10 @@ pub enum Command {
         /// Leave CPU priorities alone (by default, as root, serving faults runs above the guests' vCPUs and background loading below them).
         #[arg(long)]
         no_priorities: bool,
+        /// Testing, with --cluster: make VM's Cohort fail in place of LOAD_FIN once every VM
+        /// has loaded (cohort-fail-when-peers-loaded=VM), to check what an abandoned restore leaves.
+        #[arg(long, hide = true, value_name = "FAULT", requires = "cluster")]
+        inject_fault: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,

@@ -88,10 +88,11 @@ fn run(cli: Cli) -> Result<()> {
             let v = request(&run_dir.agent_socket(), &Request::Snapshot { vm, mode, name, reference, fault: inject_fault })?;
             output::json_or(json, &v, || output::snapshot(&v))
         }
-        Command::Restore { snapshot, cluster: true, mode, no_priorities, json, .. } => {
+        Command::Restore { snapshot, cluster: true, mode, no_priorities, inject_fault, json, .. } => {
             let mode = mode.unwrap_or_else(|| "hotrestore-rl".into());
             launch::ensure_agent(&run_dir, true)?;
-            let v = request(&run_dir.agent_socket(), &Request::ClusterRestore { snapshot, mode, no_priorities })?;
+            let fault = inject_fault;
+            let v = request(&run_dir.agent_socket(), &Request::ClusterRestore { snapshot, mode, no_priorities, fault })?;
             output_cluster::json_or_restore(json, &v)
         }
         Command::Restore { snapshot, mode, wss, paused, trace, no_background, no_priorities, json, .. } => {

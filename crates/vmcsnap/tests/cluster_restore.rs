@@ -137,6 +137,31 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
         env.ok(&["down"]);
     }
 
+    // A VM that fails once every VM has loaded (an injected fault: r1's
+    // Cohort reports a failure in place of LOAD_FIN, after the others'
+    // LOAD_FIN): r2 and r3, in r1's ring, cannot start before r1 does, so
+    // they are abandoned while paused with their device state loaded and
+    // postcopy under way, the case a real failure hits only by chance.
+    // Their QEMUs are stopped and nothing of the restore is left.
+    let e = env.vmcsnap_within(&["restore", "--cluster", "cut", "--inject-fault", "cohort-fail-when-peers-loaded=nope"], Duration::from_secs(60)).unwrap();
+    let msg = String::from_utf8_lossy(&e.stderr);
+    assert!(!e.status.success() && msg.contains("\"nope\"") && msg.contains("r1, r2, r3, kvc"), "an unknown VM in the fault is refused: {msg}");
+    env.assert_clean();
+    let fault = ["restore", "--cluster", "cut", "--mode", "hotrestore-rl", "--inject-fault", "cohort-fail-when-peers-loaded=r1"];
+    let out = env.vmcsnap_within(&fault, Duration::from_secs(300)).expect("the failed restore returns");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("r1: injected fault cohort-fail-when-peers-loaded"), "the error names the failed VM and why: {err}");
+    for vm in ["r2", "r3"] {
+        let abandoned = format!("{vm}: abandoned while paused, loaded and waiting for START");
+        assert_eq!(err.matches(&abandoned).count(), 1, "{vm} waited paused for START and was abandoned, named once: {err}");
+    }
+    assert!(!err.contains("QEMU exited"), "abandoned VMs are stopped by the restore, not reported as crashes: {err}");
+    let st = env.json(&["status", "--json"]);
+    assert!(st["vms"].as_array().is_none_or(|v| v.is_empty()), "nothing of the abandoned restore runs: {st}");
+    eprintln!("the abandoned restore said: {err}");
+    env.assert_clean();
+
     // A VM whose memory image is corrupt fails the whole restore with an
     // error naming it: the Coordinator abandons the others (loaded, their
     // QEMUs paused waiting for START, or still loading), every QEMU of the
@@ -150,6 +175,8 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("r2") && err.to_lowercase().contains("crc"), "{err}");
+    let line = err.lines().find(|l| l.starts_with("vmcsnap: error:")).unwrap_or_default();
+    assert_eq!(line.matches("CRC mismatch").count(), 1, "the failed VM's error is given once: {err}");
     let st = env.json(&["status", "--json"]);
     assert!(st["vms"].as_array().is_none_or(|v| v.is_empty()), "nothing of the failed restore runs: {st}");
     eprintln!("the failed restore said: {err}");

@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration;
 
 use vmcsnap_coord::restore::{CohortInput, CohortWorker};
 use vmcsnap_switch::SwitchHandle;
@@ -65,6 +67,41 @@ pub struct Job {
     pub replay: Vec<Vec<u8>>,
     /// Progress lines.
     pub progress: Sender<String>,
+    /// The VMs of the restore that have loaded.
+    pub loaded: Arc<LoadedCount>,
+    /// The injected fault `cohort-fail-when-peers-loaded` for this VM: the
+    /// number of VMs to wait for before failing in place of LOAD_FIN.
+    pub fail_when_loaded: Option<usize>,
+}
+
+/// How many VMs of a cluster restore have loaded (for the injected fault
+/// `cohort-fail-when-peers-loaded`, see `crate::fault`).
+#[derive(Default)]
+pub struct LoadedCount {
+    n: Mutex<usize>,
+    changed: Condvar,
+}
+
+impl LoadedCount {
+    fn add(&self) {
+        *self.n.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        self.changed.notify_all();
+    }
+
+    /// Waits until `all` VMs have loaded (true) or `gate` is decided first
+    /// (false: the restore went on or was abandoned without this VM).
+    fn wait_for(&self, all: usize, gate: &StartGate) -> bool {
+        let mut n = self.n.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if *n >= all {
+                return true;
+            }
+            if gate.is_open() || gate.is_aborted() {
+                return false;
+            }
+            n = self.changed.wait_timeout(n, Duration::from_millis(50)).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
 }
 
 /// What a restore thread did.
@@ -91,6 +128,7 @@ pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
     job.opts.cluster = Some(InCluster { dir: job.dir.clone(), gate: job.gate.clone(), events: ev_tx });
     let (inbox, switch, vm, replay) = (job.inbox.clone(), job.switch.clone(), job.vm.clone(), std::mem::take(&mut job.replay));
     let progress = job.progress.clone();
+    let (loaded, fail_when_loaded, gate) = (job.loaded.clone(), job.fail_when_loaded, job.gate.clone());
     let (result, (started, replayed)) = std::thread::scope(|s| {
         // Restore events → Cohort inputs; the replay once the guest runs.
         let fwd = s.spawn(move || {
@@ -109,7 +147,19 @@ pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
                         replayed = replay_to(&switch, p, &vm, &replay, &progress);
                     }
                     RestoreEvent::Loaded => {
-                        let _ = inbox.send(CohortInput::Loaded);
+                        loaded.add();
+                        match fail_when_loaded {
+                            None => {
+                                let _ = inbox.send(CohortInput::Loaded);
+                            }
+                            Some(all) => {
+                                if loaded.wait_for(all, &gate) {
+                                    let _ = inbox.send(CohortInput::Failed(format!(
+                                        "{vm}: injected fault cohort-fail-when-peers-loaded: failed in place of LOAD_FIN once all {all} VMs had loaded"
+                                    )));
+                                }
+                            }
+                        }
                     }
                     RestoreEvent::Started(us) => {
                         started = Some(us);
@@ -139,7 +189,10 @@ pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
     match result {
         Ok(x) => out.result = Ok(x),
         Err(e) => {
-            let msg = format!("{}: {e}", job.vm);
+            let msg = match e {
+                AgentError::Abandoned { during, .. } => format!("{}: abandoned {during}", job.vm),
+                e => format!("{}: {e}", job.vm),
+            };
             let _ = job.inbox.send(CohortInput::Failed(msg.clone()));
             out.result = Err(msg);
         }

@@ -40,6 +40,7 @@ use vmcsnap_workingset as ws;
 pub use report::{ClusterRestoreReport, VmRestoreReport};
 
 use crate::cluster::Cluster;
+use crate::fault::RestoreFault;
 use crate::restore::{self, WssChoice};
 use crate::{log, AgentError, RunDir};
 
@@ -93,6 +94,8 @@ pub struct Options {
     /// Raise the fault path's CPU priority and lower background loading's
     /// (when permitted; see `restore::Options::priorities`).
     pub priorities: bool,
+    /// Testing: a fault to inject (`crate::fault`).
+    pub fault: Option<RestoreFault>,
 }
 
 /// Restores every VM of a cluster snapshot into a new cluster.
@@ -114,6 +117,15 @@ pub fn restore_cluster(
     let m = check_cluster_committed(&dir)
         .map_err(|e| AgentError::BadRequest(format!("cluster snapshot {:?}: {e} (see `vmcsnap snapshots`)", opts.snapshot)))?;
     let plan = plan(&m, &dir, opts.mode)?;
+    if let Some(RestoreFault::CohortFailWhenPeersLoaded(vm)) = &opts.fault {
+        if !plan.vms.iter().any(|v| &v.name == vm) {
+            return Err(AgentError::BadRequest(format!(
+                "the fault names VM {vm:?}, which is not in cluster snapshot {:?} (its VMs: {})",
+                opts.snapshot,
+                plan.vms.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
     let first = restore::saved_vm(
         &vmcsnap_image::Image::open(&plan.vms[0].dir).map_err(|e| AgentError::BadRequest(e.to_string()))?,
         &opts.snapshot,
@@ -162,6 +174,8 @@ pub fn restore_cluster(
             member.vm.config.remove_runtime_files();
         }
         c.teardown();
+        // The failed VM's error is usually the reason already: once is enough.
+        errors.retain(|e| !reason.contains(e.as_str()));
         let detail = if errors.is_empty() { reason.clone() } else { format!("{reason} ({})", errors.join("; ")) };
         log(format!("cluster restore of {} failed: {detail}", m.name));
         return Err(AgentError::BadRequest(format!("cluster restore failed: {detail}; nothing was left running")));
@@ -298,6 +312,7 @@ fn run_protocol(
         Ok(co) => co,
         Err(e) => return (CoordinatorOutcome::Aborted { reason: format!("restore dependencies: {e}") }, vec![], vec![]),
     };
+    let loaded = Arc::new(cohort::LoadedCount::default());
     std::thread::scope(|s| {
         let mut restores = Vec::new();
         let mut cohorts = Vec::new();
@@ -335,6 +350,11 @@ fn run_protocol(
                 cluster: c.spec.cluster.name.clone(),
                 replay: replay.remove(&v.name).unwrap_or_default(),
                 progress: ptx.clone(),
+                loaded: loaded.clone(),
+                fail_when_loaded: match &opts.fault {
+                    Some(RestoreFault::CohortFailWhenPeersLoaded(vm)) if vm == &v.name => Some(plan.vms.len()),
+                    _ => None,
+                },
             };
             restores.push(s.spawn(move || cohort::restore_thread(run, job)));
             let mut worker = cohort::Worker { cmds: cmd_tx, gate };

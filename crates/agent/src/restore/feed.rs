@@ -76,6 +76,18 @@ enum Phase {
     Running,
 }
 
+impl Phase {
+    /// Where an abandoned restore was, for its error.
+    fn during(self) -> &'static str {
+        match self {
+            Phase::Loading => "while loading its working set",
+            Phase::Preparing => "while QEMU loaded its device state",
+            Phase::Ready => "while paused, loaded and waiting for START",
+            Phase::Starting | Phase::Running => "while starting",
+        }
+    }
+}
+
 /// What the feeding thread saw on the way.
 #[derive(Default)]
 struct Started {
@@ -215,7 +227,7 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
                     start_requested = true;
                 }
                 Ok((Input::Gate { opened: false }, _)) => {
-                    st.failure.get_or_insert_with(|| AgentError::Abandoned { vm: name.clone() });
+                    st.failure.get_or_insert_with(|| AgentError::Abandoned { vm: name.clone(), during: phase.during() });
                     break;
                 }
                 Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
