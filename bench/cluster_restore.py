@@ -9,7 +9,8 @@ each restore is measured from `restore --cluster --json` and the cluster is torn
 Recorded: per-VM latency, backoff (HotRestore's approximation), disruption, pages loaded first,
 demand faults, frames replayed, RetransSegs growth (and of it the tail loss probes, the duplicate
 SACKs received: retransmissions the peer already had, and the rest: an upper bound on segments lost), the longest gap between pingpong replies the guests saw; per run their
-average/median/max.
+average/median/max. As a control, the same counters' growth over 4 guest seconds of steady running a
+few seconds after each restore (same guests, connections and host load, no restore in the window).
 
 Goals (issue text): with the restore line, average backoff <= 20 ms and max <= 50 ms, and average
 disruption <= 0.5x workingset-restore's.
@@ -30,6 +31,52 @@ import benchlib  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VMCSNAP = os.path.join(ROOT, "target", "release", "vmcsnap")
 MODES = ["eager", "eager-rl", "workingset-restore", "hotrestore", "hotrestore-rl"]
+
+
+# The control window (guest seconds; the restore's own window, from the cut to the third stat line
+# after the restore, is about 3) and how long after the restore it ends (host seconds).
+STEADY_WINDOW_S = 4
+STEADY_SETTLE_S = 8
+
+
+def stat_lines(run_dir, vm):
+    """The restored guest's `vmcsnap-stat` lines as dicts of ints (uptime as float), oldest first,
+    from the last run of increasing uptimes in its console log."""
+    try:
+        with open(os.path.join(run_dir, "cluster", vm, "console.log"), errors="replace") as f:
+            lines = [l for l in f.read().splitlines() if l.startswith("vmcsnap-stat ")]
+    except OSError:
+        return []
+    out = []
+    for l in reversed(lines):
+        d = {}
+        for kv in l.split()[1:]:
+            k, _, v = kv.partition("=")
+            try:
+                d[k] = float(v) if k == "uptime" else int(v)
+            except ValueError:
+                pass
+        if "uptime" not in d or (out and d["uptime"] >= out[-1]["uptime"]):
+            break  # an earlier boot's lines
+        out.append(d)
+    return out[::-1]
+
+
+def steady_growth(run_dir, vms, window_s):
+    """Per VM, the growth of RetransSegs, tail loss probes and duplicate SACKs between its last stat
+    line and the newest one at least `window_s` guest seconds before it (None if there is none)."""
+    out = {}
+    for vm in vms:
+        ls = stat_lines(run_dir, vm)
+        if not ls:
+            out[vm] = None
+            continue
+        last = ls[-1]
+        first = next((l for l in reversed(ls) if l["uptime"] <= last["uptime"] - window_s), None)
+        out[vm] = None if first is None else {
+            "window_s": round(last["uptime"] - first["uptime"], 2),
+            **{k: last[k] - first[k] for k in ("retrans", "tlp", "dsack") if k in last and k in first}}
+    return out
 
 
 def run(run_dir, *args):
@@ -116,6 +163,11 @@ def main():
                            "backoff_max_ms": r["backoff_max_ms"], "latency_avg_ms": r["latency_avg_ms"],
                            "disruption_avg_ms": r["disruption_avg_ms"], "vms": r["vms"],
                            "snapshot_channel_frames": snap["channel_state_frames"]}
+                    # Control: the same guests' TCP counters over STEADY_WINDOW_S of guest time
+                    # with no restore in it, STEADY_SETTLE_S after the restore (the same host, load
+                    # and connections): what grows anyway, for "does not grow because of the restore".
+                    time.sleep(STEADY_SETTLE_S)
+                    row["steady"] = steady_growth(run_dir, [v["vm"] for v in r["vms"]], STEADY_WINDOW_S)
                     results["runs"].append(row)
                     print(f"{n} VMs {mode:18} rep {rep}: latency {row['latency_avg_ms']:.0f} ms, backoff "
                           f"{row['backoff_avg_ms']:.1f}/{row['backoff_max_ms']:.1f} ms, disruption "
@@ -149,6 +201,11 @@ def main():
                  "tlp_growth": [sum((v.get("tcp_growth") or {}).get("tlp") or 0 for v in r["vms"]) for r in good],
                  "dsack_growth": [sum((v.get("tcp_growth") or {}).get("dsack") or 0 for v in r["vms"]) for r in good],
                  "lost_segments": [sum(benchlib.lost(v.get("tcp_growth")) for v in r["vms"]) for r in good],
+                 # Control: the growth over STEADY_WINDOW_S of the same guests' running, no restore in it.
+                 "steady_retrans_growth": [sum((g or {}).get("retrans", 0) for g in (r.get("steady") or {}).values())
+                                           for r in good],
+                 "steady_dsack_growth": [sum((g or {}).get("dsack", 0) for g in (r.get("steady") or {}).values())
+                                         for r in good],
                  # The longest pause between two pingpong replies any client saw after the restore.
                  "guest_max_gap_ms": [max([v.get("guest_max_gap_ms") or 0 for v in r["vms"]]) for r in good]}
             if mode == "workingset-restore":
@@ -159,7 +216,9 @@ def main():
             print(f"{n:>3} {mode:<19} {s['ok']:>4} {s['latency_avg_ms']:>8.0f} {s['backoff_avg_ms']:>11.1f} "
                   f"{s['backoff_max_ms']:>11.1f} {s['disruption_avg_ms']:>10.0f} "
                   f"{(f'{ratio:.2f}' if ratio else '-'):>13}  retrans growth per run {s['retrans_growth']} "
-                  f"(TLP {s['tlp_growth']}, DSACK {s['dsack_growth']}, lost {s['lost_segments']}), "
+                  f"(TLP {s['tlp_growth']}, DSACK {s['dsack_growth']}, lost {s['lost_segments']}); "
+                  f"in {STEADY_WINDOW_S} s of steady running {s['steady_retrans_growth']} "
+                  f"(DSACK {s['steady_dsack_growth']}), "
                   f"guest max gap ms per run {s['guest_max_gap_ms']}")
     with open(os.path.join(a.out, "cluster_restore.json"), "w") as f:
         json.dump(results, f, indent=1)
