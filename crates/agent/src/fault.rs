@@ -11,6 +11,7 @@
 //! |---|---|
 //! | `capture-error-after=BYTES` | reads BYTES of QEMU's stream, then fails as a full disk would |
 //! | `capture-stall-after=BYTES` | reads BYTES, then stops reading without closing, as a hung disk would |
+//! | `commit-stall-deadline=SECONDS` | the image's commit hangs (as fsync on a hung disk) until the agent gives up on it, after SECONDS |
 //!
 //! A cluster restore may carry a [`RestoreFault`] (the CLI's hidden
 //! `vmcsnap restore --cluster SNAP --inject-fault FAULT`):
@@ -38,11 +39,13 @@ pub enum Fault {
     CaptureErrorAfter(u64),
     /// Stop reading (without closing) after this many bytes.
     CaptureStallAfter(u64),
+    /// The commit hangs until given up on, after this many seconds.
+    CommitStall(u64),
 }
 
 /// A FAULT that is not one of the documented ones.
 #[derive(Debug, thiserror::Error)]
-#[error("{value:?} is not a fault vmcsnap can inject; use capture-error-after=BYTES or capture-stall-after=BYTES")]
+#[error("{value:?} is not a fault vmcsnap can inject; use capture-error-after=BYTES, capture-stall-after=BYTES or commit-stall-deadline=SECONDS")]
 pub struct BadFault {
     value: String,
 }
@@ -57,6 +60,7 @@ impl std::str::FromStr for Fault {
         match kind.trim() {
             "capture-error-after" => Ok(Fault::CaptureErrorAfter(n)),
             "capture-stall-after" => Ok(Fault::CaptureStallAfter(n)),
+            "commit-stall-deadline" => Ok(Fault::CommitStall(n)),
             _ => Err(bad()),
         }
     }
@@ -106,7 +110,7 @@ impl<R: Read> FaultyReader<R> {
 impl<R: Read> Read for FaultyReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let limit = match self.fault {
-            None => return self.inner.read(buf),
+            None | Some(Fault::CommitStall(_)) => return self.inner.read(buf),
             Some(Fault::CaptureErrorAfter(n) | Fault::CaptureStallAfter(n)) => n,
         };
         if self.read >= limit {
@@ -132,6 +136,7 @@ mod tests {
     fn parses_the_documented_faults_and_refuses_the_rest() {
         assert_eq!("capture-error-after=4096".parse::<Fault>().unwrap(), Fault::CaptureErrorAfter(4096));
         assert_eq!("capture-stall-after=0".parse::<Fault>().unwrap(), Fault::CaptureStallAfter(0));
+        assert_eq!("commit-stall-deadline=3".parse::<Fault>().unwrap(), Fault::CommitStall(3));
         for bad in ["capture-error-after", "capture-error-after=x", "disk-full=1", ""] {
             let e = bad.parse::<Fault>().unwrap_err().to_string();
             assert!(e.contains("not a fault") && e.contains("capture-error-after=BYTES"), "{bad}: {e}");

@@ -68,8 +68,15 @@ impl Captured {
     /// of every file, manifest last, rename; see the image format's commit
     /// protocol).
     pub fn commit(self) -> Result<CommittedInfo, CaptureError> {
+        self.commit_unless(&std::sync::atomic::AtomicBool::new(false))
+    }
+
+    /// [`commit`](Self::commit) unless `cancelled` is set before the
+    /// snapshot is renamed into place (see
+    /// [`ImageWriter::commit_unless`](vmcsnap_image::ImageWriter::commit_unless)).
+    pub fn commit_unless(self, cancelled: &std::sync::atomic::AtomicBool) -> Result<CommittedInfo, CaptureError> {
         let Captured { writer, stats } = self;
-        let committed = writer.commit()?;
+        let committed = writer.commit_unless(cancelled)?;
         Ok(CommittedInfo {
             path: committed.path,
             manifest: committed.manifest,

@@ -96,6 +96,9 @@ pub enum WriteError {
     /// An earlier I/O error left the writer unusable.
     #[error("an earlier write failed; this snapshot cannot be committed (drop the writer)")]
     Poisoned,
+    /// [`ImageWriter::commit_unless`] was cancelled before the rename.
+    #[error("the commit was cancelled before the snapshot was renamed into place; nothing was committed")]
+    Cancelled,
 }
 
 /// What a snapshot is of; goes into the manifest.

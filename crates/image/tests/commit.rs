@@ -123,3 +123,20 @@ fn commit_does_not_clobber_an_existing_snapshot() {
     assert_eq!(img.device_state().unwrap(), b"second");
     assert_eq!(fs::read_dir(root).unwrap().count(), 1);
 }
+
+#[test]
+fn a_cancelled_commit_leaves_nothing() {
+    use std::sync::atomic::AtomicBool;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let mut w = ImageWriter::create(&root.join("s"), meta(&[])).unwrap();
+    w.set_device_state(b"state").unwrap();
+    let e = w.commit_unless(&AtomicBool::new(true)).unwrap_err();
+    assert!(matches!(e, vmcsnap_image::WriteError::Cancelled), "{e}");
+    assert!(e.to_string().contains("nothing was committed"), "{e}");
+    assert_eq!(fs::read_dir(root).unwrap().count(), 0, "no snapshot, no temporary directory");
+    let mut w = ImageWriter::create(&root.join("s"), meta(&[])).unwrap();
+    w.set_device_state(b"state").unwrap();
+    w.commit_unless(&AtomicBool::new(false)).unwrap();
+    assert!(check_committed(&root.join("s")).is_ok());
+}

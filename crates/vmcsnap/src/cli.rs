@@ -86,7 +86,8 @@ pub enum Command {
         #[arg(long, hide = true, value_name = "PATH", conflicts_with = "cluster")]
         reference: Option<PathBuf>,
         /// Testing: make this snapshot's capture fail (capture-error-after=BYTES) or stop
-        /// reading (capture-stall-after=BYTES) part-way, to check what a failure leaves.
+        /// reading (capture-stall-after=BYTES) part-way, or its commit hang until given up on
+        /// after SECONDS (commit-stall-deadline=SECONDS), to check what a failure leaves.
         #[arg(long, hide = true, value_name = "FAULT", conflicts_with = "cluster")]
         inject_fault: Option<String>,
         /// With --cluster: cut each VM once its QEMU read everything sent to it, without

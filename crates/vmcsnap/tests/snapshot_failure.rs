@@ -8,7 +8,8 @@
 //! paused for the whole 600 s migration timeout; one that stalled in QEMU's
 //! completion phase (QEMU writing with its main loop locked) left QMP
 //! silent for 120 s; and one that stalled after QEMU had written its last
-//! byte held the snapshot request, and with it the agent, forever.
+//! byte held the snapshot request, and with it the agent, forever. So did
+//! a commit whose fsync never returned (now given up on at a deadline).
 
 mod common;
 
@@ -120,6 +121,13 @@ fn a_snapshot_whose_capture_fails_or_stalls_leaves_the_guest_running_and_nothing
         let fault = format!("capture-stall-after={at}");
         let err = failing_snapshot(&env, mode, &format!("stall-{mode}"), &fault);
         assert!(err.contains("made no progress") && err.contains("hung"), "{mode} {fault}: {err}");
+    }
+    // A commit that hangs (fsync on a hung disk) is given up on at its
+    // deadline: the request, and with it the agent, is not held; the
+    // image is not committed, now or later.
+    for mode in ["hot", "stop-copy"] {
+        let err = failing_snapshot(&env, mode, &format!("commit-stall-{mode}"), "commit-stall-deadline=3");
+        assert!(err.contains("did not finish within 3s") && err.contains("hung"), "{mode}: {err}");
     }
     good_snapshot(&env, "stop-copy", "ok-after-stalls");
 

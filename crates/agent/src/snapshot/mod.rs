@@ -35,6 +35,7 @@ use serde_json::{json, Value};
 use vmcsnap_capture::{capture, CaptureMode, CaptureOptions, Captured, DiskRef, Phase};
 
 mod capture_thread;
+mod commit_watch;
 mod qemu_steps;
 
 use capture_thread::CaptureThread;
@@ -357,7 +358,9 @@ pub fn snapshot(
             m.other.insert("wss_samples".into(), json!(samples.len()));
         }
     }
-    let committed = match captured.commit() {
+    let deadline = commit_watch::deadline_for(stats.stream_bytes);
+    let vm_name = vm.name.clone();
+    let committed = match commit_watch::commit_within(captured, deadline, opts.fault, &mut |m| progress(&format!("{vm_name}: {m}"))) {
         Ok(c) => c,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&disks_dir);

@@ -6,6 +6,7 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{Committed, ImageWriter, WriteError};
@@ -18,10 +19,24 @@ use crate::trace::{encode_trace, TRACE_FAFL};
 impl ImageWriter {
     /// Finishes every file, writes the manifest, and atomically renames the
     /// temporary directory to its final name (see the module docs).
-    pub fn commit(mut self) -> Result<Committed, WriteError> {
+    pub fn commit(self) -> Result<Committed, WriteError> {
+        self.commit_unless(&AtomicBool::new(false))
+    }
+
+    /// [`commit`](Self::commit), unless `cancelled` is set before the
+    /// rename: then nothing is committed, the temporary directory is
+    /// removed, and the result is [`WriteError::Cancelled`]. For a caller
+    /// that stops waiting for a commit stuck on a hung disk: if the disk
+    /// ever answers, the snapshot it gave up on does not appear.
+    pub fn commit_unless(mut self, cancelled: &AtomicBool) -> Result<Committed, WriteError> {
         if self.poisoned {
             return Err(WriteError::Poisoned);
         }
+        let check = || match cancelled.load(Ordering::SeqCst) {
+            true => Err(WriteError::Cancelled),
+            false => Ok(()),
+        };
+        check()?;
         let Some(device_len) = self.device_len else {
             return Err(WriteError::MissingDeviceState);
         };
@@ -87,6 +102,7 @@ impl ImageWriter {
             f.sync_all()?;
             sync_dir(&w.tmp_dir)
         })?;
+        check()?;
         if self.final_dir.exists() {
             return Err(WriteError::Exists(self.final_dir.clone()));
         }
