@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use vmcsnap_control::{StatusResult, UpResult, VmStatus, VmUp};
 use vmcsnap_spec::{ClusterSpec, VmAddress};
-use vmcsnap_switch::{PortId, Switch, SwitchHandle};
+use vmcsnap_switch::{PortId, Switch, SwitchConfig, SwitchHandle};
 
 use crate::accel::{self, Resolved};
 use crate::qemu::{self, QemuConfig};
@@ -155,7 +155,7 @@ impl Cluster {
             // logs remain there after a clean `down`.
             std::fs::remove_dir_all(&cluster_dir).map_err(AgentError::io("removing", &cluster_dir))?;
         }
-        let switch = Switch::start()?;
+        let switch = Switch::start_with(switch_config())?;
         Ok(Cluster { spec, accel, members: Vec::new(), switch, run: run.clone() })
     }
 
@@ -306,4 +306,27 @@ fn last_lines(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     let start = lines.len().saturating_sub(n);
     lines[start..].iter().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n")
+}
+
+/// The environment variable naming a directory to capture every VM's
+/// traffic into (docs/architecture.md, "Capturing the traffic").
+pub const PCAP_DIR_ENV: &str = "VMCSNAP_PCAP_DIR";
+
+/// The switch's settings: with `VMCSNAP_PCAP_DIR` set (in the agent's
+/// environment, which the CLI's on-demand agent inherits), every frame of
+/// every VM goes to `<dir>/<vm>.pcap` as well.
+pub fn switch_config() -> SwitchConfig {
+    let capture_dir = std::env::var_os(PCAP_DIR_ENV).filter(|d| !d.is_empty()).map(PathBuf::from).and_then(|d| {
+        match std::fs::create_dir_all(&d) {
+            Ok(()) => {
+                log(format!("capturing every VM's traffic into {} ({PCAP_DIR_ENV})", d.display()));
+                Some(d)
+            }
+            Err(e) => {
+                log(format!("{PCAP_DIR_ENV}={}: cannot create it, not capturing: {e}", d.display()));
+                None
+            }
+        }
+    });
+    SwitchConfig { capture_dir, ..SwitchConfig::default() }
 }

@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use vmcsnap_spec::{ClusterSpec, VmAddress};
-use vmcsnap_switch::{FrozenState, PortId, Switch, SwitchConfig};
+use vmcsnap_switch::{FrozenState, PortId, Switch};
 
 use crate::accel::Resolved;
 use crate::cluster::{Cluster, Member};
@@ -131,7 +131,7 @@ pub fn exec_restart(
     let _ = set_cloexec(listener.as_raw_fd(), true);
     let _ = std::fs::remove_file(&path);
     if let (Some(f), Some(st)) = (frozen, h.cluster) {
-        match f.resume(SwitchConfig::default()) {
+        match f.resume(crate::cluster::switch_config()) {
             Ok(switch) => {
                 let members = st.members.into_iter().map(adopt).collect();
                 *cluster = Some(Cluster::from_parts(st.spec, st.accel, members, switch, run.clone()));
@@ -166,7 +166,7 @@ pub fn resume(run: &RunDir, path: &Path) -> Result<(UnixListener, Option<Cluster
     let cluster = match h.cluster {
         None => None,
         Some(st) => {
-            let switch = Switch::thaw(st.switch, SwitchConfig::default())?;
+            let switch = Switch::thaw(st.switch, crate::cluster::switch_config())?;
             let members = st.members.into_iter().map(adopt).collect();
             Some(Cluster::from_parts(st.spec, st.accel, members, switch, run.clone()))
         }

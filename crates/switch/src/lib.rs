@@ -37,6 +37,9 @@
 //!   [`cut`](SwitchHandle::cut), [`release`](SwitchHandle::release),
 //!   [`end_cut_session`](SwitchHandle::end_cut_session)).
 //!
+//! - [`pcap`]: optional packet capture, one pcap file per port
+//!   ([`SwitchConfig::capture_dir`]).
+//!
 //! Beside them, [`handover`] freezes the running switch
 //! ([`SwitchHandle::freeze`]) and thaws it in a new process image after the
 //! agent `execve`s itself ([`Switch::thaw`]), keeping every connection and
@@ -90,6 +93,7 @@ pub mod error;
 pub mod framing;
 pub mod handover;
 pub mod mediator;
+pub mod pcap;
 pub mod server;
 mod sockq;
 pub mod stats;

@@ -19,6 +19,7 @@ use super::listen::{self, FileId};
 use super::{Command, DrainState, SwitchConfig};
 use crate::core::{PortId, SwitchCore};
 use crate::error::{Result, SwitchError};
+use crate::pcap::PcapFile;
 use crate::stats::{PortStats, SwitchStats};
 
 pub(crate) const WAKER: Token = Token(usize::MAX);
@@ -64,6 +65,53 @@ pub(crate) struct EventLoop {
     max_log_bytes: usize,
     /// Where the active cut session reports triggered ports.
     triggers: Option<Sender<PortId>>,
+    /// Packet capture (see [`crate::pcap`]), if configured.
+    capture: Option<Capture>,
+}
+
+/// The open capture files, one per port, opened at the port's first frame.
+struct Capture {
+    dir: PathBuf,
+    files: HashMap<PortId, PcapFile>,
+    /// Ports whose file failed (warned once, not retried).
+    failed: BTreeSet<PortId>,
+}
+
+impl Capture {
+    /// Records `frame`, which passed `port` at `unix_us`.
+    fn record(&mut self, core: &SwitchCore, port: PortId, unix_us: u64, frame: &[u8]) {
+        if self.failed.contains(&port) {
+            return;
+        }
+        if !self.files.contains_key(&port) {
+            let name = core.port(port).map_or_else(|| format!("port{}", port.as_u32()), |v| v.name.to_string());
+            let path = crate::pcap::free_path(&self.dir, &name);
+            match PcapFile::create(&path) {
+                Ok(f) => {
+                    self.files.insert(port, f);
+                }
+                Err(e) => {
+                    log::warn!("{port}: capture to {} failed, not capturing this port: {e}", path.display());
+                    self.failed.insert(port);
+                    return;
+                }
+            }
+        }
+        if let Some(f) = self.files.get_mut(&port) {
+            if let Err(e) = f.write(unix_us, frame) {
+                log::warn!("{port}: writing its capture failed, closing it: {e}");
+                self.files.remove(&port);
+                self.failed.insert(port);
+            }
+        }
+    }
+
+    /// Flushes and closes `port`'s file.
+    fn close(&mut self, port: PortId) {
+        if let Some(mut f) = self.files.remove(&port) {
+            let _ = f.flush();
+        }
+    }
 }
 
 /// Current unix time in µs.
@@ -94,6 +142,7 @@ impl EventLoop {
             read_buf: vec![0; 64 << 10],
             max_log_bytes: config.max_log_bytes,
             triggers: None,
+            capture: config.capture_dir.clone().map(|dir| Capture { dir, files: HashMap::new(), failed: BTreeSet::new() }),
         }
     }
 
@@ -287,6 +336,9 @@ impl EventLoop {
         let mut io = self.ports.remove(&port).expect("checked above");
         let _ = self.poll.registry().deregister(&mut io.listener);
         listen::unlink_if_same(&io.path, io.file_id);
+        if let Some(c) = self.capture.as_mut() {
+            c.close(port);
+        }
         self.core.remove_port(port);
         Ok(())
     }
@@ -454,12 +506,16 @@ impl EventLoop {
                 }
             };
             conn.decoder.feed(&self.read_buf[..n]);
-            self.core.set_now(unix_us());
+            let now = unix_us();
+            self.core.set_now(now);
             let bad = loop {
                 match conn.decoder.next_frame() {
                     Ok(Some(frame)) => {
                         count.frames += 1;
                         count.bytes += frame.len() as u64;
+                        if let Some(c) = self.capture.as_mut() {
+                            c.record(&self.core, port, now, frame);
+                        }
                         let decision = self.core.receive(port, frame);
                         self.dirty.extend(decision.targets());
                     }
@@ -498,13 +554,17 @@ impl EventLoop {
         let Some(conn) = self.ports.get_mut(&port).and_then(|io| io.conn.as_mut()) else {
             return;
         };
-        self.core.set_now(unix_us());
+        let now = unix_us();
+        self.core.set_now(now);
         let failed = loop {
             if conn.out.is_empty() {
                 while conn.out.pending_bytes() < WRITE_BATCH {
                     let Some(frame) = self.core.pop_tx(port) else {
                         break;
                     };
+                    if let Some(c) = self.capture.as_mut() {
+                        c.record(&self.core, port, now, &frame.data);
+                    }
                     if conn.out.push(frame).is_err() {
                         self.core.record_drops(port, 1);
                     }

@@ -85,6 +85,9 @@ pub struct SwitchConfig {
     /// frames beyond it are delivered unlogged and counted in
     /// [`SessionStats::log_overflow`].
     pub max_log_bytes: usize,
+    /// Capture every frame of every port into `<dir>/<port name>.pcap`
+    /// (see [`crate::pcap`]); `None` (default): no capture.
+    pub capture_dir: Option<PathBuf>,
 }
 
 impl Default for SwitchConfig {
@@ -93,6 +96,7 @@ impl Default for SwitchConfig {
             max_queue_bytes: DEFAULT_MAX_QUEUE_BYTES,
             max_macs: DEFAULT_MAX_MACS,
             max_log_bytes: DEFAULT_MAX_LOG_BYTES,
+            capture_dir: None,
         }
     }
 }

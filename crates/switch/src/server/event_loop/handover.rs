@@ -16,6 +16,12 @@ impl EventLoop {
     /// Takes every socket and the whole state out of the loop, which is left
     /// without ports (so its shutdown closes and unlinks nothing).
     pub(super) fn freeze(&mut self) -> FrozenSwitch {
+        // The capture files do not cross the exec: write them out.
+        if let Some(c) = self.capture.as_mut() {
+            for f in c.files.values_mut() {
+                let _ = f.flush();
+            }
+        }
         // Frames of the current write batch not started yet go back to the
         // head of their queue; only a partly written one stays behind.
         for (&id, io) in self.ports.iter_mut() {
