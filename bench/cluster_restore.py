@@ -21,7 +21,7 @@ per mode and cluster size, like HotRestore's figure 7, for the last run of each)
 A mode written M:nopri runs M with `--no-priorities` (every thread at the same CPU priority), to
 measure the fault-path/background priorities side by side, e.g. --modes hotrestore-rl,hotrestore-rl:nopri.
 
-Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--modes M,M] [--spec spread|small] [--bin PATH] [--out DIR] [--replot]
+Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--modes M,M] [--spec spread|small] [--bin PATH] [--out DIR] [--pcap DIR] [--replot]
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile, time
 
@@ -122,6 +122,9 @@ def main():
     ap.add_argument("--spec", default="spread", choices=["spread", "small"],
                     help="working sets: spread (a few MiB to ~100 MiB, default) or small (all a few MiB)")
     ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON in --out")
+    ap.add_argument("--pcap", metavar="DIR",
+                    help="capture every VM's traffic into DIR (VMCSNAP_PCAP_DIR); then bench/restore_pcap.py "
+                         "OUT/cluster_restore.json DIR shows what TCP did after each restore")
     a = ap.parse_args()
     if a.replot:
         with open(os.path.join(a.out, "cluster_restore.json")) as f:
@@ -130,6 +133,8 @@ def main():
     if a.bin:
         VMCSNAP = os.path.abspath(a.bin)
     modes = [m for m in a.modes.split(",") if m]
+    if a.pcap:
+        os.environ["VMCSNAP_PCAP_DIR"] = os.path.abspath(a.pcap)  # the agent `up` starts inherits it
     os.makedirs(a.out, exist_ok=True)
     results = {"command": " ".join(sys.argv), "spec": a.spec, "runs": [], "summary": []}
     for n in [int(x) for x in a.vms.split(",")]:

@@ -64,8 +64,11 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
         assert_eq!(r["edges"], g["edges"], "{mode}: the graph inspect showed");
         let vms = r["vms"].as_array().unwrap();
         assert_eq!(vms.len(), 4, "{mode}: {r}");
+        let now_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64;
         for v in vms {
             assert!(v["latency_ms"].as_f64().unwrap() > 0.0, "{mode}: {v}");
+            let started = v["started_unix_us"].as_u64().expect("the guest's start time");
+            assert!(started <= now_us && now_us - started < 600_000_000, "{mode}: a start time of this restore: {v}");
             // Eager loads everything first. A working set may be empty: it
             // holds the pages the guest wrote during the snapshot, and a
             // guest starved of CPU for those ~100 ms may write none (seen

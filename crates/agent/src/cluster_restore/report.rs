@@ -29,6 +29,9 @@ pub struct VmRestoreReport {
     pub vm: String,
     /// Request to guest running.
     pub latency_ms: f64,
+    /// When the guest started (its RESUME event), unix µs: to line the
+    /// restore up with other records of it, e.g. a packet capture.
+    pub started_unix_us: Option<u64>,
     /// When the Coordinator's START reached this VM's source (`None` in
     /// modes without a restore line).
     pub start_received_ms: Option<f64>,
@@ -177,6 +180,7 @@ pub fn build(
         vms.push(VmRestoreReport {
             vm: name,
             latency_ms: start,
+            started_unix_us: *started,
             start_received_ms: rep.start_received_ms.map(|t| t + offset),
             run_sent_ms: rep.run_sent_ms + offset,
             backoff_ms: backoff,
