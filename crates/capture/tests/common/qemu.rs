@@ -236,6 +236,7 @@ impl Drop for Vm {
 struct Qmp {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
+    next_id: u64,
 }
 
 impl Qmp {
@@ -259,6 +260,7 @@ impl Qmp {
         let mut q = Qmp {
             reader: BufReader::new(stream.try_clone().unwrap()),
             writer: stream,
+            next_id: 0,
         };
         q.line(); // greeting
         q.cmd("qmp_capabilities", json!({}));
@@ -272,11 +274,20 @@ impl Qmp {
     }
 
     fn cmd(&mut self, name: &str, args: Value) -> Value {
-        let msg = json!({"execute": name, "arguments": args});
+        self.next_id += 1;
+        let id = self.next_id;
+        let msg = json!({"execute": name, "arguments": args, "id": id});
         writeln!(self.writer, "{msg}").unwrap();
         loop {
             let v = self.line();
             if v.get("event").is_some() {
+                continue;
+            }
+            // As the agent's QMP client does. Regression: CI once saw
+            // query-status answered with a query-migrate reply (the
+            // precopy test, 2026-11-24; not reproduced in 6 reruns).
+            if v.get("id").and_then(Value::as_u64) != Some(id) {
+                eprintln!("QMP {name} (id {id}): skipping a reply to another command: {v}");
                 continue;
             }
             if let Some(e) = v.get("error") {
