@@ -41,8 +41,13 @@ pub const LINKTYPE_ETHERNET: u32 = 1;
 const FLUSH_EVERY_US: u64 = 100_000;
 
 /// `<dir>/<name>.pcap`, or the first `<dir>/<name>.<n>.pcap` that does not
-/// exist.
+/// exist. Characters of `name` other than ASCII letters, digits, `-` and `_`
+/// become `_`, so a port name cannot leave `dir`.
 pub fn free_path(dir: &Path, name: &str) -> PathBuf {
+    let name: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .collect();
     let first = dir.join(format!("{name}.pcap"));
     if !first.exists() {
         return first;
@@ -119,6 +124,7 @@ mod tests {
             .collect();
         let file = |p: &PathBuf| p.file_name().unwrap().to_string_lossy().into_owned();
         assert_eq!(names.iter().map(file).collect::<Vec<_>>(), ["vm1.pcap", "vm1.1.pcap", "vm1.2.pcap"]);
+        assert_eq!(free_path(dir.path(), "../x/.y"), dir.path().join("___x__y.pcap"), "a port name stays in the directory");
     }
 
     #[test]
