@@ -25,16 +25,31 @@ import argparse, glob, json, os, struct, sys
 
 
 def records(path):
-    """(unix µs, frame) of a classic pcap file (microsecond, little endian)."""
+    """(unix µs, outbound, frame) of the packets of a pcapng file as vmcsnap's switch writes it
+    (little endian, one Ethernet interface, microsecond time stamps, epb_flags with the direction:
+    outbound = sent by the VM)."""
     with open(path, "rb") as f:
         b = f.read()
-    if len(b) < 24 or struct.unpack_from("<I", b, 0)[0] != 0xA1B2C3D4:
-        raise SystemExit(f"{path}: not a microsecond pcap file")
-    at, out = 24, []
-    while at + 16 <= len(b):
-        sec, usec, incl, _ = struct.unpack_from("<IIII", b, at)
-        out.append((sec * 1_000_000 + usec, b[at + 16:at + 16 + incl]))
-        at += 16 + incl
+    if len(b) < 12 or struct.unpack_from("<II", b, 0)[0] != 0x0A0D0D0A or struct.unpack_from("<I", b, 8)[0] != 0x1A2B3C4D:
+        raise SystemExit(f"{path}: not a little-endian pcapng file")
+    at, out = 0, []
+    while at + 12 <= len(b):
+        kind, length = struct.unpack_from("<II", b, at)
+        if length < 12 or at + length > len(b):
+            break  # a block cut short (the capture was still being written)
+        if kind == 6:  # enhanced packet block
+            hi, lo, incl = struct.unpack_from("<III", b, at + 12)
+            frame = b[at + 28:at + 28 + incl]
+            opts, flags = at + 28 + (incl + 3) // 4 * 4, 0
+            while opts + 4 <= at + length - 4:
+                code, olen = struct.unpack_from("<HH", b, opts)
+                if code == 0:
+                    break
+                if code == 2 and olen == 4:
+                    flags = struct.unpack_from("<I", b, opts + 4)[0]
+                opts += 4 + (olen + 3) // 4 * 4
+            out.append(((hi << 32) | lo, flags & 3 == 2, frame))
+        at += length
     return out
 
 
@@ -77,7 +92,7 @@ def before(a, b):
 def capture_for(pcap_dir, vm, at_us):
     """The capture file of `vm`'s port whose records span `at_us` (a restored port's first frame
     comes at the start: QEMU announces the VM on its virtual clock, which runs from the start)."""
-    for path in sorted(glob.glob(os.path.join(pcap_dir, f"{vm}.pcap")) + glob.glob(os.path.join(pcap_dir, f"{vm}.*.pcap"))):
+    for path in sorted(glob.glob(os.path.join(pcap_dir, f"{vm}.pcapng")) + glob.glob(os.path.join(pcap_dir, f"{vm}.*.pcapng"))):
         r = records(path)
         if r and r[0][0] - 2_000_000 <= at_us <= r[-1][0]:
             return path, r
@@ -88,15 +103,10 @@ WINDOW_MS = 3000  # about the window of the restore's RetransSegs growth (the cu
 
 
 def analyse(vm, start_us, recs):
-    own = {}
-    for _, f in recs:  # the VM's MAC: the one on every frame of its port but floods
-        for m in (f[0:6], f[6:12]):
-            own[m] = own.get(m, 0) + 1
-    me = max(own, key=own.get)
     row = {"vm": vm, "first_out_ms": None, "first_in_ms": None, "reply_ms": None, "spurious": []}
     sent = []  # (t, flow, seq, end) of data segments the VM sent after its start
     first_in = None  # (t, flow) of the first segment handed to it
-    for ts, f in recs:
+    for ts, outbound, f in recs:
         if ts < start_us:
             continue
         ms = round((ts - start_us) / 1000, 1)
@@ -105,7 +115,7 @@ def analyse(vm, start_us, recs):
         p = tcp(f)
         if not p:
             continue
-        if f[6:12] == me:
+        if outbound:
             row["first_out_ms"] = row["first_out_ms"] if row["first_out_ms"] is not None else ms
             back = (p["flow"][2], p["flow"][3], p["flow"][0], p["flow"][1])
             if first_in and row["reply_ms"] is None and first_in[1] == back:

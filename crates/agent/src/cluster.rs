@@ -314,7 +314,7 @@ pub const PCAP_DIR_ENV: &str = "VMCSNAP_PCAP_DIR";
 
 /// The switch's settings: with `VMCSNAP_PCAP_DIR` set (in the agent's
 /// environment, which the CLI's on-demand agent inherits), every frame of
-/// every VM goes to `<dir>/<vm>.pcap` as well.
+/// every VM goes to `<dir>/<vm>.pcapng` as well.
 pub fn switch_config() -> SwitchConfig {
     let capture_dir = std::env::var_os(PCAP_DIR_ENV).filter(|d| !d.is_empty()).map(PathBuf::from).and_then(|d| {
         match std::fs::create_dir_all(&d) {

@@ -37,7 +37,7 @@
 //!   [`cut`](SwitchHandle::cut), [`release`](SwitchHandle::release),
 //!   [`end_cut_session`](SwitchHandle::end_cut_session)).
 //!
-//! - [`pcap`]: optional packet capture, one pcap file per port
+//! - [`pcap`]: optional packet capture, one pcapng file per port
 //!   ([`SwitchConfig::capture_dir`]).
 //!
 //! Beside them, [`handover`] freezes the running switch

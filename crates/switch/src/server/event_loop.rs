@@ -19,7 +19,7 @@ use super::listen::{self, FileId};
 use super::{Command, DrainState, SwitchConfig};
 use crate::core::{PortId, SwitchCore};
 use crate::error::{Result, SwitchError};
-use crate::pcap::PcapFile;
+use crate::pcap::{Direction, PcapFile};
 use crate::stats::{PortStats, SwitchStats};
 
 pub(crate) const WAKER: Token = Token(usize::MAX);
@@ -79,7 +79,7 @@ struct Capture {
 
 impl Capture {
     /// Records `frame`, which passed `port` at `unix_us`.
-    fn record(&mut self, core: &SwitchCore, port: PortId, unix_us: u64, frame: &[u8]) {
+    fn record(&mut self, core: &SwitchCore, port: PortId, unix_us: u64, dir: Direction, frame: &[u8]) {
         if self.failed.contains(&port) {
             return;
         }
@@ -98,7 +98,7 @@ impl Capture {
             }
         }
         if let Some(f) = self.files.get_mut(&port) {
-            if let Err(e) = f.write(unix_us, frame) {
+            if let Err(e) = f.write(unix_us, dir, frame) {
                 log::warn!("{port}: writing its capture failed, closing it: {e}");
                 self.files.remove(&port);
                 self.failed.insert(port);
@@ -514,7 +514,7 @@ impl EventLoop {
                         count.frames += 1;
                         count.bytes += frame.len() as u64;
                         if let Some(c) = self.capture.as_mut() {
-                            c.record(&self.core, port, now, frame);
+                            c.record(&self.core, port, now, Direction::Outbound, frame);
                         }
                         let decision = self.core.receive(port, frame);
                         self.dirty.extend(decision.targets());
@@ -563,7 +563,7 @@ impl EventLoop {
                         break;
                     };
                     if let Some(c) = self.capture.as_mut() {
-                        c.record(&self.core, port, now, &frame.data);
+                        c.record(&self.core, port, now, Direction::Inbound, &frame.data);
                     }
                     if conn.out.push(frame).is_err() {
                         self.core.record_drops(port, 1);

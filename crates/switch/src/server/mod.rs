@@ -85,7 +85,7 @@ pub struct SwitchConfig {
     /// frames beyond it are delivered unlogged and counted in
     /// [`SessionStats::log_overflow`].
     pub max_log_bytes: usize,
-    /// Capture every frame of every port into `<dir>/<port name>.pcap`
+    /// Capture every frame of every port into `<dir>/<port name>.pcapng`
     /// (see [`crate::pcap`]); `None` (default): no capture.
     pub capture_dir: Option<PathBuf>,
 }
