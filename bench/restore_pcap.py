@@ -21,9 +21,10 @@ its guest's start (`started_unix_us`), in the capture file of its port that cove
 
 Prints a table and, with --json, the rows.
 """
-import argparse, glob, json, os, struct, sys
+import argparse, functools, glob, json, os, struct, sys
 
 
+@functools.lru_cache(maxsize=None)  # each file once, however many runs and VMs ask for it
 def records(path):
     """(unix µs, outbound, frame) of the packets of a pcapng file as vmcsnap's switch writes it
     (little endian, one Ethernet interface, microsecond time stamps, epb_flags with the direction:

@@ -39,9 +39,12 @@
 //! switch stops; a capture that fails to write is closed with a warning and
 //! the switch goes on.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
+
+use crate::core::PortId;
 
 /// Frames are cut to this many bytes.
 pub const SNAPLEN: u32 = 262_144;
@@ -156,6 +159,53 @@ impl PcapFile {
     /// Writes out what is buffered.
     pub fn flush(&mut self) -> io::Result<()> {
         self.out.flush()
+    }
+}
+
+/// The capture files of a switch, one per port, opened at the port's first
+/// frame.
+pub(crate) struct Captures {
+    dir: PathBuf,
+    /// Per port its file, or `None` once it failed (warned once, not
+    /// retried).
+    files: HashMap<PortId, Option<PcapFile>>,
+}
+
+impl Captures {
+    pub(crate) fn new(dir: PathBuf) -> Captures {
+        Captures { dir, files: HashMap::new() }
+    }
+
+    /// Records `frame`, which went `dir` through `port` at `unix_us`;
+    /// `name` gives the port's name the first time.
+    pub(crate) fn record(&mut self, port: PortId, name: impl FnOnce() -> Option<String>, unix_us: u64, dir: Direction, frame: &[u8]) {
+        let slot = self.files.entry(port).or_insert_with(|| {
+            let name = name().unwrap_or_else(|| format!("port{}", port.as_u32()));
+            let path = free_path(&self.dir, &name);
+            PcapFile::create(&path)
+                .map_err(|e| log::warn!("{port}: capture to {} failed, not capturing this port: {e}", path.display()))
+                .ok()
+        });
+        if let Some(f) = slot {
+            if let Err(e) = f.write(unix_us, dir, frame) {
+                log::warn!("{port}: writing its capture failed, closing it: {e}");
+                *slot = None;
+            }
+        }
+    }
+
+    /// Flushes and closes `port`'s file.
+    pub(crate) fn close(&mut self, port: PortId) {
+        if let Some(Some(mut f)) = self.files.remove(&port) {
+            let _ = f.flush();
+        }
+    }
+
+    /// Writes out every file's buffer.
+    pub(crate) fn flush_all(&mut self) {
+        for f in self.files.values_mut().flatten() {
+            let _ = f.flush();
+        }
     }
 }
 

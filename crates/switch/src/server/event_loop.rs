@@ -19,7 +19,7 @@ use super::listen::{self, FileId};
 use super::{Command, DrainState, SwitchConfig};
 use crate::core::{PortId, SwitchCore};
 use crate::error::{Result, SwitchError};
-use crate::pcap::{Direction, PcapFile};
+use crate::pcap::{Captures, Direction};
 use crate::stats::{PortStats, SwitchStats};
 
 pub(crate) const WAKER: Token = Token(usize::MAX);
@@ -66,52 +66,7 @@ pub(crate) struct EventLoop {
     /// Where the active cut session reports triggered ports.
     triggers: Option<Sender<PortId>>,
     /// Packet capture (see [`crate::pcap`]), if configured.
-    capture: Option<Capture>,
-}
-
-/// The open capture files, one per port, opened at the port's first frame.
-struct Capture {
-    dir: PathBuf,
-    files: HashMap<PortId, PcapFile>,
-    /// Ports whose file failed (warned once, not retried).
-    failed: BTreeSet<PortId>,
-}
-
-impl Capture {
-    /// Records `frame`, which passed `port` at `unix_us`.
-    fn record(&mut self, core: &SwitchCore, port: PortId, unix_us: u64, dir: Direction, frame: &[u8]) {
-        if self.failed.contains(&port) {
-            return;
-        }
-        if !self.files.contains_key(&port) {
-            let name = core.port(port).map_or_else(|| format!("port{}", port.as_u32()), |v| v.name.to_string());
-            let path = crate::pcap::free_path(&self.dir, &name);
-            match PcapFile::create(&path) {
-                Ok(f) => {
-                    self.files.insert(port, f);
-                }
-                Err(e) => {
-                    log::warn!("{port}: capture to {} failed, not capturing this port: {e}", path.display());
-                    self.failed.insert(port);
-                    return;
-                }
-            }
-        }
-        if let Some(f) = self.files.get_mut(&port) {
-            if let Err(e) = f.write(unix_us, dir, frame) {
-                log::warn!("{port}: writing its capture failed, closing it: {e}");
-                self.files.remove(&port);
-                self.failed.insert(port);
-            }
-        }
-    }
-
-    /// Flushes and closes `port`'s file.
-    fn close(&mut self, port: PortId) {
-        if let Some(mut f) = self.files.remove(&port) {
-            let _ = f.flush();
-        }
-    }
+    capture: Option<Captures>,
 }
 
 /// Current unix time in µs.
@@ -142,7 +97,7 @@ impl EventLoop {
             read_buf: vec![0; 64 << 10],
             max_log_bytes: config.max_log_bytes,
             triggers: None,
-            capture: config.capture_dir.clone().map(|dir| Capture { dir, files: HashMap::new(), failed: BTreeSet::new() }),
+            capture: config.capture_dir.clone().map(Captures::new),
         }
     }
 
@@ -514,7 +469,7 @@ impl EventLoop {
                         count.frames += 1;
                         count.bytes += frame.len() as u64;
                         if let Some(c) = self.capture.as_mut() {
-                            c.record(&self.core, port, now, Direction::Outbound, frame);
+                            c.record(port, || self.core.port(port).map(|v| v.name.to_string()), now, Direction::Outbound, frame);
                         }
                         let decision = self.core.receive(port, frame);
                         self.dirty.extend(decision.targets());
@@ -563,7 +518,7 @@ impl EventLoop {
                         break;
                     };
                     if let Some(c) = self.capture.as_mut() {
-                        c.record(&self.core, port, now, Direction::Inbound, &frame.data);
+                        c.record(port, || self.core.port(port).map(|v| v.name.to_string()), now, Direction::Inbound, &frame.data);
                     }
                     if conn.out.push(frame).is_err() {
                         self.core.record_drops(port, 1);

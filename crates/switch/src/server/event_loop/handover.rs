@@ -18,9 +18,7 @@ impl EventLoop {
     pub(super) fn freeze(&mut self) -> FrozenSwitch {
         // The capture files do not cross the exec: write them out.
         if let Some(c) = self.capture.as_mut() {
-            for f in c.files.values_mut() {
-                let _ = f.flush();
-            }
+            c.flush_all();
         }
         // Frames of the current write batch not started yet go back to the
         // head of their queue; only a partly written one stays behind.
