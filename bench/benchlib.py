@@ -20,6 +20,13 @@ def med(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+def complete_lines(text):
+    """The lines of console text that are complete: a guest's serial port writes a line into its
+    console log a byte at a time, so text read while it writes ends in a cut line, whose last number
+    may be cut short (retrans=1 of retrans=12)."""
+    return text[:text.rfind("\n") + 1].splitlines()
+
+
 def lost(growth):
     """Segments lost across a restore by one VM, from its `tcp_growth`: the retransmissions no
     duplicate SACK answered (an upper bound: the peer had every other one), or for guests that do

@@ -44,7 +44,7 @@ def stat_lines(run_dir, vm):
     from the last run of increasing uptimes in its console log."""
     try:
         with open(os.path.join(run_dir, "cluster", vm, "console.log"), errors="replace") as f:
-            lines = [l for l in f.read().splitlines() if l.startswith("vmcsnap-stat ")]
+            lines = [l for l in benchlib.complete_lines(f.read()) if l.startswith("vmcsnap-stat ")]
     except OSError:
         return []
     out = []
@@ -198,8 +198,12 @@ def main():
                  "backoff_avg_ms": med([r["backoff_avg_ms"] for r in good]),
                  "backoff_max_ms": med([r["backoff_max_ms"] for r in good]),
                  "disruption_avg_ms": med([r["disruption_avg_ms"] for r in good]),
-                 "retrans_growth": [sum((v["retrans_later"] or 0) - (v["retrans_first"] or 0) for v in r["vms"])
+                 # Summed over the VMs whose counters were read on both sides of the restore; the
+                 # others are counted apart (a VM read as 0 - its count at the cut made runs negative).
+                 "retrans_growth": [sum(g for v in r["vms"] if (g := (v.get("tcp_growth") or {}).get("retrans")) is not None)
                                     for r in good],
+                 "unmeasured": [sum(1 for v in r["vms"] if (v.get("tcp_growth") or {}).get("retrans") is None)
+                                for r in good],
                  # Of those, tail loss probes; the duplicate SACKs received (retransmissions the peer
                  # already had: a slow peer); and the segments lost (retransmissions no duplicate SACK
                  # answered: missing after the restore).
@@ -224,7 +228,8 @@ def main():
             print(f"{n:>3} {mode:<19} {s['ok']:>4} {s['latency_avg_ms']:>8.0f} {s['backoff_avg_ms']:>11.1f} "
                   f"{s['backoff_max_ms']:>11.1f} {s['disruption_avg_ms']:>10.0f} "
                   f"{(f'{ratio:.2f}' if ratio else '-'):>13}  retrans growth per run {s['retrans_growth']} "
-                  f"(TLP {s['tlp_growth']}, DSACK {s['dsack_growth']}, lost {s['lost_segments']}); "
+                  f"(TLP {s['tlp_growth']}, DSACK {s['dsack_growth']}, lost {s['lost_segments']}, "
+                  f"VMs without counters {s['unmeasured']}); "
                   f"in {STEADY_WINDOW_S} s of steady running {s['steady_retrans_growth']} "
                   f"(DSACK {s['steady_dsack_growth']}; VMs without a window {s['steady_missing']}), "
                   f"guest max gap ms per run {s['guest_max_gap_ms']}")

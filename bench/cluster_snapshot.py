@@ -64,7 +64,7 @@ def wait_traffic(run_dir, n, limit=180):
 def guest_view(text):
     """(last retrans count, largest pingpong maxgap_ms) in console text."""
     retrans, gap = None, None
-    for l in text.splitlines():
+    for l in benchlib.complete_lines(text):
         if l.startswith("vmcsnap-stat "):
             for w in l.split():
                 if w.startswith("retrans="):
@@ -81,17 +81,20 @@ def no_snapshot(run_dir, n, seconds=4.5):
     before = [console(run_dir, f"vm{i}", whole=True) for i in range(n)]
     time.sleep(seconds)
     after = [console(run_dir, f"vm{i}", whole=True) for i in range(n)]
-    growth, gaps = 0, []
+    growth, gaps, known = 0, [], True
     for b, a in zip(before, after):
         rb, _ = guest_view(b)
         ra, _ = guest_view(a)
         _, gap = guest_view(a[len(b):])
-        growth += (ra or 0) - (rb or 0)
+        if ra is None or rb is None:
+            known = False
+        else:
+            growth += ra - rb
         if gap is not None:
             gaps.append(gap)
     return {"mode": "none", "backoff_avg_ms": None, "backoff_max_ms": None, "pairs": 0, "downtime_avg_ms": None,
-            "downtime_max_ms": None, "pingpong_max_gap_ms": max(gaps or [0]), "retrans_growth": growth,
-            "retrans_known": True, "switch": {"forwarded": 0, "held": 0, "logged": 0, "logged_bytes": 0, "dropped": 0,
+            "downtime_max_ms": None, "pingpong_max_gap_ms": max(gaps or [0]), "retrans_growth": growth if known else None,
+            "retrans_known": known, "switch": {"forwarded": 0, "held": 0, "logged": 0, "logged_bytes": 0, "dropped": 0,
                                               "violations": 0, "triggers": 0, "bound_hits": 0, "unlogged_at_end": 0},
             "duration_ms": seconds * 1000, "vms": []}
 
@@ -110,7 +113,9 @@ def one(run_dir, mode, name, n):
         "pairs": len(r["backoff"]["pairs"]),
         "downtime_avg_ms": r["downtime_avg_ms"], "downtime_max_ms": r["downtime_max_ms"],
         "pingpong_max_gap_ms": max([v["pingpong_max_gap_ms"] or 0 for v in r["vms"]] or [0]),
-        "retrans_growth": sum((v["retrans_after"] or 0) - (v["retrans_before"] or 0) for v in r["vms"]),
+        # None when a VM's counter was not read on both sides (0 - its count before is no growth).
+        "retrans_growth": sum(v["retrans_after"] - v["retrans_before"] for v in r["vms"])
+        if all(v["retrans_before"] is not None and v["retrans_after"] is not None for v in r["vms"]) else None,
         "retrans_known": all(v["retrans_before"] is not None and v["retrans_after"] is not None for v in r["vms"]),
         "switch": {k: r["switch"][k] for k in ("forwarded", "held", "logged", "logged_bytes", "dropped", "violations",
                                                 "triggers", "bound_hits", "unlogged_at_end")},
@@ -211,7 +216,8 @@ def summarize(results, out):
                 "backoff_max_ms_worst": max([r["backoff_max_ms"] for r in good] or [float("nan")]) if mode != "none" else None,
                 "downtime_ms": med([r["downtime_avg_ms"] for r in good]) if mode != "none" else None,
                 "pingpong_gap_ms": med([r["pingpong_max_gap_ms"] for r in good]),
-                "retrans_unchanged": f"{sum(1 for r in good if r['retrans_growth'] == 0)}/{len(good)}",
+                "retrans_unchanged": f"{sum(1 for r in good if r['retrans_growth'] == 0)}/"
+                                     f"{sum(1 for r in good if r['retrans_growth'] is not None)}",
                 "retrans_growth_per_run": [r["retrans_growth"] for r in good],
                 "logged": med([r["switch"]["logged"] for r in good]),
                 "dropped": sum(r["switch"]["dropped"] for r in good),
