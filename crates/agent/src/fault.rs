@@ -19,6 +19,7 @@
 //! | FAULT | what the restore does |
 //! |---|---|
 //! | `cohort-fail-when-peers-loaded=VM` | VM's Cohort, once VM is loaded, waits until every other VM is loaded too, then reports a failure in place of LOAD_FIN |
+//! | `qemu-killed-when-peers-loaded=VM` | at the same moment, VM's QEMU is killed (SIGKILL) as a crash would, and no LOAD_FIN is sent: the restore has to notice the dead QEMU by itself |
 //!
 //! With VM in a ring (or every other VM after it on the restore line), no
 //! guest can have started when the failure comes: every other VM is
@@ -66,16 +67,28 @@ impl std::str::FromStr for Fault {
     }
 }
 
-/// A fault to inject into a cluster restore.
+/// A fault to inject into a cluster restore: what one VM does once every
+/// VM of the restore has loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RestoreFault {
-    /// This VM's Cohort fails in place of LOAD_FIN once every VM is loaded.
-    CohortFailWhenPeersLoaded(String),
+pub struct RestoreFault {
+    /// The VM.
+    pub vm: String,
+    /// What it does.
+    pub kind: WhenPeersLoaded,
+}
+
+/// What the VM of a [`RestoreFault`] does once every VM has loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenPeersLoaded {
+    /// Its Cohort reports a failure in place of LOAD_FIN.
+    CohortFails,
+    /// Its QEMU is killed (SIGKILL) and no LOAD_FIN is sent.
+    QemuKilled,
 }
 
 /// A restore FAULT that is not one of the documented ones.
 #[derive(Debug, thiserror::Error)]
-#[error("{value:?} is not a fault a cluster restore can inject; use cohort-fail-when-peers-loaded=VM")]
+#[error("{value:?} is not a fault a cluster restore can inject; use cohort-fail-when-peers-loaded=VM or qemu-killed-when-peers-loaded=VM")]
 pub struct BadRestoreFault {
     value: String,
 }
@@ -84,10 +97,13 @@ impl std::str::FromStr for RestoreFault {
     type Err = BadRestoreFault;
 
     fn from_str(s: &str) -> Result<RestoreFault, BadRestoreFault> {
-        match s.split_once('=') {
-            Some(("cohort-fail-when-peers-loaded", vm)) if !vm.trim().is_empty() => {
-                Ok(RestoreFault::CohortFailWhenPeersLoaded(vm.trim().to_string()))
-            }
+        let kind = match s.split_once('=') {
+            Some(("cohort-fail-when-peers-loaded", _)) => WhenPeersLoaded::CohortFails,
+            Some(("qemu-killed-when-peers-loaded", _)) => WhenPeersLoaded::QemuKilled,
+            _ => return Err(BadRestoreFault { value: s.to_string() }),
+        };
+        match s.split_once('=').map(|(_, vm)| vm.trim()) {
+            Some(vm) if !vm.is_empty() => Ok(RestoreFault { vm: vm.to_string(), kind }),
             _ => Err(BadRestoreFault { value: s.to_string() }),
         }
     }
@@ -147,11 +163,15 @@ mod tests {
     fn parses_the_documented_restore_faults_and_refuses_the_rest() {
         assert_eq!(
             "cohort-fail-when-peers-loaded=r1".parse::<RestoreFault>().unwrap(),
-            RestoreFault::CohortFailWhenPeersLoaded("r1".into())
+            RestoreFault { vm: "r1".into(), kind: WhenPeersLoaded::CohortFails }
         );
-        for bad in ["cohort-fail-when-peers-loaded", "cohort-fail-when-peers-loaded=", "capture-error-after=1", ""] {
+        assert_eq!(
+            "qemu-killed-when-peers-loaded= r2 ".parse::<RestoreFault>().unwrap(),
+            RestoreFault { vm: "r2".into(), kind: WhenPeersLoaded::QemuKilled }
+        );
+        for bad in ["cohort-fail-when-peers-loaded", "cohort-fail-when-peers-loaded=", "qemu-killed-when-peers-loaded= ", "capture-error-after=1", ""] {
             let e = bad.parse::<RestoreFault>().unwrap_err().to_string();
-            assert!(e.contains("not a fault") && e.contains("cohort-fail-when-peers-loaded=VM"), "{bad}: {e}");
+            assert!(e.contains("not a fault") && e.contains("cohort-fail-when-peers-loaded=VM") && e.contains("qemu-killed-when-peers-loaded=VM"), "{bad}: {e}");
         }
     }
 

@@ -165,6 +165,29 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
     eprintln!("the abandoned restore said: {err}");
     env.assert_clean();
 
+    // Regression: a QEMU that died while its VM waited, paused, for START
+    // went unnoticed until START's `cont` failed, so the rest of the ring
+    // was started first (and then stopped). Here r1's QEMU is killed once
+    // every VM has loaded, and no LOAD_FIN is sent for it: only the restore
+    // noticing the dead QEMU by itself can end this restore before the
+    // coordinator's 600 s load deadline, and it must do so before any
+    // guest starts. `eager-rl`: every page has been sent
+    // by then, so no page write can notice it first.
+    let kill = ["restore", "--cluster", "cut", "--mode", "eager-rl", "--inject-fault", "qemu-killed-when-peers-loaded=r1"];
+    let out = env.vmcsnap_within(&kill, Duration::from_secs(300)).expect("a restore whose QEMU died returns");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("its QEMU died while paused, loaded and waiting for START") && err.contains("SIGKILL"),
+        "the error names r1's dead QEMU, where it was and the signal: {err}"
+    );
+    for vm in ["r2", "r3"] {
+        assert!(err.contains(&format!("{vm}: abandoned while paused")), "{vm} was abandoned before it started: {err}");
+    }
+    assert!(!err.contains("StartSent") && !err.contains("StartFin"), "no START went out: {err}");
+    eprintln!("the restore whose QEMU died said: {err}");
+    env.assert_clean();
+
     // A VM whose memory image is corrupt fails the whole restore with an
     // error naming it: the Coordinator abandons the others (loaded, their
     // QEMUs paused waiting for START, or still loading), every QEMU of the

@@ -11,6 +11,7 @@ use vmcsnap_coord::restore::{CohortInput, CohortWorker};
 use vmcsnap_switch::SwitchHandle;
 
 use crate::cluster::Member;
+use crate::fault::WhenPeersLoaded;
 use crate::restore::{self, InCluster, RestoreEvent, StartGate};
 use crate::{AgentError, RunDir};
 
@@ -69,13 +70,13 @@ pub struct Job {
     pub progress: Sender<String>,
     /// The VMs of the restore that have loaded.
     pub loaded: Arc<LoadedCount>,
-    /// The injected fault `cohort-fail-when-peers-loaded` for this VM: the
-    /// number of VMs to wait for before failing in place of LOAD_FIN.
-    pub fail_when_loaded: Option<usize>,
+    /// The injected fault for this VM (`crate::fault`): what it does in
+    /// place of LOAD_FIN once this many VMs have loaded.
+    pub when_peers_loaded: Option<(WhenPeersLoaded, usize)>,
 }
 
-/// How many VMs of a cluster restore have loaded (for the injected fault
-/// `cohort-fail-when-peers-loaded`, see `crate::fault`).
+/// How many VMs of a cluster restore have loaded (for the injected faults
+/// `*-when-peers-loaded`, see `crate::fault`).
 #[derive(Default)]
 pub struct LoadedCount {
     n: Mutex<usize>,
@@ -128,7 +129,7 @@ pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
     job.opts.cluster = Some(InCluster { dir: job.dir.clone(), gate: job.gate.clone(), events: ev_tx });
     let (inbox, switch, vm, replay) = (job.inbox.clone(), job.switch.clone(), job.vm.clone(), std::mem::take(&mut job.replay));
     let progress = job.progress.clone();
-    let (loaded, fail_when_loaded, gate) = (job.loaded.clone(), job.fail_when_loaded, job.gate.clone());
+    let (loaded, fault, gate) = (job.loaded.clone(), job.when_peers_loaded, job.gate.clone());
     let (result, (started, replayed)) = std::thread::scope(|s| {
         // Restore events → Cohort inputs; the replay once the guest runs.
         let fwd = s.spawn(move || {
@@ -146,17 +147,15 @@ pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
                         }
                         replayed = replay_to(&switch, p, &vm, &replay, &progress);
                     }
-                    RestoreEvent::Loaded => {
+                    RestoreEvent::Loaded { qemu_pid } => {
                         loaded.add();
-                        match fail_when_loaded {
+                        match fault {
                             None => {
                                 let _ = inbox.send(CohortInput::Loaded);
                             }
-                            Some(all) => {
+                            Some((kind, all)) => {
                                 if loaded.wait_for(all, &gate) {
-                                    let _ = inbox.send(CohortInput::Failed(format!(
-                                        "{vm}: injected fault cohort-fail-when-peers-loaded: failed in place of LOAD_FIN once all {all} VMs had loaded"
-                                    )));
+                                    inject(kind, &vm, all, qemu_pid, &inbox);
                                 }
                             }
                         }
@@ -198,6 +197,28 @@ pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
         }
     }
     out
+}
+
+/// The injected fault, once all `all` VMs have loaded: in place of LOAD_FIN
+/// the Cohort fails, or the VM's QEMU is killed as a crash would (and the
+/// restore must notice that by itself).
+fn inject(kind: WhenPeersLoaded, vm: &str, all: usize, qemu_pid: u32, inbox: &Sender<CohortInput>) {
+    match kind {
+        WhenPeersLoaded::CohortFails => {
+            let _ = inbox.send(CohortInput::Failed(format!(
+                "{vm}: injected fault cohort-fail-when-peers-loaded: failed in place of LOAD_FIN once all {all} VMs had loaded"
+            )));
+        }
+        WhenPeersLoaded::QemuKilled => {
+            crate::log(format!("cluster restore: injected fault qemu-killed-when-peers-loaded: killing {vm}'s QEMU (pid {qemu_pid})"));
+            // SAFETY: SIGKILL to the QEMU this restore started for `vm`. It
+            // is the agent's child and is reaped only when its restore ends,
+            // which has just reported it loaded and waits for START; only a
+            // restore that failed on its own in this instant could have
+            // reaped it (a test-only fault).
+            unsafe { libc::kill(qemu_pid as i32, libc::SIGKILL) };
+        }
+    }
 }
 
 /// Queues `frames` for `vm`'s port (held, so they wait for the guest in

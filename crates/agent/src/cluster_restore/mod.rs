@@ -117,7 +117,7 @@ pub fn restore_cluster(
     let m = check_cluster_committed(&dir)
         .map_err(|e| AgentError::BadRequest(format!("cluster snapshot {:?}: {e} (see `vmcsnap snapshots`)", opts.snapshot)))?;
     let plan = plan(&m, &dir, opts.mode)?;
-    if let Some(RestoreFault::CohortFailWhenPeersLoaded(vm)) = &opts.fault {
+    if let Some(RestoreFault { vm, .. }) = &opts.fault {
         if !plan.vms.iter().any(|v| &v.name == vm) {
             return Err(AgentError::BadRequest(format!(
                 "the fault names VM {vm:?}, which is not in cluster snapshot {:?} (its VMs: {})",
@@ -351,8 +351,8 @@ fn run_protocol(
                 replay: replay.remove(&v.name).unwrap_or_default(),
                 progress: ptx.clone(),
                 loaded: loaded.clone(),
-                fail_when_loaded: match &opts.fault {
-                    Some(RestoreFault::CohortFailWhenPeersLoaded(vm)) if vm == &v.name => Some(plan.vms.len()),
+                when_peers_loaded: match &opts.fault {
+                    Some(f) if f.vm == v.name => Some((f.kind, plan.vms.len())),
                     _ => None,
                 },
             };

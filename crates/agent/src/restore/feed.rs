@@ -21,7 +21,8 @@
 //! for each (docs/restore.md). Pages keep loading (postcopy, background
 //! order) while it waits. An abandon before START, an error, or a QEMU
 //! that does not get there in time closes the migration socket, which
-//! ends the source; the caller stops the QEMU.
+//! ends the source; the caller stops the QEMU. A QEMU that dies is noticed
+//! within one turn of the loop (at most 20 ms), whatever the phase.
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -31,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 use vmcsnap_image::PageKey;
-use vmcsnap_migstream::postcopy::{self, DestBlock, PageId, SourceConfig, SourceEvent};
+use vmcsnap_migstream::postcopy::{self, DestBlock, PageId, PostcopyError, SourceConfig, SourceEvent};
 
 use super::pages::ImagePages;
 use super::priority::{self, Priorities};
@@ -50,6 +51,24 @@ const PREPARE_POLL: Duration = Duration::from_millis(2);
 const PREPARE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long after RUN (or `cont`) the guest may take to start.
 const RESUME_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// After the migration socket fails, how long to wait for QEMU to be
+/// reapable if it died (its sockets close a moment before it can be).
+const DEATH_REAP: Duration = Duration::from_millis(200);
+
+/// Whether `vm`'s QEMU has exited, or does within `within`.
+fn died_within(vm: &mut Vm, within: Duration) -> bool {
+    let t = Instant::now();
+    loop {
+        if vm.exited().is_some() {
+            return true;
+        }
+        if t.elapsed() >= within {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
 
 /// What the feeding thread waits for.
 enum Input {
@@ -83,7 +102,8 @@ impl Phase {
             Phase::Loading => "while loading its working set",
             Phase::Preparing => "while QEMU loaded its device state",
             Phase::Ready => "while paused, loaded and waiting for START",
-            Phase::Starting | Phase::Running => "while starting",
+            Phase::Starting => "while starting",
+            Phase::Running => "after its start",
         }
     }
 }
@@ -189,6 +209,8 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
         let mut raiser = None;
         let (mut phase, mut since) = (Phase::Loading, Instant::now());
         let (mut start_requested, mut source_finished) = (false, false);
+        // Where the guest was when its QEMU was found dead.
+        let mut qemu_died = None;
         loop {
             let wait = if phase == Phase::Preparing { PREPARE_POLL } else { Duration::from_millis(20) };
             match rx.recv_timeout(wait) {
@@ -219,7 +241,12 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
                 Ok((Input::SourceDone { ok }, _)) => {
                     source_finished = true;
                     if !ok {
-                        break; // its error says why
+                        // Its error says why, unless QEMU died first (see
+                        // `qemu_died` after the loop).
+                        if died_within(vm, DEATH_REAP) {
+                            qemu_died = Some(phase);
+                        }
+                        break;
                     }
                 }
                 Ok((Input::Gate { opened: true }, at)) => {
@@ -233,12 +260,20 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
                 Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
+            // A QEMU that dies while nothing is asked of it (paused, waiting
+            // for START, with every page sent) is noticed now, not when
+            // START's `cont` fails: in a cluster restore the Coordinator then
+            // abandons the others while they are still paused.
+            if vm.exited().is_some() {
+                qemu_died = Some(phase);
+                break;
+            }
             match phase {
                 Phase::Preparing => match device_state_loaded(vm) {
                     Ok(true) => {
                         let n = pages_read.load(Ordering::Relaxed);
                         progress(&format!("{name}: device state and {n} pages loaded, waiting for START"));
-                        tell(RestoreEvent::Loaded);
+                        tell(RestoreEvent::Loaded { qemu_pid: vm.pid });
                         (phase, since) = (Phase::Ready, Instant::now());
                     }
                     Ok(false) if since.elapsed() < PREPARE_TIMEOUT => {}
@@ -288,18 +323,27 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
                 break;
             }
         }
-        if st.failure.is_some() || !source_finished {
+        if st.failure.is_some() || qemu_died.is_some() || !source_finished {
             // Ends the source (QEMU fails the incoming migration, or waits
             // paused in postcopy, until the caller stops it).
             let _ = stop.shutdown(std::net::Shutdown::Both);
         }
         source_done.store(true, Ordering::Relaxed);
         let raised = raiser.map(|r| r.join().expect("priority thread panicked"));
-        (h.join().expect("postcopy source thread panicked"), raised)
+        (h.join().expect("postcopy source thread panicked"), raised, qemu_died)
     });
-    let (outcome, qemu_threads_raised) = outcome;
+    let (outcome, qemu_threads_raised, qemu_died) = outcome;
     if let Some(e) = st.failure {
         return Err(e);
+    }
+    if let Some(phase) = qemu_died {
+        // A source that failed by itself (a corrupt page) leaves QEMU a
+        // broken stream, which QEMU then dies of: its error is the cause.
+        // Otherwise the dead QEMU is, and the source's socket error only
+        // follows from it.
+        if !matches!(&outcome, Err(PostcopyError::PageSource { .. } | PostcopyError::InvalidConfig { .. })) {
+            return Err(fail(&name, format!("its QEMU died {}", phase.during())));
+        }
     }
     let rep = outcome.map_err(|e| fail(&name, e))?;
     let full_load_ms = (source_start.duration_since(t0) + rep.all_sent_after).as_secs_f64() * 1000.0;

@@ -76,8 +76,9 @@ pub struct InCluster {
 pub enum RestoreEvent {
     /// The VM's switch port exists (its QEMU is about to start).
     PortReady(vmcsnap_switch::PortId),
-    /// The pages planned before the start are loaded (LOAD_FIN).
-    Loaded,
+    /// The pages planned before the start and the device state are loaded
+    /// (LOAD_FIN), by the QEMU of this pid.
+    Loaded { qemu_pid: u32 },
     /// The guest started (QEMU's RESUME event), unix µs.
     Started(u64),
     /// Every page is loaded.
@@ -430,18 +431,20 @@ fn start_and_feed(
             // stream it rejected) or the guest's console (e.g. a panic).
             // (Unless this restore stopped it: an abandoned one.)
             let e = match vm.exited() {
-                Some(status) if !matches!(e, AgentError::Abandoned { .. }) => fail(
-                    &name,
-                    format!(
-                        "{}; QEMU exited ({status}); its log ends:\n{}\nthe guest console ends:\n{}",
-                        match &e {
-                            AgentError::Restore { detail, .. } => detail.clone(),
-                            e => e.to_string(),
-                        },
-                        crate::vm::tail(&vm.qemu_log, 1500).trim_end(),
-                        crate::vm::tail(&config.console_log, 1500).trim_end()
-                    ),
-                ),
+                Some(status) if !matches!(e, AgentError::Abandoned { .. }) => {
+                    let mut detail = match &e {
+                        AgentError::Restore { detail, .. } => detail.clone(),
+                        e => e.to_string(),
+                    };
+                    detail += &format!("; QEMU exited ({status})");
+                    for (what, path) in [("its log", &vm.qemu_log), ("the guest console", &config.console_log)] {
+                        let tail = crate::vm::tail(path, 1500);
+                        if !tail.trim().is_empty() {
+                            detail += &format!("; {what} ends:\n{}\n", tail.trim_end());
+                        }
+                    }
+                    fail(&name, detail)
+                }
                 _ => e,
             };
             log(format!("restore of {name} failed, stopping its QEMU: {e}"));
