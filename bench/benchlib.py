@@ -14,6 +14,17 @@ def run(vmcsnap, run_dir, *args):
     return json.loads(out.stdout) if "--json" in args else out.stdout
 
 
+def drop_page_cache():
+    """Writes back and drops the host's page cache (root only), so that the next restore reads its
+    snapshot from the disk, as a restore after a failure does. Exits with what to do without root."""
+    subprocess.run(["sync"])
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as e:
+        raise SystemExit(f"cannot drop the page cache ({e}): run as root, or keep the cache warm")
+
+
 def med(xs):
     """Median of the values that are not None; NaN if there are none."""
     xs = [x for x in xs if x is not None]

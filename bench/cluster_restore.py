@@ -18,10 +18,19 @@ disruption <= 0.5x workingset-restore's.
 Writes bench/results/cluster_restore.json and cluster_restore.png (per-VM latency and backoff bars
 per mode and cluster size, like HotRestore's figure 7, for the last run of each) and prints a table.
 
+A mode written M:cold (root) drops the host's page cache before the restore, so it reads its snapshot
+from the disk, as a restore after a failure does and as HotRestore measured; --cold-cache does so for
+every mode. Otherwise the snapshot is still in the page cache from the restore before, and loading a
+working set costs tens of ms whatever its size. Each variant's disruption is compared with
+workingset-restore's of the same variant, e.g. --modes workingset-restore,hotrestore-rl,workingset-restore:cold,hotrestore-rl:cold.
+
+A mode written M@BIN restores with that vmcsnap binary instead (A/B of two builds on the same
+snapshot, alternating): e.g. --modes hotrestore-rl:cold,hotrestore-rl:cold@/tmp/old/vmcsnap.
+
 A mode written M:nopri runs M with `--no-priorities` (every thread at the same CPU priority), to
 measure the fault-path/background priorities side by side, e.g. --modes hotrestore-rl,hotrestore-rl:nopri.
 
-Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--modes M,M] [--spec spread|small] [--bin PATH] [--out DIR] [--pcap DIR] [--replot]
+Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--modes M,M] [--spec spread|small] [--cold-cache] [--bin PATH] [--out DIR] [--pcap DIR] [--replot]
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile, time
 
@@ -117,10 +126,12 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--bin")
     ap.add_argument("--modes", default=",".join(MODES),
-                    help="comma-separated subset of " + ",".join(MODES) + " (each may end in :nopri)")
+                    help="comma-separated subset of " + ",".join(MODES) + " (each may end in :nopri or :cold)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--spec", default="spread", choices=["spread", "small"],
                     help="working sets: spread (a few MiB to ~100 MiB, default) or small (all a few MiB)")
+    ap.add_argument("--cold-cache", action="store_true",
+                    help="drop the page cache before every restore (root): the snapshot is read from the disk")
     ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON in --out")
     ap.add_argument("--pcap", metavar="DIR",
                     help="capture every VM's traffic into DIR (VMCSNAP_PCAP_DIR); then bench/restore_pcap.py "
@@ -136,7 +147,7 @@ def main():
     if a.pcap:
         os.environ["VMCSNAP_PCAP_DIR"] = os.path.abspath(a.pcap)  # the agent `up` starts inherits it
     os.makedirs(a.out, exist_ok=True)
-    results = {"command": " ".join(sys.argv), "spec": a.spec, "runs": [], "summary": []}
+    results = {"command": " ".join(sys.argv), "spec": a.spec, "cold_cache": a.cold_cache, "runs": [], "summary": []}
     for n in [int(x) for x in a.vms.split(",")]:
         run_dir = tempfile.mkdtemp(prefix="vmcsnap-bench-cr-", dir="/tmp")
         sp = os.path.join(run_dir, "spec.toml")
@@ -151,14 +162,18 @@ def main():
             run(run_dir, "down")
             for rep in range(a.reps):
                 for mode in modes:
+                    name, _, exe = mode.partition("@")
+                    exe = os.path.abspath(exe) if exe else VMCSNAP
                     try:
-                        base, _, variant = mode.partition(":")
+                        base, _, variant = name.partition(":")
                         extra = ["--no-priorities"] if variant == "nopri" else []
-                        r = run(run_dir, "restore", "--cluster", "cut", "--mode", base, *extra, "--json")
+                        if a.cold_cache or variant == "cold":
+                            benchlib.drop_page_cache()
+                        r = benchlib.run(exe, run_dir, "restore", "--cluster", "cut", "--mode", base, *extra, "--json")
                     except benchlib.Failed as e:
                         results["runs"].append({"n": n, "mode": mode, "rep": rep, "error": str(e)[-1500:]})
                         print(f"{n} VMs {mode} rep {rep}: FAILED", file=sys.stderr)
-                        subprocess.run([VMCSNAP, "--run-dir", run_dir, "down"], capture_output=True)
+                        subprocess.run([exe, "--run-dir", run_dir, "down"], capture_output=True)
                         continue
                     time.sleep(4)
                     row = {"n": n, "mode": mode, "rep": rep, "edges": r["edges"], "rings": r["rings"],
@@ -177,17 +192,22 @@ def main():
                     print(f"{n} VMs {mode:18} rep {rep}: latency {row['latency_avg_ms']:.0f} ms, backoff "
                           f"{row['backoff_avg_ms']:.1f}/{row['backoff_max_ms']:.1f} ms, disruption "
                           f"{row['disruption_avg_ms']:.0f} ms", file=sys.stderr)
-                    run(run_dir, "down")
+                    benchlib.run(exe, run_dir, "down")
+                    # The agent exits when idle; stopping it makes sure the next restore's binary
+                    # starts its own.
+                    subprocess.run([exe, "--run-dir", run_dir, "agent", "stop"], capture_output=True)
         except benchlib.Failed as e:
             print(f"{n} VMs: {e}", file=sys.stderr)
         finally:
             subprocess.run([VMCSNAP, "--run-dir", run_dir, "down"], capture_output=True)
             shutil.rmtree(run_dir, ignore_errors=True)
     med = benchlib.med
-    print(f"\n{'VMs':>3} {'mode':<19} {'ok':>4} {'latency':>8} {'backoff avg':>11} {'backoff max':>11} "
+    if a.cold_cache:
+        print("\npage cache dropped before every restore")
+    print(f"{'VMs':>3} {'mode':<19} {'ok':>4} {'latency':>8} {'backoff avg':>11} {'backoff max':>11} "
           f"{'disruption':>10} {'vs ws-restore':>13}")
     for n in sorted({r["n"] for r in results["runs"]}):
-        base = None
+        base = {}  # workingset-restore's disruption per variant ("", "nopri", "cold")
         for mode in labels(results):
             rows = [r for r in results["runs"] if r["n"] == n and r["mode"] == mode]
             if not rows:
@@ -198,6 +218,9 @@ def main():
                  "backoff_avg_ms": med([r["backoff_avg_ms"] for r in good]),
                  "backoff_max_ms": med([r["backoff_max_ms"] for r in good]),
                  "disruption_avg_ms": med([r["disruption_avg_ms"] for r in good]),
+                 # What the latency is made of: pages read before each VM started (its working set).
+                 "pages_before_start_avg": med([sum(v.get("pages_before_start") or 0 for v in r["vms"]) / len(r["vms"])
+                                                for r in good]),
                  # Summed over the VMs whose counters were read on both sides of the restore; the
                  # others are counted apart (a VM read as 0 - its count at the cut made runs negative).
                  "retrans_growth": [sum(g for v in r["vms"] if (g := (v.get("tcp_growth") or {}).get("retrans")) is not None)
@@ -220,14 +243,16 @@ def main():
                                     for r in good],
                  # The longest pause between two pingpong replies any client saw after the restore.
                  "guest_max_gap_ms": [max([v.get("guest_max_gap_ms") or 0 for v in r["vms"]]) for r in good]}
-            if mode == "workingset-restore":
-                base = s["disruption_avg_ms"]
-            s["disruption_vs_workingset_restore"] = s["disruption_avg_ms"] / base if base else None
+            variant = mode.partition(":")[2]  # with any @BIN: its own baseline
+            if mode.partition(":")[0].partition("@")[0] == "workingset-restore":
+                base[variant] = s["disruption_avg_ms"]
+            s["disruption_vs_workingset_restore"] = (s["disruption_avg_ms"] / base[variant]
+                                                     if base.get(variant) else None)
             results["summary"].append(s)
             ratio = s["disruption_vs_workingset_restore"]
             print(f"{n:>3} {mode:<19} {s['ok']:>4} {s['latency_avg_ms']:>8.0f} {s['backoff_avg_ms']:>11.1f} "
                   f"{s['backoff_max_ms']:>11.1f} {s['disruption_avg_ms']:>10.0f} "
-                  f"{(f'{ratio:.2f}' if ratio else '-'):>13}  retrans growth per run {s['retrans_growth']} "
+                  f"{(f'{ratio:.2f}' if ratio else '-'):>13}  pages first/VM {s['pages_before_start_avg']:.0f}; retrans growth per run {s['retrans_growth']} "
                   f"(TLP {s['tlp_growth']}, DSACK {s['dsack_growth']}, lost {s['lost_segments']}, "
                   f"VMs without counters {s['unmeasured']}); "
                   f"in {STEADY_WINDOW_S} s of steady running {s['steady_retrans_growth']} "
@@ -239,9 +264,14 @@ def main():
 
 
 def labels(results):
-    """The modes run, in MODES order, each followed by its :nopri variant."""
-    ran = {r["mode"] for r in results["runs"]}
-    return [m for base in MODES for m in (base, base + ":nopri") if m in ran]
+    """The modes run: plain ones in MODES order, then each variant (:nopri, :cold) in MODES order,
+    each followed by its runs with other binaries (@BIN)."""
+    def key(m):
+        name, _, exe = m.partition("@")
+        base, _, variant = name.partition(":")
+        return (["", "nopri", "cold"].index(variant) if variant in ("", "nopri", "cold") else 3,
+                MODES.index(base) if base in MODES else len(MODES), exe)
+    return sorted({r["mode"] for r in results["runs"]}, key=key)
 
 
 def plot(results, out):

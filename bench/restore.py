@@ -102,14 +102,8 @@ class Qmp:
 
 
 def drop_caches(enabled):
-    if not enabled:
-        return
-    subprocess.run(["sync"])
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    except OSError as e:
-        raise SystemExit(f"cannot drop the page cache ({e}): run as root, or pass --warm-cache")
+    if enabled:
+        benchlib.drop_page_cache()
 
 
 def qemu_dump(run_dir, out_file):
