@@ -20,6 +20,18 @@
 //! objective Σ t_i; parallel edges between two components keep only the
 //! largest W. It is solved by good_lp's pure-Rust `microlp` backend.
 //!
+//! Ties: the optimum is often not unique. A ring of two VMs of sizes a < b
+//! may take any common size in [a, b] at the same cost b − a, and the paper
+//! does not say which. The largest makes the smaller member load the
+//! larger one's pages and the whole ring start as late as without the
+//! revision; so a second LP, over the first one's optimal face
+//! (Σ t_i ≤ the optimum), minimises Σ_i S*_i: of the revisions that change
+//! the sizes least, the one with the smallest working sets, whose VMs start
+//! soonest (HotRestore's elastic working set loads the rest after the
+//! start). Its vertices are vertices of the first LP's polytope, hence
+//! integral; should it ever cost objective after rounding (numerics), the
+//! first LP's solution is kept.
+//!
 //! Negative sizes: a receiver may be pushed down only to 0. Where the
 //! constraints would need a receiver below 0 the bound S* ≥ 0 makes the LP
 //! raise its senders instead; shifting everything up is always feasible,
@@ -107,36 +119,17 @@ pub fn revise_wss_scaled(
         return Err(LpError::TooLarge(bound));
     }
 
-    let mut vars = ProblemVariables::new();
-    let x: Vec<Variable> = rdg
-        .comps
-        .iter()
-        .map(|_| vars.add(variable().min(0.0)))
-        .collect();
-    let t: Vec<Variable> = s.iter().map(|_| vars.add(variable().min(0.0))).collect();
-    let objective: Expression = t.iter().sum();
-    let mut model = vars.minimise(objective).using(microlp);
-    for (i, &si) in s.iter().enumerate() {
-        let (xc, si) = (x[rdg.comp[i]], si as f64);
-        model = model.with(constraint!(t[i] >= xc - si));
-        model = model.with(constraint!(t[i] >= si - xc));
-    }
-    for (&(c, d), &w) in &edges {
-        model = model.with(constraint!(x[c] - x[d] >= w as f64));
-    }
-    let solution = model.solve().map_err(|e| LpError::Solver(e.to_string()))?;
-    let lp_objective: f64 = t.iter().map(|&v| solution.value(v)).sum();
-
-    // Round, then repair receivers first (waves are a topological order).
-    let mut xs: Vec<u64> = x
-        .iter()
-        .map(|&v| solution.value(v).round().max(0.0) as u64)
-        .collect();
-    for c in rdg.waves().into_iter().flatten() {
-        for (&(_, d), &w) in edges.range((c, 0)..=(c, usize::MAX)) {
-            xs[c] = xs[c].max(xs[d] + w);
+    let (lp_objective, first) = solve(rdg, &s, &edges, None)?;
+    let xs = repair(rdg, &edges, &first);
+    // The tie-break (module doc); the first LP's sizes stand if it fails or
+    // costs objective.
+    let xs = match solve(rdg, &s, &edges, Some(lp_objective)) {
+        Ok((_, smallest)) => {
+            let small = repair(rdg, &edges, &smallest);
+            if comp_l1(rdg, &s, &small) <= comp_l1(rdg, &s, &xs) { small } else { xs }
         }
-    }
+        Err(_) => xs,
+    };
     let revised: BTreeMap<String, u64> = rdg
         .nodes
         .iter()
@@ -152,6 +145,71 @@ pub fn revise_wss_scaled(
         lp_objective,
         restore_line,
     })
+}
+
+/// Solves the LP (module doc): minimise Σ t_i, or with `cap` = the optimum
+/// of Σ t_i, minimise Σ_i S*_i among solutions with Σ t_i ≤ `cap`. Returns
+/// Σ t_i and x_c per component.
+fn solve(
+    rdg: &Rdg,
+    s: &[u64],
+    edges: &BTreeMap<(usize, usize), u64>,
+    cap: Option<f64>,
+) -> Result<(f64, Vec<f64>), LpError> {
+    let mut vars = ProblemVariables::new();
+    let x: Vec<Variable> = rdg
+        .comps
+        .iter()
+        .map(|_| vars.add(variable().min(0.0)))
+        .collect();
+    let t: Vec<Variable> = s.iter().map(|_| vars.add(variable().min(0.0))).collect();
+    let deviation: Expression = t.iter().sum();
+    let objective: Expression = match cap {
+        None => deviation.clone(),
+        // Σ_i S*_i: each component's size once per member.
+        Some(_) => rdg
+            .comps
+            .iter()
+            .zip(&x)
+            .map(|(members, &xc)| members.len() as f64 * xc)
+            .sum(),
+    };
+    let mut model = vars.minimise(objective).using(microlp);
+    for (i, &si) in s.iter().enumerate() {
+        let (xc, si) = (x[rdg.comp[i]], si as f64);
+        model = model.with(constraint!(t[i] >= xc - si));
+        model = model.with(constraint!(t[i] >= si - xc));
+    }
+    for (&(c, d), &w) in edges {
+        model = model.with(constraint!(x[c] - x[d] >= w as f64));
+    }
+    if let Some(opt) = cap {
+        // The optimal face, with room for the solver's rounding errors.
+        model = model.with(constraint!(deviation <= opt + 1e-7 * (1.0 + opt)));
+    }
+    let solution = model.solve().map_err(|e| LpError::Solver(e.to_string()))?;
+    let sum_t = t.iter().map(|&v| solution.value(v)).sum();
+    Ok((sum_t, x.iter().map(|&v| solution.value(v)).collect()))
+}
+
+/// The solver's component sizes rounded, then repaired receivers first
+/// (waves are a topological order) where rounding broke a constraint.
+fn repair(rdg: &Rdg, edges: &BTreeMap<(usize, usize), u64>, x: &[f64]) -> Vec<u64> {
+    let mut xs: Vec<u64> = x.iter().map(|&v| v.round().max(0.0) as u64).collect();
+    for c in rdg.waves().into_iter().flatten() {
+        for (&(_, d), &w) in edges.range((c, 0)..=(c, usize::MAX)) {
+            xs[c] = xs[c].max(xs[d] + w);
+        }
+    }
+    xs
+}
+
+/// Σ_i |x_{comp(i)} − S_i|, exactly.
+fn comp_l1(rdg: &Rdg, s: &[u64], xs: &[u64]) -> u128 {
+    s.iter()
+        .enumerate()
+        .map(|(i, &si)| xs[rdg.comp[i]].abs_diff(si) as u128)
+        .sum()
 }
 
 /// Checks that `sizes` (one per VM of the graph) satisfy the revision's

@@ -56,11 +56,37 @@ fn single_ring_even_gets_a_median() {
     let rev = revise_wss(&g, &s).unwrap();
     let x = rev.sizes["r0"];
     assert!(rev.sizes.values().all(|&v| v == x));
-    assert!(
-        (20..=40).contains(&x),
-        "common size {x} is not between the middle sizes"
-    );
+    // Every x in [20, 40] costs 110; the tie goes to the smallest sizes.
+    assert_eq!(x, 20, "{:?}", rev.sizes);
     assert_eq!(rev.objective, 110.0); // (x-10) + (40-x) + |x-20| + (100-x) at the median
+}
+
+/// Regression: a client/server pair (a ring of two) took the larger of its
+/// two sizes, at the same cost as the smaller, so the small VM loaded the
+/// large one's working set and the pair started as late as unrevised.
+#[test]
+fn a_pair_takes_the_smaller_size() {
+    let g = one_ring(2);
+    let s = sizes(&[("r0", 1185), ("r1", 3321)]);
+    let rev = revise_wss_scaled(&g, &s, 64).unwrap();
+    assert_eq!(rev.sizes, sizes(&[("r0", 1185), ("r1", 1185)]));
+    assert_eq!(rev.objective, (3321 - 1185) as f64);
+}
+
+/// Ties between rings and their senders go down too: a ring {a, b} that
+/// sends to c may sit anywhere in [a, b] as long as it stays 64 above c;
+/// the smallest such size is taken, and c keeps its own.
+#[test]
+fn ties_take_the_smallest_sizes_above_the_receivers() {
+    let nm = names(&["a", "b", "c"]);
+    let g = Rdg::new(
+        nm,
+        vec![Edge::new("a", "b", 1), Edge::new("b", "a", 1), Edge::new("a", "c", 1)],
+    )
+    .unwrap();
+    let rev = revise_wss_scaled(&g, &sizes(&[("a", 100), ("b", 900), ("c", 80)]), 64).unwrap();
+    assert_eq!(rev.sizes, sizes(&[("a", 144), ("b", 144), ("c", 80)]));
+    assert_eq!(rev.objective, (44 + 756) as f64);
 }
 
 #[test]
