@@ -132,14 +132,18 @@ def main():
                     help="working sets: spread (a few MiB to ~100 MiB, default) or small (all a few MiB)")
     ap.add_argument("--cold-cache", action="store_true",
                     help="drop the page cache before every restore (root): the snapshot is read from the disk")
-    ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON in --out")
+    ap.add_argument("--replot", action="store_true", help="only recompute the table and redraw the PNG from the JSON in --out")
     ap.add_argument("--pcap", metavar="DIR",
                     help="capture every VM's traffic into DIR (VMCSNAP_PCAP_DIR); then bench/restore_pcap.py "
                          "OUT/cluster_restore.json DIR shows what TCP did after each restore")
     a = ap.parse_args()
     if a.replot:
         with open(os.path.join(a.out, "cluster_restore.json")) as f:
-            plot(json.load(f), a.out)
+            results = json.load(f)
+        summarize(results)
+        with open(os.path.join(a.out, "cluster_restore.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        plot(results, a.out)
         return
     if a.bin:
         VMCSNAP = os.path.abspath(a.bin)
@@ -201,8 +205,18 @@ def main():
         finally:
             subprocess.run([VMCSNAP, "--run-dir", run_dir, "down"], capture_output=True)
             shutil.rmtree(run_dir, ignore_errors=True)
+    summarize(results)
+    with open(os.path.join(a.out, "cluster_restore.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    plot(results, a.out)
+
+
+def summarize(results):
+    """Fills results["summary"] from results["runs"] (medians per cluster size and mode) and prints
+    the table."""
+    results["summary"] = []
     med = benchlib.med
-    if a.cold_cache:
+    if results.get("cold_cache"):
         print("\npage cache dropped before every restore")
     print(f"{'VMs':>3} {'mode':<19} {'ok':>4} {'latency':>8} {'backoff avg':>11} {'backoff max':>11} "
           f"{'disruption':>10} {'vs ws-restore':>13}")
@@ -243,8 +257,8 @@ def main():
                                     for r in good],
                  # The longest pause between two pingpong replies any client saw after the restore.
                  "guest_max_gap_ms": [max([v.get("guest_max_gap_ms") or 0 for v in r["vms"]]) for r in good]}
-            variant = mode.partition(":")[2]  # with any @BIN: its own baseline
-            if mode.partition(":")[0].partition("@")[0] == "workingset-restore":
+            base_mode, _, variant = mode.partition("@")[0].partition(":")  # any @BIN: same baseline
+            if base_mode == "workingset-restore":
                 base[variant] = s["disruption_avg_ms"]
             s["disruption_vs_workingset_restore"] = (s["disruption_avg_ms"] / base[variant]
                                                      if base.get(variant) else None)
@@ -258,9 +272,6 @@ def main():
                   f"in {STEADY_WINDOW_S} s of steady running {s['steady_retrans_growth']} "
                   f"(DSACK {s['steady_dsack_growth']}; VMs without a window {s['steady_missing']}), "
                   f"guest max gap ms per run {s['guest_max_gap_ms']}")
-    with open(os.path.join(a.out, "cluster_restore.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    plot(results, a.out)
 
 
 def labels(results):
@@ -298,7 +309,9 @@ def plot(results, out):
             ax.set_xticklabels([v["vm"] for v in vms], rotation=45)
             edges = rows[-1]["edges"]
             what = ", ".join(f"{e[0]}->{e[1]}" for e in edges) if len(edges) <= 4 else f"{len(edges)} edges"
-            ax.set_title(f"{mode}, {n} VMs ({what or 'no edges'})", fontsize=8)
+            name, _, exe = mode.partition("@")  # a binary by its directory's name
+            label = f"{name}@{os.path.basename(os.path.dirname(exe))}" if exe else name
+            ax.set_title(f"{label}, {n} VMs ({what or 'no edges'})", fontsize=8)
             ax.legend(fontsize=7)
         axes[row][0].set_ylabel("ms (disruption = latency + backoff)")
     fig.tight_layout()
