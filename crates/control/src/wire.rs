@@ -70,29 +70,68 @@ pub fn write_reply(w: &mut impl Write, reply: &Reply) -> Result<(), ControlError
 
 /// Sends `request` to the agent at `socket`, passes progress lines to
 /// `progress`, and returns the result (or the agent's error).
+///
+/// An agent that goes away without answering at all (an idle agent exits
+/// while a client is still in its listen backlog, which the closing
+/// listener resets; or it crashed) and no longer accepts connections is
+/// [`ControlError::NoAgent`]: the request was not served, and there is no
+/// agent now.
 pub fn call(
     socket: &Path,
     request: &Request,
     timeout: Option<Duration>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Value, ControlError> {
-    let mut stream =
+    let stream =
         UnixStream::connect(socket).map_err(|e| ControlError::NoAgent { path: socket.to_path_buf(), source: e })?;
+    exchange(stream, socket, request, timeout, progress)
+}
+
+/// [`call`] on a connected stream.
+fn exchange(
+    stream: UnixStream,
+    socket: &Path,
+    request: &Request,
+    timeout: Option<Duration>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Value, ControlError> {
     stream.set_read_timeout(timeout)?;
     let mut line = serde_json::to_vec(request).expect("requests serialise");
     line.push(b'\n');
-    stream.write_all(&line)?;
     let mut reader = BufReader::new(stream);
+    let first = reader.get_mut().write_all(&line).map_err(ControlError::from).and_then(|()| read_line(&mut reader));
+    let mut next = match first {
+        Ok(Some(line)) => line,
+        Ok(None) | Err(ControlError::Hangup | ControlError::Io(_)) if agent_gone(socket) => {
+            return Err(ControlError::NoAgent {
+                path: socket.to_path_buf(),
+                source: std::io::Error::other(
+                    "the agent went away before answering (an idle agent exits; one that crashed left its log in the run directory)",
+                ),
+            })
+        }
+        Ok(None) => return Err(ControlError::Hangup),
+        Err(e) => return Err(e),
+    };
     loop {
-        let line = read_line(&mut reader)?.ok_or(ControlError::Hangup)?;
         let reply: Reply =
-            serde_json::from_slice(&line).map_err(|e| ControlError::Protocol(format!("bad reply: {e}")))?;
+            serde_json::from_slice(&next).map_err(|e| ControlError::Protocol(format!("bad reply: {e}")))?;
         match reply {
             Reply::Progress { message } => progress(&message),
             Reply::Done { result } => return Ok(result),
             Reply::Failed { error } => return Err(ControlError::Failed(error)),
         }
+        next = read_line(&mut reader)?.ok_or(ControlError::Hangup)?;
     }
+}
+
+/// Whether nothing accepts connections at `socket` any more (its file is
+/// gone, or nothing listens on it).
+fn agent_gone(socket: &Path) -> bool {
+    matches!(
+        UnixStream::connect(socket).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused)
+    )
 }
 
 #[cfg(test)]
@@ -141,11 +180,31 @@ mod tests {
             write_reply(&mut &s, &Reply::Failed { error: "bad spec".into() }).unwrap();
             let (s, _) = l.accept().unwrap();
             drop(s);
+            // The agent lives on (it only dropped this connection).
+            let _ = l.accept();
         });
         let e = call(&path, &Request::Down, None, &mut |_| {}).unwrap_err();
         assert_eq!(e.to_string(), "bad spec");
         let e = call(&path, &Request::Down, None, &mut |_| {}).unwrap_err();
         assert!(matches!(e, ControlError::Hangup | ControlError::Io(_)), "{e}");
+    }
+
+    /// Regression (CI): `status` connected while an idle agent was exiting;
+    /// the listener closed with the connection still in its backlog, and the
+    /// reset came out as "control channel I/O error: Connection reset by
+    /// peer" instead of "no vmcsnap agent".
+    #[test]
+    fn an_agent_that_exits_with_the_client_in_its_backlog_is_no_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.sock");
+        let l = UnixListener::bind(&path).unwrap();
+        let pending = UnixStream::connect(&path).unwrap(); // never accepted
+        drop(l); // the agent exits: its listener closes, then its socket file goes
+        std::fs::remove_file(&path).unwrap();
+        let e = exchange(pending, &path, &Request::Status, None, &mut |_| {}).unwrap_err();
+        assert!(matches!(e, ControlError::NoAgent { .. }), "{e:?}");
+        assert!(e.to_string().contains("went away before answering"), "{e}");
+        assert!(e.to_string().contains("vmcsnap up"), "{e}");
     }
 
     #[test]
