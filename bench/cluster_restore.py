@@ -88,6 +88,13 @@ def steady_growth(run_dir, vms, window_s):
     return out
 
 
+def parse_mode(mode):
+    """`M[:variant][@BIN]` -> (M, variant or "", BIN or "")."""
+    name, _, exe = mode.partition("@")
+    base, _, variant = name.partition(":")
+    return base, variant, exe
+
+
 def run(run_dir, *args):
     return benchlib.run(VMCSNAP, run_dir, *args)
 
@@ -166,10 +173,9 @@ def main():
             run(run_dir, "down")
             for rep in range(a.reps):
                 for mode in modes:
-                    name, _, exe = mode.partition("@")
+                    base, variant, exe = parse_mode(mode)
                     exe = os.path.abspath(exe) if exe else VMCSNAP
                     try:
-                        base, _, variant = name.partition(":")
                         extra = ["--no-priorities"] if variant == "nopri" else []
                         if a.cold_cache or variant == "cold":
                             benchlib.drop_page_cache()
@@ -257,7 +263,7 @@ def summarize(results):
                                     for r in good],
                  # The longest pause between two pingpong replies any client saw after the restore.
                  "guest_max_gap_ms": [max([v.get("guest_max_gap_ms") or 0 for v in r["vms"]]) for r in good]}
-            base_mode, _, variant = mode.partition("@")[0].partition(":")  # any @BIN: same baseline
+            base_mode, variant, _ = parse_mode(mode)  # any @BIN: same baseline
             if base_mode == "workingset-restore":
                 base[variant] = s["disruption_avg_ms"]
             s["disruption_vs_workingset_restore"] = (s["disruption_avg_ms"] / base[variant]
@@ -278,8 +284,7 @@ def labels(results):
     """The modes run: plain ones in MODES order, then each variant (:nopri, :cold) in MODES order,
     each followed by its runs with other binaries (@BIN)."""
     def key(m):
-        name, _, exe = m.partition("@")
-        base, _, variant = name.partition(":")
+        base, variant, exe = parse_mode(m)
         return (["", "nopri", "cold"].index(variant) if variant in ("", "nopri", "cold") else 3,
                 MODES.index(base) if base in MODES else len(MODES), exe)
     return sorted({r["mode"] for r in results["runs"]}, key=key)
@@ -310,7 +315,7 @@ def plot(results, out):
             edges = rows[-1]["edges"]
             what = ", ".join(f"{e[0]}->{e[1]}" for e in edges) if len(edges) <= 4 else f"{len(edges)} edges"
             name, _, exe = mode.partition("@")  # a binary by its directory's name
-            label = f"{name}@{os.path.basename(os.path.dirname(exe))}" if exe else name
+            label = f"{name}@{os.path.basename(os.path.dirname(exe))}" if exe else mode
             ax.set_title(f"{label}, {n} VMs ({what or 'no edges'})", fontsize=8)
             ax.legend(fontsize=7)
         axes[row][0].set_ylabel("ms (disruption = latency + backoff)")

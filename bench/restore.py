@@ -24,7 +24,7 @@ Writes bench/results/restore.json, restore.png (latency by mode and size) and
 restore-faults.png (demand faults per 100 ms by WSS factor), and prints tables.
 
 Usage: bench/restore.py [--reps 3] [--sizes 256,1024,2048] [--out DIR] [--warm-cache]
-Needs: target/release/vmcsnap (make build), root (drop_caches), matplotlib (pip-installed if missing).
+Needs: target/release/vmcsnap (make build), root (to drop the page cache), matplotlib (pip-installed if missing).
 """
 import argparse, json, os, shutil, socket, subprocess, sys, tempfile, threading, time
 
@@ -99,11 +99,6 @@ class Qmp:
 
     def close(self):
         self.s.close()
-
-
-def drop_caches(enabled):
-    if enabled:
-        benchlib.drop_page_cache()
 
 
 def qemu_dump(run_dir, out_file):
@@ -239,7 +234,8 @@ def measure_size(mem, reps, cold, middle):
             for mode, factor in plan:
                 if mode != "workingset-2":
                     shutil.rmtree(records, ignore_errors=True)
-                drop_caches(cold)
+                if cold:
+                    benchlib.drop_page_cache()
                 try:
                     if mode == "qemu-eager":
                         r = qemu_eager(cmdline, work, snap["frozen_disk"], dump)

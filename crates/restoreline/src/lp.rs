@@ -119,23 +119,28 @@ pub fn revise_wss_scaled(
         return Err(LpError::TooLarge(bound));
     }
 
+    let per_vm = |xs: Vec<u64>| -> BTreeMap<String, u64> {
+        rdg.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), xs[rdg.comp[i]]))
+            .collect()
+    };
     let (lp_objective, first) = solve(rdg, &s, &edges, None)?;
-    let xs = repair(rdg, &edges, &first);
+    let revised = per_vm(repair(rdg, &edges, &first));
     // The tie-break (module doc); the first LP's sizes stand if it fails or
     // costs objective.
-    let xs = match solve(rdg, &s, &edges, Some(lp_objective)) {
+    let revised = match solve(rdg, &s, &edges, Some(lp_objective)) {
         Ok((_, smallest)) => {
-            let small = repair(rdg, &edges, &smallest);
-            if comp_l1(rdg, &s, &small) <= comp_l1(rdg, &s, &xs) { small } else { xs }
+            let small = per_vm(repair(rdg, &edges, &smallest));
+            if l1_distance(sizes, &small) <= l1_distance(sizes, &revised) {
+                small
+            } else {
+                revised
+            }
         }
-        Err(_) => xs,
+        Err(_) => revised,
     };
-    let revised: BTreeMap<String, u64> = rdg
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.clone(), xs[rdg.comp[i]]))
-        .collect();
     check_sizes(rdg, &revised, pages_per_frame)?;
     let objective = l1_distance(sizes, &revised) as f64;
     let restore_line = restore_line(rdg, &revised);
@@ -202,14 +207,6 @@ fn repair(rdg: &Rdg, edges: &BTreeMap<(usize, usize), u64>, x: &[f64]) -> Vec<u6
         }
     }
     xs
-}
-
-/// Σ_i |x_{comp(i)} − S_i|, exactly.
-fn comp_l1(rdg: &Rdg, s: &[u64], xs: &[u64]) -> u128 {
-    s.iter()
-        .enumerate()
-        .map(|(i, &si)| xs[rdg.comp[i]].abs_diff(si) as u128)
-        .sum()
 }
 
 /// Checks that `sizes` (one per VM of the graph) satisfy the revision's

@@ -81,7 +81,11 @@ fn ties_take_the_smallest_sizes_above_the_receivers() {
     let nm = names(&["a", "b", "c"]);
     let g = Rdg::new(
         nm,
-        vec![Edge::new("a", "b", 1), Edge::new("b", "a", 1), Edge::new("a", "c", 1)],
+        vec![
+            Edge::new("a", "b", 1),
+            Edge::new("b", "a", 1),
+            Edge::new("a", "c", 1),
+        ],
     )
     .unwrap();
     let rev = revise_wss_scaled(&g, &sizes(&[("a", 100), ("b", 900), ("c", 80)]), 64).unwrap();
