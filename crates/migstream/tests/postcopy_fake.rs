@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::postcopy::{
     discard_ranges, fake_destination, run_guarded, synthetic_pages, Item, MemPages, Pages,
@@ -40,6 +40,7 @@ fn config() -> SourceConfig {
         demand_cluster: 1,
         background: Vec::new(),
         background_after: None,
+        hold: Default::default(),
         shut_timeout: Duration::from_secs(20),
     }
 }
@@ -648,4 +649,46 @@ fn shut_followed_at_once_by_the_close_is_success() {
             0
         );
     }
+}
+
+#[test]
+fn a_held_background_push_serves_only_requests_until_the_hold_is_lifted() {
+    let (_dir, listener, path) = socket();
+    let mut cfg = config();
+    cfg.before_run = vec![id(0, 0)];
+    cfg.hold
+        .hold_until(Instant::now() + Duration::from_secs(600));
+    let hold = cfg.hold.clone();
+    let pages = Arc::new(synthetic_pages(&cfg.blocks));
+    let dest = fake_destination(listener, move |item, rp| {
+        match item {
+            // A fault once the guest "runs"; no background page may come
+            // first, and the hold is lifted once the page is in.
+            Item::Package { .. } => rp.send(RpMessage::ReqPagesId {
+                start: 100 * 4096,
+                len: 4096,
+                block: "mem".into(),
+            }),
+            Item::Section { records, .. }
+                if records
+                    .iter()
+                    .any(|r| r.block == "mem" && r.offset == 100 * 4096) =>
+            {
+                hold.hold_until(Instant::now())
+            }
+            Item::Eof => rp.send(RpMessage::Shut(0)),
+            _ => {}
+        }
+        true
+    });
+    let stream = UnixStream::connect(&path).unwrap();
+    let run = run_guarded(cfg.clone(), MemPages::new(pages.clone()), stream, GUARD, |_| {});
+    let report = run.result.expect("run_source");
+    let (items, err) = dest.join().unwrap();
+    assert!(err.is_none(), "{err:?}");
+    let seen = check_stream(&items, &cfg, &pages);
+    let after: Vec<PageId> = seen.pages.iter().filter(|(_, b)| !b).map(|(p, _)| *p).collect();
+    assert_eq!(after[0], id(0, 100), "the requested page before any background page");
+    assert_eq!(report.pages_on_demand, 1);
+    assert_eq!(report.pages_background, cfg.total_pages() - 2);
 }

@@ -158,6 +158,7 @@ fn base_config(snap: &Snapshot) -> SourceConfig {
         demand_cluster: 4,
         background: Vec::new(),
         background_after: None,
+        hold: Default::default(),
         shut_timeout: Duration::from_secs(30),
     }
 }
@@ -349,6 +350,7 @@ fn d_fake_destination_sends_garbage() {
         demand_cluster: 4,
         background: Vec::new(),
         background_after: Some(Duration::from_secs(600)),
+        hold: Default::default(),
         shut_timeout: Duration::from_secs(30),
     };
     // After PONG 1 (8 bytes, sent by the fake on PING 1), garbage.

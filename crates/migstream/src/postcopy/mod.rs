@@ -61,6 +61,11 @@
 //!   each change of what it works on ([`SourceEvent::Work`]: preload, held,
 //!   demand, background) from its own thread, so that the caller can give
 //!   serving faults a higher CPU priority than background loading.
+//! * **Holding the background push**: no background page goes out for
+//!   [`SourceConfig::background_after`] after RUN, nor while another thread
+//!   holds it through [`SourceConfig::hold`] (a caller that starts the
+//!   guest with `cont` holds it from there); requested pages are served
+//!   meanwhile.
 //! * **Discards** (§8.1, §8.2): the complement of the pages sent before
 //!   LISTEN, per block, as merged byte ranges. If every page was sent
 //!   before LISTEN the last page of [`SourceConfig::before_run`] is held
@@ -78,7 +83,8 @@ pub mod error;
 pub mod return_path;
 mod source;
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 pub use error::{Phase, PostcopyError};
 pub use source::run_source;
@@ -111,6 +117,31 @@ pub trait PageSource: Send {
     fn read_page(&mut self, id: PageId, buf: &mut [u8]) -> std::io::Result<bool>;
 }
 
+/// Holds the background push from another thread: until the instant last
+/// given to [`BackgroundHold::hold_until`], the sender serves requested
+/// pages only. A caller that starts the guest itself (`cont`) uses it to
+/// leave the CPUs to a guest that has just started. Clones share the hold;
+/// the default holds nothing.
+#[derive(Clone, Debug, Default)]
+pub struct BackgroundHold(Arc<Mutex<Option<Instant>>>);
+
+impl BackgroundHold {
+    /// Serve requested pages only until `until` (replaces any earlier hold).
+    pub fn hold_until(&self, until: Instant) {
+        *self.lock() = Some(until);
+    }
+
+    /// When the current hold ends (`None`: none was set).
+    pub fn until(&self) -> Option<Instant> {
+        *self.lock()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        // An `Option<Instant>` cannot be left half-written by a panic.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// What to send and in which order.
 #[derive(Clone, Debug)]
 pub struct SourceConfig {
@@ -139,6 +170,9 @@ pub struct SourceConfig {
     /// `None`: push in the background right after RUN; `Some(d)`: for `d`
     /// after RUN send only requested pages (tracing), then push the rest.
     pub background_after: Option<Duration>,
+    /// Holds the background push while another thread says so (in
+    /// addition to `background_after`); requested pages are always served.
+    pub hold: BackgroundHold,
     /// How long to wait for SHUT after EOF.
     pub shut_timeout: Duration,
 }

@@ -20,6 +20,10 @@ use super::{PageId, PageSource, SourceConfig, SourceEvent, SourceReport, Work};
 /// readability of the stream, the destination loads records as they come.
 const PAGES_PER_SECTION: u32 = 256;
 
+/// While the background push is held, how often the sender looks at the
+/// hold again (another thread may shorten or lift it).
+const HOLD_POLL: Duration = Duration::from_millis(10);
+
 /// SO_SNDBUF asked for on the migration socket (Linux doubles it for its
 /// bookkeeping; on AF_UNIX it bounds all bytes written but not yet read by
 /// the destination). Everything queued in the kernel is ahead of the next
@@ -322,11 +326,12 @@ impl Sender<'_> {
     /// pages otherwise, until every page is sent.
     fn postcopy(&mut self, run_at: Instant) -> Result<(), PostcopyError> {
         let cfg = self.cfg;
-        let background_at = run_at + cfg.background_after.unwrap_or_default();
+        let after_run = run_at + cfg.background_after.unwrap_or_default();
         let mut background = cfg.background.iter().copied();
         let mut scan = 0u64; // global index of the (block, page) order scan
         while self.sent_count < self.total {
             self.poll(None)?;
+            let background_at = cfg.hold.until().map_or(after_run, |h| h.max(after_run));
             if !self.demand.is_empty() || !self.neighbours.is_empty() || Instant::now() < background_at {
                 self.work(Work::Demand);
             }
@@ -346,9 +351,10 @@ impl Sender<'_> {
                 continue;
             }
             if Instant::now() < background_at {
-                // Tracing: only requested pages until `background_at`.
+                // Tracing or held: only requested pages until `background_at`
+                // (looked at again every HOLD_POLL: the hold may change).
                 self.close_section()?;
-                self.poll(Some(background_at))?;
+                self.poll(Some(background_at.min(Instant::now() + HOLD_POLL)))?;
                 continue;
             }
             // No page is queued here: every request has been served.
