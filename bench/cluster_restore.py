@@ -29,6 +29,8 @@ snapshot, alternating): e.g. --modes hotrestore-rl:cold,hotrestore-rl:cold@/tmp/
 
 A mode written M:nopri runs M with `--no-priorities` (every thread at the same CPU priority), to
 measure the fault-path/background priorities side by side, e.g. --modes hotrestore-rl,hotrestore-rl:nopri.
+M:qMS runs M with `--start-quiet MS` (how long after each start only demand faults are served;
+default 1000), e.g. --modes hotrestore-rl,hotrestore-rl:q0. Variants combine with +: M:cold+q0.
 
 Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--modes M,M] [--spec spread|small] [--cold-cache] [--bin PATH] [--out DIR] [--pcap DIR] [--replot]
 """
@@ -95,6 +97,22 @@ def parse_mode(mode):
     return base, variant, exe
 
 
+def variant_options(variant):
+    """A variant's parts, joined by '+' (`cold+q0`) -> (extra `restore` arguments, drop the page
+    cache first). nopri: --no-priorities; cold: cold page cache; qMS: --start-quiet MS."""
+    extra, cold = [], False
+    for part in filter(None, variant.split("+")):
+        if part == "nopri":
+            extra.append("--no-priorities")
+        elif part == "cold":
+            cold = True
+        elif part[:1] == "q" and part[1:].isdigit():
+            extra += ["--start-quiet", part[1:]]
+        else:
+            raise ValueError(f"unknown variant {part!r} (use nopri, cold or qMS, joined by +)")
+    return extra, cold
+
+
 def run(run_dir, *args):
     return benchlib.run(VMCSNAP, run_dir, *args)
 
@@ -133,7 +151,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--bin")
     ap.add_argument("--modes", default=",".join(MODES),
-                    help="comma-separated subset of " + ",".join(MODES) + " (each may end in :nopri or :cold)")
+                    help="comma-separated subset of " + ",".join(MODES) + " (each may end in :VARIANT, VARIANT = nopri, cold, qMS or several joined by +, and in @BIN)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--spec", default="spread", choices=["spread", "small"],
                     help="working sets: spread (a few MiB to ~100 MiB, default) or small (all a few MiB)")
@@ -155,6 +173,11 @@ def main():
     if a.bin:
         VMCSNAP = os.path.abspath(a.bin)
     modes = [m for m in a.modes.split(",") if m]
+    for m in modes:
+        try:
+            variant_options(parse_mode(m)[1])
+        except ValueError as e:
+            sys.exit(f"--modes {m}: {e}")
     if a.pcap:
         os.environ["VMCSNAP_PCAP_DIR"] = os.path.abspath(a.pcap)  # the agent `up` starts inherits it
     os.makedirs(a.out, exist_ok=True)
@@ -176,8 +199,8 @@ def main():
                     base, variant, exe = parse_mode(mode)
                     exe = os.path.abspath(exe) if exe else VMCSNAP
                     try:
-                        extra = ["--no-priorities"] if variant == "nopri" else []
-                        if a.cold_cache or variant == "cold":
+                        extra, cold = variant_options(variant)
+                        if a.cold_cache or cold:
                             benchlib.drop_page_cache()
                         r = benchlib.run(exe, run_dir, "restore", "--cluster", "cut", "--mode", base, *extra, "--json")
                     except benchlib.Failed as e:
@@ -286,7 +309,7 @@ def labels(results):
     def key(m):
         base, variant, exe = parse_mode(m)
         return (["", "nopri", "cold"].index(variant) if variant in ("", "nopri", "cold") else 3,
-                MODES.index(base) if base in MODES else len(MODES), exe)
+                MODES.index(base) if base in MODES else len(MODES), variant, exe)
     return sorted({r["mode"] for r in results["runs"]}, key=key)
 
 

@@ -7,6 +7,7 @@
 use std::io::BufReader;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::Duration;
 
 use serde_json::json;
 use vmcsnap_control::{read_request, write_reply, ConsoleResult, Reply, Request, StatusResult};
@@ -243,17 +244,17 @@ fn dispatch(
             let report = crate::cluster_snapshot::snapshot_cluster(c, run, opts, progress)?;
             Ok(to_json(&report))
         }
-        Request::Restore { snapshot, mode, wss, paused, trace, no_background, no_priorities } => {
+        Request::Restore { snapshot, mode, wss, paused, trace, no_background, no_priorities, start_quiet_ms } => {
             let mode: vmcsnap_workingset::Mode = mode.parse().map_err(AgentError::BadRequest)?;
             let wss = wss.map_or(crate::restore::WssChoice::Auto, crate::restore::WssChoice::Pages);
-            let opts = crate::restore::Options { snapshot, mode, wss, paused, trace, no_background, priorities: !no_priorities, cluster: None };
+            let opts = crate::restore::Options { snapshot, mode, wss, paused, trace, no_background, priorities: !no_priorities, start_quiet: Duration::from_millis(start_quiet_ms.unwrap_or(0)), cluster: None };
             let report = crate::restore::restore(cluster, run, opts, progress)?;
             Ok(to_json(&report))
         }
-        Request::ClusterRestore { snapshot, mode, no_priorities, fault } => {
+        Request::ClusterRestore { snapshot, mode, no_priorities, start_quiet_ms, fault } => {
             let mode: crate::cluster_restore::Mode = mode.parse().map_err(AgentError::BadRequest)?;
             let fault = fault.map(|f| f.parse()).transpose().map_err(|e: crate::fault::BadRestoreFault| AgentError::BadRequest(e.to_string()))?;
-            let opts = crate::cluster_restore::Options { snapshot, mode, priorities: !no_priorities, fault };
+            let opts = crate::cluster_restore::Options { snapshot, mode, priorities: !no_priorities, start_quiet: start_quiet_ms.map_or(crate::restore::CLUSTER_START_QUIET, Duration::from_millis), fault };
             let report = crate::cluster_restore::restore_cluster(cluster, run, opts, progress)?;
             Ok(to_json(&report))
         }

@@ -83,6 +83,11 @@ pub enum Request {
         /// Leave every thread's CPU priority alone (see docs/restore.md).
         #[serde(default)]
         no_priorities: bool,
+        /// After each guest starts, serve only the pages it faults on for
+        /// this many ms (then load the rest in the background); `None`: the
+        /// agent's default for a cluster restore (docs/restore.md).
+        #[serde(default)]
+        start_quiet_ms: Option<u64>,
         /// Testing: a fault to inject, e.g.
         /// `cohort-fail-when-peers-loaded=VM` (see the agent's `fault` module).
         #[serde(default)]
@@ -111,6 +116,10 @@ pub enum Request {
         /// Leave every thread's CPU priority alone (see docs/restore.md).
         #[serde(default)]
         no_priorities: bool,
+        /// After the guest starts, serve only the pages it faults on for
+        /// this many ms (then load the rest in the background); `None`: 0.
+        #[serde(default)]
+        start_quiet_ms: Option<u64>,
     },
     /// Stop one VM of the cluster (its QEMU, RAM and port go; the rest
     /// runs on). Result: `{"vm": NAME}`.

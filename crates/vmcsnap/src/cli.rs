@@ -133,6 +133,11 @@ pub enum Command {
         /// Leave CPU priorities alone (by default, as root, serving faults runs above the guests' vCPUs and background loading below them).
         #[arg(long)]
         no_priorities: bool,
+        /// After each guest starts, serve only the pages it faults on for MS milliseconds, then
+        /// load the rest in the background, so that the CPU goes to the guests that just started
+        /// [default: 1000 with --cluster, else 0].
+        #[arg(long, value_name = "MS")]
+        start_quiet: Option<u64>,
         /// Testing, with --cluster: make VM's Cohort fail in place of LOAD_FIN once every VM
         /// has loaded (cohort-fail-when-peers-loaded=VM), to check what an abandoned restore leaves.
         #[arg(long, hide = true, value_name = "FAULT", requires = "cluster")]
@@ -248,4 +253,18 @@ pub enum GuestCmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// `restore --help` states the agent's default quiet time in words.
+    #[test]
+    fn restore_help_states_the_agents_cluster_start_quiet() {
+        let mut cli = super::Cli::command();
+        let help = cli.find_subcommand_mut("restore").expect("restore").render_long_help().to_string();
+        let ms = vmcsnap_agent::restore::CLUSTER_START_QUIET.as_millis();
+        assert!(help.contains(&format!("default: {ms} with --cluster")), "{help}");
+    }
 }

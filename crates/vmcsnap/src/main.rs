@@ -88,21 +88,21 @@ fn run(cli: Cli) -> Result<()> {
             let v = request(&run_dir.agent_socket(), &Request::Snapshot { vm, mode, name, reference, fault: inject_fault })?;
             output::json_or(json, &v, || output::snapshot(&v))
         }
-        Command::Restore { snapshot, cluster: true, mode, no_priorities, inject_fault, json, .. } => {
+        Command::Restore { snapshot, cluster: true, mode, no_priorities, start_quiet, inject_fault, json, .. } => {
             let mode = mode.unwrap_or_else(|| "hotrestore-rl".into());
             launch::ensure_agent(&run_dir, true)?;
             let fault = inject_fault;
-            let v = request(&run_dir.agent_socket(), &Request::ClusterRestore { snapshot, mode, no_priorities, fault })?;
+            let v = request(&run_dir.agent_socket(), &Request::ClusterRestore { snapshot, mode, no_priorities, start_quiet_ms: start_quiet, fault })?;
             output_cluster::json_or_restore(json, &v)
         }
-        Command::Restore { snapshot, mode, wss, paused, trace, no_background, no_priorities, json, .. } => {
+        Command::Restore { snapshot, mode, wss, paused, trace, no_background, no_priorities, start_quiet, json, .. } => {
             let mode = mode.unwrap_or_else(|| "workingset".into());
             let wss = match wss.as_str() {
                 "auto" => None,
                 n => Some(n.parse::<u64>().with_context(|| format!("--wss {n:?}: give a number of pages or auto"))?),
             };
             launch::ensure_agent(&run_dir, true)?;
-            let v = request(&run_dir.agent_socket(), &Request::Restore { snapshot, mode, wss, paused, trace, no_background, no_priorities })?;
+            let v = request(&run_dir.agent_socket(), &Request::Restore { snapshot, mode, wss, paused, trace, no_background, no_priorities, start_quiet_ms: start_quiet })?;
             output::json_or(json, &v, || output::restore(&v))
         }
         Command::Stop { vm, json } => {

@@ -94,6 +94,9 @@ pub struct Options {
     /// Raise the fault path's CPU priority and lower background loading's
     /// (when permitted; see `restore::Options::priorities`).
     pub priorities: bool,
+    /// After each guest starts, only its demand faults are served for this
+    /// long (`restore::Options::start_quiet`).
+    pub start_quiet: std::time::Duration,
     /// Testing: a fault to inject (`crate::fault`).
     pub fault: Option<RestoreFault>,
 }
@@ -341,6 +344,7 @@ fn run_protocol(
                     trace: false,
                     no_background: false,
                     priorities: opts.priorities,
+                    start_quiet: opts.start_quiet,
                     cluster: None,
                 },
                 gate: gate.clone(),

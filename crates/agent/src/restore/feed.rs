@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 use vmcsnap_image::PageKey;
-use vmcsnap_migstream::postcopy::{self, DestBlock, PageId, PostcopyError, SourceConfig, SourceEvent};
+use vmcsnap_migstream::postcopy::{self, BackgroundHold, DestBlock, PageId, PostcopyError, SourceConfig, SourceEvent};
 
 use super::pages::ImagePages;
 use super::priority::{self, Priorities};
@@ -156,6 +156,15 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
     let prepared = opts.cluster.is_some();
     let to_id = |k: &PageKey| PageId { block: k.ram_block, page: k.page };
     let device_state = img.device_state().map_err(|e| fail(&name, format!("device state: {e}")))?;
+    let hold = BackgroundHold::default();
+    // Only demand faults for `start_quiet` once the guest starts: from RUN
+    // where RUN starts it, from `cont` in a cluster restore (`hold`).
+    let quiet = opts.start_quiet;
+    let background_after = match (opts.no_background, prepared || opts.paused) {
+        (true, _) => Some(TRACE_WINDOW.max(quiet)),
+        (false, false) => Some(quiet),
+        (false, true) => None,
+    };
     let scfg = SourceConfig {
         machine: img.manifest().qemu.machine.clone(),
         blocks: img.ram_blocks().iter().map(|b| DestBlock { name: b.name.clone(), used_length: b.used_length }).collect(),
@@ -165,7 +174,8 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
         before_run: planned.plan.before_run.iter().map(to_id).collect(),
         demand_cluster: planned.plan.demand_cluster,
         background: planned.plan.background.iter().map(to_id).collect(),
-        background_after: opts.no_background.then_some(TRACE_WINDOW),
+        background_after,
+        hold: hold.clone(),
         shut_timeout: Duration::from_secs(60),
     };
     let mut pages = ImagePages::new(img, &planned.plan.before_run).map_err(|e| fail(&name, e))?;
@@ -287,6 +297,7 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
                     }
                 },
                 Phase::Ready if start_requested => {
+                    hold.hold_until(Instant::now() + quiet);
                     if let Err(e) = vm.execute("cont", Value::Null) {
                         st.failure = Some(e);
                         break;

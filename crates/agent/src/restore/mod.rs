@@ -41,4 +41,4 @@ mod start_gate;
 pub mod traces;
 
 pub use start_gate::StartGate;
-pub use run::{hybrid_size, restore, restore_into, saved_vm, InCluster, Options, Report, RestoreEvent, Saved, WssChoice};
+pub use run::{hybrid_size, restore, restore_into, saved_vm, InCluster, Options, Report, RestoreEvent, Saved, WssChoice, CLUSTER_START_QUIET};

@@ -22,6 +22,17 @@ use crate::{log, AgentError, RunDir};
 /// before the rest is pushed (every page must arrive before the stream
 /// ends).
 pub const TRACE_WINDOW: Duration = Duration::from_secs(10);
+/// How long after a guest's start only its demand faults are served in a
+/// cluster restore, unless `--start-quiet` says otherwise (a restore of one
+/// VM pushes in the background at once unless asked). A guest that has just started needs the CPU: under
+/// TCG it retranslates its code, and its peers' TCP expects answers within
+/// a tail-loss-probe timeout (2 RTT + 8 ms with several segments out).
+/// Background loading during that time (the sender, and QEMU placing each
+/// page) took enough CPU from the guests of a cluster restore to make their
+/// peers retransmit; holding it for 1 s cut the retransmissions from 109 to
+/// 33 in 32 restores (docs/restore.md, "A quiet start").
+pub const CLUSTER_START_QUIET: Duration = Duration::from_millis(1000);
+
 /// The section id of "ram" in the stream we send (what QEMU itself uses).
 pub(super) const RAM_SECTION_ID: u32 = 2;
 
@@ -52,6 +63,10 @@ pub struct Options {
     /// Raise the fault path's CPU priority and lower background loading's,
     /// where this process may ([`super::priority`]).
     pub priorities: bool,
+    /// After the guest starts, serve only the pages it faults on for this
+    /// long, then push the rest in the background (0 for one VM by default,
+    /// [`CLUSTER_START_QUIET`] in a cluster restore).
+    pub start_quiet: Duration,
     /// A cluster restore: the snapshot's directory (instead of a name under
     /// the snapshots root), the gate that holds the start, and where to
     /// report progress. `None` for a restore of one VM.
