@@ -174,10 +174,11 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
         return Ok(());
     }
     println!(
-        "cluster {} restored from {} ({})",
+        "cluster {} restored from {} ({}; after each start only demand faults for {} ms)",
         v["cluster"].as_str().unwrap_or("?"),
         v["snapshot"].as_str().unwrap_or("?"),
-        v["mode"].as_str().unwrap_or("?")
+        v["mode"].as_str().unwrap_or("?"),
+        crate::output::cell(&v["start_quiet_ms"])
     );
     let line: Vec<&str> = v["restore_line"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
     println!("restore line (planned): {}", line.join(" < "));

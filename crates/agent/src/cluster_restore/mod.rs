@@ -183,7 +183,7 @@ pub fn restore_cluster(
         log(format!("cluster restore of {} failed: {detail}", m.name));
         return Err(AgentError::BadRequest(format!("cluster restore failed: {detail}; nothing was left running")));
     }
-    let report = report::build(&m, &plan, opts.mode, &restored, &start_order, t0, start_unix_us);
+    let report = report::build(&m, &plan, &opts, &restored, &start_order, t0, start_unix_us);
     for (member, ..) in restored {
         c.members.push(member);
     }

@@ -103,6 +103,8 @@ pub struct ClusterRestoreReport {
     pub cluster: String,
     /// The mode.
     pub mode: Mode,
+    /// How long after each start only demand faults were served (`--start-quiet`).
+    pub start_quiet_ms: u64,
     /// Per VM, in start order.
     pub vms: Vec<VmRestoreReport>,
     /// VMs in the order their guests started.
@@ -137,7 +139,7 @@ pub struct ClusterRestoreReport {
 pub fn build(
     m: &ClusterManifest,
     plan: &Plan,
-    mode: Mode,
+    opts: &super::Options,
     restored: &[(Member, restore::Report, Option<u64>, u64)],
     _start_order: &[(String, u64)],
     t0: Instant,
@@ -226,7 +228,8 @@ pub fn build(
     ClusterRestoreReport {
         snapshot: m.name.clone(),
         cluster: m.cluster.clone(),
-        mode,
+        mode: opts.mode,
+        start_quiet_ms: opts.start_quiet.as_millis() as u64,
         backoff_avg_ms: backoffs.iter().sum::<f64>() / n,
         backoff_median_ms: median,
         backoff_max_ms: backoffs.last().copied().unwrap_or(0.0),
