@@ -117,7 +117,7 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
         // answers with a duplicate SACK (docs/restore.md). Their number is
         // printed, not held to a bound: it is the host's speed (with the
         // quiet start, hotrestore-rl's was 0 in four runs in a row, and 0 in
-        // 29 of 32 four-VM restores of the benchmark). Every one of them
+        // 34 of 37 four-VM restores of the benchmark). Every one of them
         // must have been answered by a duplicate SACK (`lost` = 0).
         // Regression: CI once saw r1 with 3 retransmissions no duplicate
         // SACK answered after a workingset-restore; the guest's status line
