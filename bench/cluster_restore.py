@@ -285,6 +285,23 @@ def main():
     plot(results, a.out)
 
 
+def control_totals(windows):
+    """A control's per-VM windows (`steady`, `restart`) -> (RetransSegs growth, duplicate SACKs, VMs
+    without a window), summed over the VMs; None if the control failed."""
+    if "error" in windows:
+        return None
+    ws = list(windows.values())
+    return (sum((g or {}).get("retrans", 0) for g in ws), sum((g or {}).get("dsack", 0) for g in ws),
+            sum(1 for g in ws if not g or "retrans" not in g))
+
+
+def control_columns(name, totals):
+    """The summary's columns of one control, a list per column with a value per run."""
+    return {f"{name}_retrans_growth": [t and t[0] for t in totals],
+            f"{name}_dsack_growth": [t and t[1] for t in totals],
+            f"{name}_missing": [t and t[2] for t in totals]}
+
+
 def summarize(results):
     """Fills results["summary"] from results["runs"] (medians per cluster size and mode) and prints
     the table."""
@@ -321,24 +338,11 @@ def summarize(results):
                  "tlp_growth": [sum((v.get("tcp_growth") or {}).get("tlp") or 0 for v in r["vms"]) for r in good],
                  "dsack_growth": [sum((v.get("tcp_growth") or {}).get("dsack") or 0 for v in r["vms"]) for r in good],
                  "lost_segments": [sum(benchlib.lost(v.get("tcp_growth")) for v in r["vms"]) for r in good],
-                 # Control: the growth over STEADY_WINDOW_S of the same guests' running, no restore in it.
-                 "steady_retrans_growth": [sum((g or {}).get("retrans", 0) for g in (r.get("steady") or {}).values())
-                                           for r in good],
-                 "steady_dsack_growth": [sum((g or {}).get("dsack", 0) for g in (r.get("steady") or {}).values())
-                                         for r in good],
-                 # VMs without a control window (too few stat lines): not counted above, reported.
-                 "steady_missing": [sum(1 for g in (r.get("steady") or {}).values() if not g or "retrans" not in g)
-                                    for r in good],
-                 # Control: the growth across a warm restart of every VM's QEMU (--restart-control).
-                 "restart_retrans_growth": [sum((g or {}).get("retrans", 0) for g in r["restart"].values())
-                                            if "error" not in r["restart"] else None
-                                            for r in good if "restart" in r],
-                 "restart_dsack_growth": [sum((g or {}).get("dsack", 0) for g in r["restart"].values())
-                                          if "error" not in r["restart"] else None
-                                          for r in good if "restart" in r],
-                 "restart_missing": [sum(1 for g in r["restart"].values() if not g or "retrans" not in g)
-                                     if "error" not in r["restart"] else None
-                                     for r in good if "restart" in r],
+                 # Controls (VMs without a window, too few stat lines, are not counted but reported):
+                 # the growth over STEADY_WINDOW_S of the same guests' running, no restore in it; and
+                 # across a warm restart of every VM's QEMU (--restart-control; None where it failed).
+                 **control_columns("steady", [control_totals(r.get("steady") or {}) for r in good]),
+                 **control_columns("restart", [control_totals(r["restart"]) for r in good if "restart" in r]),
                  # The longest pause between two pingpong replies any client saw after the restore.
                  "guest_max_gap_ms": [max([v.get("guest_max_gap_ms") or 0 for v in r["vms"]]) for r in good]}
             base_mode, variant, _ = parse_mode(mode)  # any @BIN: same baseline
