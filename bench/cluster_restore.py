@@ -195,7 +195,7 @@ def main():
                     help="drop the page cache before every restore (root): the snapshot is read from the disk")
     ap.add_argument("--restart-control", action="store_true",
                     help="after each restore's steady window, warm-restart every VM's QEMU (rejuvenate --all) and "
-                         "measure the same TCP counters across it: the floor a fresh QEMU alone sets")
+                         "measure the same TCP counters across it: what replacing the QEMUs costs, with nothing to load (their pauses are visible to peers)")
     ap.add_argument("--replot", action="store_true", help="only recompute the table and redraw the PNG from the JSON in --out")
     ap.add_argument("--pcap", metavar="DIR",
                     help="capture every VM's traffic into DIR (VMCSNAP_PCAP_DIR); then bench/restore_pcap.py "
