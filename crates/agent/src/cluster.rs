@@ -106,9 +106,13 @@ impl Cluster {
                 data_dir: None,
                 module_dir: None,
             };
-            let vm = Vm::spawn(qemu_bin, config, dir.join("qemu.log"))?;
+            // Recorded before it starts: no QEMU of ours runs unrecorded.
+            let qemu_log = dir.join("qemu.log");
+            crate::record::save(&self.run, self, &[crate::record::VmRecord::pending(&config, &qemu_log, address, &disk)])?;
+            let vm = Vm::spawn(qemu_bin, config, qemu_log)?;
             log(format!("VM {}: started QEMU pid {} ({})", vm.name, vm.pid, self.accel.name()));
             self.members.push(Member { vm, address, port, disk });
+            self.persist()?;
         }
         progress(&format!("booting {} VMs ({})", self.members.len(), self.accel.name()));
         let timeout = Duration::from_secs(spec.cluster.boot_timeout_s);
@@ -150,6 +154,12 @@ impl Cluster {
     /// up adds its VM to it).
     pub fn empty(run: &RunDir, spec: ClusterSpec, accel: Resolved) -> Result<Cluster, AgentError> {
         let cluster_dir = run.cluster_dir();
+        // Never take the files of a QEMU that still runs (a cluster whose
+        // agent died and whose record is gone).
+        let stray = crate::record::qemus_using(&cluster_dir);
+        if !stray.is_empty() {
+            return Err(AgentError::StrayQemu { dir: cluster_dir, pids: stray });
+        }
         if cluster_dir.exists() {
             // Left over from an earlier cluster of this run directory: only
             // logs remain there after a clean `down`.
@@ -157,6 +167,18 @@ impl Cluster {
         }
         let switch = Switch::start_with(switch_config())?;
         Ok(Cluster { spec, accel, members: Vec::new(), switch, run: run.clone() })
+    }
+
+    /// A cluster whose VMs a new agent adopts ([`crate::record::adopt`]):
+    /// a fresh switch, and nothing in the cluster directory is touched.
+    pub fn adopted(run: &RunDir, spec: ClusterSpec, accel: Resolved) -> Result<Cluster, AgentError> {
+        let switch = Switch::start_with(switch_config())?;
+        Ok(Cluster { spec, accel, members: Vec::new(), switch, run: run.clone() })
+    }
+
+    /// Writes the durable record of the cluster's VMs (see [`crate::record`]).
+    pub fn persist(&self) -> Result<(), AgentError> {
+        crate::record::save(&self.run, self, &[])
     }
 
     /// Stops one VM: its QEMU, RAM file, sockets and switch port go; its
@@ -170,8 +192,9 @@ impl Cluster {
             log(format!("stop {vm}: removing its switch port: {e}"));
         }
         m.vm.config.remove_runtime_files();
+        crate::intent::clear(&m.vm.config);
         log(format!("VM {vm}: stopped"));
-        Ok(())
+        self.persist()
     }
 
     /// Reassembles a cluster (after an agent restart).
@@ -288,6 +311,7 @@ impl Cluster {
         self.switch.stop();
         for m in &self.members {
             m.vm.config.remove_runtime_files();
+            crate::intent::clear(&m.vm.config);
             if let Err(e) = std::fs::remove_file(&m.disk) {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     log(format!("teardown: cannot remove {}: {e}", m.disk.display()));
@@ -299,6 +323,26 @@ impl Cluster {
             let _ = std::fs::remove_file(self.run.shm_path(&self.spec.cluster.name, &v.name));
         }
         self.members.clear();
+        crate::record::clear(&self.run);
+    }
+}
+
+impl Member {
+    /// Learns from QEMU which file the VM writes now (a snapshot that an
+    /// agent died in may have put an overlay on top since the record was
+    /// written). Keeps what it has if QEMU does not say.
+    pub fn refresh_disk(&mut self) {
+        if self.vm.exited().is_some() {
+            return;
+        }
+        let top = self.vm.execute("query-block", serde_json::Value::Null).ok().and_then(|v| {
+            v.as_array()?.iter().find_map(|d| d["inserted"]["file"].as_str().map(PathBuf::from))
+        });
+        if let Some(top) = top.filter(|t| t.exists() && *t != self.disk) {
+            log(format!("VM {}: it writes {} now (recorded: {})", self.vm.name, top.display(), self.disk.display()));
+            self.vm.config.disk = top.clone();
+            self.disk = top;
+        }
     }
 }
 

@@ -35,6 +35,22 @@ pub enum AgentError {
     /// No VM of that name.
     #[error("no VM named {0:?} in the running cluster (see `vmcsnap status`)")]
     NoSuchVm(String),
+    /// The agent's record of its VMs cannot be read.
+    #[error("{}: the agent's record of its VMs is unreadable ({detail}); its VMs may still run: find them with `pgrep -af {}` before removing the file", path.display(), path.parent().map(|p| p.display().to_string()).unwrap_or_default())]
+    BadRecord {
+        /// The record file.
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// QEMU processes of an earlier cluster still use its directory.
+    #[error("QEMU processes still use {} (pids {pids:?}), but no agent knows them; stop them (kill PID) or adopt them with the record of the agent that started them", dir.display())]
+    StrayQemu {
+        /// The cluster directory.
+        dir: PathBuf,
+        /// Their pids.
+        pids: Vec<u32>,
+    },
     /// QEMU failed to start or died during boot.
     #[error("VM {vm:?}: QEMU exited during boot ({status}); its output:\n{output}")]
     QemuExited {

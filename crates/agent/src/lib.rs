@@ -24,9 +24,11 @@ pub mod cluster_snapshot;
 pub mod disk_chain;
 pub mod fault;
 pub mod handover;
+pub mod intent;
 mod error;
 pub mod paths;
 pub mod qemu;
+pub mod record;
 pub mod rejuvenate;
 pub mod relay;
 pub mod restore;
@@ -41,8 +43,8 @@ pub use server::{serve, AgentOptions};
 /// The snapshot image format (re-exported for the CLI and tests).
 pub use vmcsnap_image as image;
 
-/// Writes one timestamped line to the agent's log (its stderr).
+/// One line of the agent's log, through `tracing` (the binary installs
+/// the subscriber that writes it, timestamped, to the agent's stderr).
 pub fn log(msg: impl AsRef<str>) {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    eprintln!("[{}.{:03}] {}", now.as_secs(), now.subsec_millis(), msg.as_ref());
+    tracing::info!("{}", msg.as_ref());
 }

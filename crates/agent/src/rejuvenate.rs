@@ -33,6 +33,7 @@ use vmcsnap_switch::mediator::probe::PROBES_BEFORE_PAUSE;
 use vmcsnap_switch::SwitchHandle;
 
 use crate::cluster::Member;
+use crate::intent::Intent;
 use crate::vm::Vm;
 use crate::{log, AgentError};
 
@@ -253,9 +254,24 @@ fn suspend_resume(m: &mut Member, qemu_bin: &Path, prev: &Prev, state: &Path, mo
     let vm = &mut m.vm;
     vm.execute("migrate-set-capabilities", caps(warm))?;
     vm.qmp()?.take_events().map_err(|source| AgentError::Qmp { vm: vm.name.clone(), source })?;
+    // A VM the operator paused is not resumed by a later agent.
+    let was_running = vm.run_state() == "running";
+    if was_running {
+        crate::intent::set(&vm.config, &Intent::Resume)?;
+    }
     let t_pause = Instant::now();
-    vm.execute("stop", Value::Null)?;
-    let stop_us = event_ts(vm, "STOP")?;
+    if let Err(e) = vm.execute("stop", Value::Null) {
+        crate::intent::clear(&vm.config);
+        return Err(e);
+    }
+    let stop_us = match event_ts(vm, "STOP") {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = vm.execute("cont", Value::Null);
+            crate::intent::clear(&vm.config);
+            return Err(e);
+        }
+    };
     let _ = std::fs::remove_file(state);
     let saved = vm
         .execute("migrate", json!({ "uri": format!("exec:cat > {}", shell_quote(state)) }))
@@ -266,10 +282,24 @@ fn suspend_resume(m: &mut Member, qemu_bin: &Path, prev: &Prev, state: &Path, mo
         let _ = vm.execute("migrate_cancel", Value::Null);
         vm.wait_migration_end("the cancelled state save", Duration::from_secs(60));
         let _ = vm.execute("cont", Value::Null);
+        crate::intent::clear(&vm.config);
         let _ = std::fs::remove_file(state);
         return Err(e);
     }
     let save_ms = t_pause.elapsed().as_secs_f64() * 1000.0;
+    // From here on the saved state is what the VM is: make it durable and
+    // say so, so that an agent killed while no QEMU runs this VM is
+    // followed by one that starts it from the state.
+    let durable = std::fs::File::open(state)
+        .and_then(|f| f.sync_all())
+        .map_err(AgentError::io("syncing", state))
+        .and_then(|()| crate::intent::set(&vm.config, &Intent::Restart { state: state.to_path_buf(), warm }));
+    if let Err(e) = durable {
+        let _ = vm.execute("cont", Value::Null);
+        crate::intent::clear(&vm.config);
+        let _ = std::fs::remove_file(state);
+        return Err(e);
+    }
 
     let t_restart = Instant::now();
     vm.shutdown();
@@ -284,10 +314,15 @@ fn suspend_resume(m: &mut Member, qemu_bin: &Path, prev: &Prev, state: &Path, mo
     let (mut new_vm, fell_back) = start_and_load(qemu_bin, prev, &config, &qemu_log, state, warm)?;
     let restart_ms = t_restart.elapsed().as_secs_f64() * 1000.0;
     let load_ms = new_vm.1;
-    new_vm.0.execute("cont", Value::Null)?;
-    let resume_us = event_ts(&mut new_vm.0, "RESUME")?;
     new_vm.0.boot_ms = vm.boot_ms;
     *vm = new_vm.0;
+    if !was_running {
+        crate::intent::clear(&vm.config);
+        return Ok(Timings { downtime_ms: 0.0, save_ms, restart_ms: restart_ms - load_ms, load_ms, quit_ms, fell_back });
+    }
+    vm.execute("cont", Value::Null)?;
+    let resume_us = event_ts(vm, "RESUME")?;
+    crate::intent::clear(&vm.config);
     Ok(Timings {
         downtime_ms: resume_us.saturating_sub(stop_us) as f64 / 1000.0,
         save_ms,
@@ -333,14 +368,8 @@ fn try_start_and_load(
     warm: bool,
 ) -> Result<(Vm, f64), AgentError> {
     let mut vm = Vm::spawn(bin, config.clone(), qemu_log.to_path_buf())?;
-    let r = (|| {
-        vm.execute("migrate-set-capabilities", caps(warm))?;
-        let t = Instant::now();
-        vm.execute("migrate-incoming", json!({ "uri": format!("exec:cat {}", shell_quote(state)) }))?;
-        wait_migration(&mut vm, "loading state")?;
-        Ok(t.elapsed().as_secs_f64() * 1000.0)
-    })();
-    match r {
+    let t = Instant::now();
+    match load_state(&mut vm, state, warm).map(|()| t.elapsed().as_secs_f64() * 1000.0) {
         Ok(ms) => Ok((vm, ms)),
         Err(e) => {
             vm.shutdown();
@@ -349,9 +378,41 @@ fn try_start_and_load(
     }
 }
 
+/// Loads the device state (and for a saved restart, RAM) in `state` into
+/// `vm`, a QEMU started with `-incoming defer`.
+pub(crate) fn load_state(vm: &mut Vm, state: &Path, warm: bool) -> Result<(), AgentError> {
+    vm.execute("migrate-set-capabilities", caps(warm))?;
+    vm.execute("migrate-incoming", json!({ "uri": format!("exec:cat {}", shell_quote(state)) }))?;
+    wait_migration(vm, "loading state")
+}
+
+/// A new QEMU for a VM whose restart an agent did not finish: started on
+/// the saved `state` and resumed.
+pub(crate) fn start_from_state(config: &crate::qemu::QemuConfig, qemu_log: &Path, state: &Path, warm: bool) -> Result<Vm, AgentError> {
+    let qemu_bin = crate::qemu::find_qemu()?;
+    let mut config = config.clone();
+    config.incoming = true;
+    let (mut vm, _) = try_start_and_load(&qemu_bin, &config, qemu_log, state, warm)?;
+    vm.execute("cont", Value::Null)?;
+    Ok(vm)
+}
+
+/// A fresh boot of a VM whose cold restart an agent did not finish.
+pub(crate) fn boot_again(config: &crate::qemu::QemuConfig, qemu_log: &Path) -> Result<Vm, AgentError> {
+    let qemu_bin = crate::qemu::find_qemu()?;
+    let mut config = config.clone();
+    config.incoming = false;
+    config.paused = false;
+    let _ = std::fs::remove_file(&config.ram_file);
+    let mut vm = Vm::spawn(&qemu_bin, config, qemu_log.to_path_buf())?;
+    vm.qmp()?;
+    Ok(vm)
+}
+
 fn cold(m: &mut Member, qemu_bin: &Path, prev: &Prev) -> Result<Timings, AgentError> {
     let vm = &mut m.vm;
     let t = Instant::now();
+    crate::intent::set(&vm.config, &Intent::Boot)?;
     vm.shutdown();
     let _ = std::fs::remove_file(&vm.config.ram_file);
     let mut config = vm.config.clone();
@@ -386,6 +447,7 @@ fn cold(m: &mut Member, qemu_bin: &Path, prev: &Prev) -> Result<Timings, AgentEr
     };
     let load_ms = new.boot_ms.unwrap_or(0) as f64;
     *vm = new;
+    crate::intent::clear(&vm.config);
     let downtime_ms = t.elapsed().as_secs_f64() * 1000.0;
     Ok(Timings { downtime_ms, save_ms: 0.0, restart_ms: downtime_ms - load_ms, load_ms, quit_ms: 0.0, fell_back })
 }

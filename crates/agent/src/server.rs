@@ -49,7 +49,12 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
             ));
             (l, c, e, g)
         }
-        None => (bind_control(run)?, None, opts.exit_when_idle, 0),
+        None => {
+            let listener = bind_control(run)?;
+            // VMs of an agent that died: adopt them before serving anyone.
+            let cluster = crate::record::adopt(run)?;
+            (listener, cluster, opts.exit_when_idle, 0)
+        }
     };
     std::fs::write(run.agent_pid(), format!("{}\n", std::process::id()))
         .map_err(AgentError::io("writing", run.agent_pid()))?;
@@ -66,7 +71,19 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
             }
         };
         let info = AgentInfo { generation, started_unix_ms: crate::handover::unix_ms(started) };
-        let (action, changes_state) = handle(stream, run, &mut cluster, &info);
+        let (action, changes_state, changes_vms) = handle(stream, run, &mut cluster, &info);
+        if changes_vms {
+            // Whatever the request did (even if it failed midway), the
+            // record says which VMs run now.
+            match &cluster {
+                Some(c) => {
+                    if let Err(e) = c.persist() {
+                        log(format!("cannot write the VM record: {e}"));
+                    }
+                }
+                None => crate::record::clear(run),
+            }
+        }
         match action {
             Action::Stop => break,
             Action::Restart => {
@@ -122,21 +139,24 @@ struct AgentInfo {
 /// Serves one connection; returns whether the agent should stop, and
 /// whether the request was one that starts or ends a cluster (an agent
 /// started on demand exits when such a request leaves no cluster up).
-fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>, info: &AgentInfo) -> (Action, bool) {
+fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>, info: &AgentInfo) -> (Action, bool, bool) {
     let mut reader = BufReader::new(match stream.try_clone() {
         Ok(s) => s,
-        Err(_) => return (Action::Continue, false),
+        Err(_) => return (Action::Continue, false, false),
     });
     let mut out = stream;
     let request = match read_request(&mut reader) {
         Ok(r) => r,
         Err(e) => {
             let _ = write_reply(&mut out, &Reply::Failed { error: e.to_string() });
-            return (Action::Continue, false);
+            return (Action::Continue, false, false);
         }
     };
     let changes_state =
         matches!(request, Request::Up { .. } | Request::Down | Request::Rejuvenate { .. } | Request::Restore { .. } | Request::ClusterRestore { .. });
+    // Requests after which the VM record is rewritten (a snapshot moves a
+    // VM to a new disk overlay; a stop removes one).
+    let changes_vms = changes_state || matches!(request, Request::Snapshot { .. } | Request::ClusterSnapshot { .. } | Request::Stop { .. });
     let mut stop = false;
     let restart = matches!(request, Request::RestartAgent);
     let result = {
@@ -160,7 +180,7 @@ fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>, info:
     } else {
         Action::Continue
     };
-    (action, changes_state)
+    (action, changes_state, changes_vms)
 }
 
 fn dispatch(

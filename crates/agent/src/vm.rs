@@ -104,6 +104,14 @@ impl Vm {
         }
     }
 
+    /// A VM whose QEMU was found gone when an agent adopted it: shown as
+    /// exited until `down` or `stop` removes it.
+    pub fn dead(config: QemuConfig, pid: u32, started_at: SystemTime, boot_ms: Option<u64>, qemu_log: PathBuf) -> Vm {
+        let mut vm = Vm::adopt(config, pid, started_at, boot_ms, qemu_log);
+        vm.exit_status = Some("exited while no agent watched it".into());
+        vm
+    }
+
     /// Has QEMU exited? Returns its status text if so.
     pub fn exited(&mut self) -> Option<String> {
         if self.exit_status.is_none() {
@@ -113,7 +121,14 @@ impl Vm {
                         self.exit_status = Some(st.to_string());
                     }
                 }
-                None => self.exit_status = crate::handover::reap(self.pid),
+                None => {
+                    // Our child after an exec handover (reap it), or a QEMU
+                    // adopted after a crash (init reaps it; its command line
+                    // tells it from a process that reused the pid).
+                    self.exit_status = crate::handover::reap(self.pid).or_else(|| {
+                        (!crate::record::is_qemu_of(self.pid, &self.config.qmp_socket)).then(|| "exited".to_string())
+                    });
+                }
             }
         }
         self.exit_status.clone()

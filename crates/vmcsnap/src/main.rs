@@ -23,10 +23,27 @@ fn main() {
     // SAFETY: signal(2) with SIG_DFL for SIGPIPE, before any thread exists.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
+    init_logging(matches!(cli.command, Command::Agent { cmd: AgentCmd::Run { .. } }));
     if let Err(e) = run(cli) {
         eprintln!("vmcsnap: error: {}", error_chain(e.chain()));
         std::process::exit(1);
     }
+}
+
+/// Logs of the agent and the libraries (`tracing`, and the `log` calls of
+/// the switch and coordinator through its bridge) go to stderr: the agent
+/// logs at `info` (its stderr is `<run-dir>/agent.log`), the CLI only
+/// warnings. `VMCSNAP_LOG` (e.g. `debug`, `vmcsnap_switch=debug`) overrides.
+fn init_logging(agent: bool) {
+    let default = if agent { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("VMCSNAP_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(agent)
+        .try_init();
 }
 
 /// The whole cause chain on one line, skipping a cause whose text the
@@ -241,6 +258,20 @@ fn availability(run_dir: &RunDir, t_vmm: f64, t_os: f64, json: bool) -> Result<(
     })
 }
 
+/// Sends `req` to the agent of the run directory holding `sock`. If no
+/// agent answers but the run directory records VMs (their agent died), a
+/// new agent is started first: it adopts them, and the request goes to it.
 fn request(sock: &Path, req: &Request) -> Result<serde_json::Value> {
-    Ok(call(sock, req, None, &mut |m| eprintln!("  {m}"))?)
+    match call(sock, req, None, &mut |m| eprintln!("  {m}")) {
+        Err(e) if matches!(e, vmcsnap_control::ControlError::NoAgent { .. }) => {
+            let run_dir = RunDir::new(sock.parent().unwrap_or(Path::new(".")));
+            if !run_dir.root().join(vmcsnap_agent::record::RECORD_FILE).exists() {
+                return Err(e.into());
+            }
+            eprintln!("  no agent answers but VMs are recorded in {}: starting an agent to adopt them", run_dir.root().display());
+            launch::ensure_agent(&run_dir, true)?;
+            Ok(call(sock, req, None, &mut |m| eprintln!("  {m}"))?)
+        }
+        r => Ok(r?),
+    }
 }

@@ -219,6 +219,15 @@ pub fn snapshot(
     let vm = &mut member.vm;
     let vm_name = vm.name.clone();
     let fail = |detail: String| AgentError::Snapshot { vm: vm_name.clone(), detail };
+    // A VM the operator paused is taken as it is and stays paused: no
+    // background snapshot (QEMU would resume the guest when it starts
+    // one) and no `cont` after. Its "pause" costs the guest nothing.
+    let was_running = vm.run_state() == "running";
+    let mut opts = opts;
+    if !was_running {
+        progress(&format!("{}: the VM is paused; copying it as it is (stop-copy), it stays paused", vm.name));
+        opts.mode = Mode::StopCopy;
+    }
     let root = opts.target.as_ref().map_or_else(|| run.snapshots_dir(), |t| t.root.clone());
     let (name, final_dir) = new_snapshot_dir(&root, opts.name.clone(), &vm.name)?;
 
@@ -281,7 +290,9 @@ pub fn snapshot(
         overlay: overlay.clone(),
         reference: opts.reference.clone(),
     };
-    let result = run_mode(vm, opts.mode, &sock, &mut cap, &mut ctx, hooks, progress);
+    // Should this agent die while the VM is paused, the next one resumes it.
+    let marked = if was_running { crate::intent::set(&vm.config, &crate::intent::Intent::Resume) } else { Ok(()) };
+    let result = marked.and_then(|()| run_mode(vm, opts.mode, was_running, &sock, &mut cap, &mut ctx, hooks, progress));
     // Whatever happened: the VM must run on, with rejuvenation's settings
     // back to what they were.
     let mut cap = Some(cap);
@@ -312,7 +323,10 @@ pub fn snapshot(
     if let Ok(q) = vm.qmp() {
         q.set_timeout(Duration::from_secs(10));
     }
-    let resumed = ensure_running(vm);
+    let resumed = if was_running { ensure_running(vm) } else { Ok(()) };
+    if resumed.is_ok() {
+        crate::intent::clear(&vm.config);
+    }
     if ctx.disk_done {
         // The VM writes to the overlay from now on; a restarted QEMU must too.
         vm.config.disk = overlay.clone();
@@ -419,9 +433,11 @@ struct Ctx {
     reference: Option<PathBuf>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_mode(
     vm: &mut Vm,
     mode: Mode,
+    was_running: bool,
     sock: &Path,
     cap: &mut CaptureThread,
     ctx: &mut Ctx,
@@ -442,8 +458,12 @@ fn run_mode(
         Mode::Hot | Mode::StopCopy => {
             progress(&format!("{}: pausing for the {} snapshot", vm.name, if mode == Mode::Hot { "hot" } else { "stop-copy" }));
             hooks.before_pause()?;
-            vm.execute("stop", Value::Null)?;
-            ctx.t.stop_us = event_ts(vm, "STOP")?;
+            if was_running {
+                vm.execute("stop", Value::Null)?;
+                ctx.t.stop_us = event_ts(vm, "STOP")?;
+            } else {
+                ctx.t.stop_us = unix_us();
+            }
             hooks.paused()?;
             copy_reference(vm, ctx)?;
             disk_snapshot(vm, ctx)?;
@@ -456,7 +476,12 @@ fn run_mode(
                 hooks.running();
             }
             wait_migration(vm, &["completed"], cap, hooks, progress)?;
-            if mode == Mode::StopCopy {
+            if mode == Mode::StopCopy && !was_running {
+                // Paused it was, paused it stays; it lost no running time.
+                ctx.t.resume_us = ctx.t.stop_us;
+                ctx.t.transient_done_us = unix_us();
+                hooks.running();
+            } else if mode == Mode::StopCopy {
                 vm.execute("cont", Value::Null)?;
                 ctx.t.resume_us = event_ts(vm, "RESUME")?;
                 ctx.t.transient_done_us = unix_us();

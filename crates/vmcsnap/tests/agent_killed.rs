@@ -1,0 +1,186 @@
+//! `kill -9` of the agent at random points of `up`, `snapshot` and
+//! `rejuvenate`: afterwards no VM is lost, none stays paused, `status`
+//! (which starts a new agent that adopts the VMs) shows every one, their
+//! TCP connections carry on through the new agent's switch, and the next
+//! operation on them works. Also: a VM the operator paused is snapshotted
+//! and stays paused.
+//!
+//! The kill points are drawn from a seed printed at the start; set
+//! `VMCSNAP_TEST_SEED` to replay a run.
+
+mod common;
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{cluster_lock, last_field, Env};
+
+const SPEC: &str = r#"
+[cluster]
+name = "kill"
+accel = "auto"
+
+[[vm]]
+name = "srv"
+memory_mib = 192
+workload = """
+pingpong server 7000 &
+kvserver 7001 &
+"""
+
+[[vm]]
+name = "cli"
+memory_mib = 192
+workload = """
+pingpong client {ip:srv} 7000 &
+kvload {ip:srv} 7001 &
+"""
+"#;
+
+/// A small deterministic generator (xorshift), enough to spread kill points.
+struct Rng(u64);
+impl Rng {
+    fn below_ms(&mut self, max_ms: u64) -> Duration {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        Duration::from_millis(self.0 % max_ms.max(1))
+    }
+}
+
+fn agent_pid(env: &Env) -> Option<i32> {
+    std::fs::read_to_string(env.run_dir().join("agent.pid")).ok()?.trim().parse().ok()
+}
+
+/// Runs `args` in the background, kills the agent after `delay` (if the
+/// command is still running by then), and waits for the command to end.
+/// Returns whether the agent was killed while the command ran.
+fn kill_agent_during(env: &Env, args: &[&str], delay: Duration) -> bool {
+    let mut child: Child = env.command(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let t = Instant::now();
+    // The agent of an `up` is started by the command itself.
+    let mut pid = None;
+    while t.elapsed() < delay {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        pid = agent_pid(env).or(pid);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let killed = child.try_wait().unwrap().is_none();
+    if killed {
+        let pid = agent_pid(env).or(pid).expect("an agent runs while the command does");
+        // SAFETY: SIGKILL to the agent's pid, read from its pid file.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        // The pid file is the dead agent's; the next one writes its own.
+        let _ = std::fs::remove_file(env.run_dir().join("agent.pid"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "vmcsnap {args:?} did not end after its agent was killed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    killed
+}
+
+fn vm_states(env: &Env) -> Vec<(String, String, u64)> {
+    let st = env.json(&["status", "--json"]);
+    st["vms"]
+        .as_array()
+        .unwrap_or(&vec![])
+        .iter()
+        .map(|v| (v["name"].as_str().unwrap().to_string(), v["state"].as_str().unwrap().to_string(), v["pid"].as_u64().unwrap()))
+        .collect()
+}
+
+/// Every VM of the spec is there, its QEMU alive and its guest running.
+fn assert_all_running(env: &Env, what: &str) {
+    let states = vm_states(env);
+    let names: Vec<&str> = states.iter().map(|s| s.0.as_str()).collect();
+    assert_eq!(names, ["srv", "cli"], "{what}: a VM was lost: {states:?}");
+    for (name, state, pid) in &states {
+        assert_eq!(state, "running", "{what}: VM {name} is {state}");
+        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "{what}: VM {name}'s QEMU {pid} is gone");
+    }
+}
+
+/// The guests' traffic goes on over the same TCP connection, unharmed.
+fn assert_traffic_goes_on(env: &Env, what: &str, conn: u64) {
+    let total = last_field(&env.console("cli"), "pingpong:", "total").unwrap_or(0);
+    let c = env.wait_console("cli", what, Duration::from_secs(90), |c| {
+        last_field(c, "pingpong:", "total").unwrap_or(0) >= total + 20
+    });
+    assert_eq!(last_field(&c, "pingpong:", "conn"), Some(conn), "{what}: the TCP connection was re-established");
+    assert_eq!(last_field(&c, "kvload:", "errors"), Some(0), "{what}: kvload saw a wrong value");
+}
+
+#[test]
+fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
+    let _l = cluster_lock();
+    let env = Env::new();
+    let spec = env.write_spec(SPEC);
+    let seed: u64 = std::env::var("VMCSNAP_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+    });
+    eprintln!("kill points from VMCSNAP_TEST_SEED={seed}");
+    let mut rng = Rng(seed);
+
+    // `up`, killed while the VMs boot (the guests boot in ~3 s under TCG).
+    let killed = kill_agent_during(&env, &["up", spec.to_str().unwrap()], Duration::from_millis(300) + rng.below_ms(2500));
+    eprintln!("up: agent killed mid-way: {killed}");
+    // Every QEMU that was started is known to the new agent (none orphaned),
+    // and runs. An `up` killed before it started every VM leaves a partial
+    // cluster, which `down` removes whole before the `up` is repeated.
+    let states = vm_states(&env);
+    let qemus: Vec<u64> = env.processes().into_iter().map(u64::from).filter(|p| states.iter().all(|s| s.2 != *p)).collect();
+    let agent = agent_pid(&env).map(|p| p as u64);
+    assert!(qemus.iter().all(|p| Some(*p) == agent), "QEMUs the agent does not know: {qemus:?} (status {states:?})");
+    for (name, state, _) in &states {
+        assert_eq!(state, "running", "after a killed up: VM {name} is {state}");
+    }
+    if states.len() < 2 {
+        assert!(killed, "a completed up started every VM: {states:?}");
+        if !states.is_empty() {
+            env.ok(&["down"]);
+        }
+        env.ok(&["up", spec.to_str().unwrap()]);
+    }
+    assert_all_running(&env, "after up");
+    let c = env.wait_console("cli", "traffic", Duration::from_secs(120), |c| {
+        last_field(c, "pingpong:", "total").unwrap_or(0) >= 50 && last_field(c, "kvload:", "total").unwrap_or(0) >= 50
+    });
+    let conn = last_field(&c, "pingpong:", "conn").unwrap();
+
+    let ops: [&[&str]; 4] = [
+        &["snapshot", "srv", "--mode", "hot"],
+        &["rejuvenate", "--vm", "cli", "--mode", "warm"],
+        &["snapshot", "cli", "--mode", "stop-copy"],
+        &["rejuvenate", "--all", "--mode", "warm"],
+    ];
+    for (round, op) in ops.iter().enumerate() {
+        let delay = rng.below_ms(1500);
+        let killed = kill_agent_during(&env, op, delay);
+        let what = format!("round {round}: {op:?} killed after {delay:?} ({})", if killed { "mid-way" } else { "already done" });
+        eprintln!("{what}");
+        assert_all_running(&env, &what);
+        assert_traffic_goes_on(&env, &what, conn);
+        // The next operation on the adopted VMs works.
+        env.ok(op);
+        assert_all_running(&env, &format!("{what}, then again"));
+    }
+
+    // A VM the operator paused: snapshotted as it is, and still paused.
+    let mut qmp = vmcsnap_qmp::QmpClient::connect(&env.run_dir().join("cluster/srv/qmp.sock"), Duration::from_secs(10)).unwrap();
+    qmp.execute("stop", serde_json::Value::Null).unwrap();
+    let out = env.ok(&["snapshot", "srv", "--mode", "hot", "--name", "of-paused"]);
+    assert!(out.contains("of-paused"), "{out}");
+    let st = qmp.execute("query-status", serde_json::Value::Null).unwrap();
+    assert_ne!(st["status"], "running", "the snapshot resumed a VM the operator had paused");
+    let inspect = env.ok(&["inspect", "of-paused", "--verify"]);
+    assert!(inspect.contains("srv"), "{inspect}");
+    qmp.execute("cont", serde_json::Value::Null).unwrap();
+    drop(qmp);
+
+    env.ok(&["down"]);
+    env.assert_clean();
+}
