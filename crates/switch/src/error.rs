@@ -32,18 +32,6 @@ pub enum SwitchError {
         /// The offending path.
         path: PathBuf,
     },
-    /// Something other than a socket exists at the socket path.
-    #[error("{path:?} exists and is not a socket; not deleting it: remove it yourself or choose another socket path")]
-    NotASocket {
-        /// The offending path.
-        path: PathBuf,
-    },
-    /// Another process is listening on the socket path.
-    #[error("socket {path:?} is in use: another process accepts connections on it; stop that process or choose another socket path")]
-    SocketInUse {
-        /// The offending path.
-        path: PathBuf,
-    },
     /// Another port of this switch already uses the name.
     #[error("port name {name:?} is already used by {port}; give each port a unique name")]
     DuplicateName {
@@ -52,28 +40,18 @@ pub enum SwitchError {
         /// The port that has it.
         port: PortId,
     },
-    /// Another port of this switch already listens on the socket path.
-    #[error("socket {path:?} already belongs to {port} of this switch; remove that port first or choose another path")]
+    /// Another port of this switch already dials the socket path (or
+    /// another spelling of the same socket file).
+    #[error("socket {path:?} is already the peer of {port} of this switch (one connection per QEMU); remove that port first or choose another path")]
     DuplicatePath {
         /// The path.
         path: PathBuf,
-        /// The port that listens on it.
+        /// The port that dials it.
         port: PortId,
     },
     /// No port with this id exists.
     #[error("{0} does not exist (never added, or already removed)")]
     UnknownPort(PortId),
-    /// Creating, binding or listening on the port socket failed.
-    #[error(
-        "cannot listen on {path:?}: {source}; check that its directory exists and is writable"
-    )]
-    Listen {
-        /// The socket path.
-        path: PathBuf,
-        /// The underlying error.
-        #[source]
-        source: io::Error,
-    },
     /// The event loop could not be set up.
     #[error("cannot start the switch event loop: {0}; the process may be out of file descriptors or threads")]
     Start(#[source] io::Error),
@@ -93,7 +71,7 @@ pub enum SwitchError {
     InheritedFd {
         /// The descriptor number given in the state.
         fd: i32,
-        /// What the state says it is, e.g. `listening socket of port "vm1" (port#0)`.
+        /// What the state says it is, e.g. `connection of port "vm1" (port#0)`.
         role: String,
         /// What is wrong with it, e.g. `is not open`.
         problem: String,

@@ -1,9 +1,34 @@
 //! The virtual Ethernet switch of vmcsnap.
 //!
-//! Every VM NIC is a QEMU `-netdev stream,server=off,addr.type=unix,addr.path=<sock>`
-//! client connecting to one listening unix socket of the switch (one socket
-//! per port). Frames travel as a 4-byte big-endian length followed by the
-//! Ethernet frame ([`framing`]).
+//! Every VM NIC is a QEMU
+//! `-netdev stream,server=on,addr.type=unix,addr.path=<sock>`: QEMU listens
+//! on one unix socket per VM, and the switch connects to it as a client,
+//! one connection per port ([`SwitchHandle::add_port`]). Frames travel as a
+//! 4-byte big-endian length followed by the Ethernet frame ([`framing`]).
+//!
+//! # Who listens, who dials
+//!
+//! QEMU is the server because a QEMU 7.2 stream *client* never reconnects:
+//! if the switch's process died, every VM would lose its network for good.
+//! A `server=on` netdev instead accepts a new connection whenever the
+//! previous one closed. So the switch dials, and dials again whenever a
+//! port has no connection, every 20 ms, forever:
+//!
+//! - a switch killed outright (its agent `kill -9`ed) leaves its QEMUs
+//!   listening; a new switch that adds the same ports is connected to them
+//!   again (frames the old switch held are lost);
+//! - a restarted QEMU (warm rejuvenation, a restore into a fresh QEMU)
+//!   unlinks and re-binds the same path; the switch sees the old
+//!   connection's EOF and connects to the new QEMU on its own;
+//! - the switch holds at most one connection per port: QEMU serves one
+//!   client at a time and leaves any other in its listen backlog.
+//!
+//! The socket files are QEMU's: the switch never binds, changes or unlinks
+//! them. A port's `connected` state and `connections` counter
+//! ([`SwitchHandle::connection_state`], [`SwitchHandle::wait_connected`],
+//! [`PortStats`]) tell when a new QEMU is connected. While a port has no
+//! connection, frames for it are dropped and counted (unless it is held:
+//! then they are queued, see [`core`] for the queue policy).
 //!
 //! # Design
 //!
@@ -28,9 +53,9 @@
 //!   The module holds the session types and pure rules; the core applies
 //!   them when it queues and dequeues frames.
 //! - [`server`]: one event-loop thread (mio, non-blocking sockets) that owns
-//!   the listening and client sockets, feeds received frames to the core and
-//!   drains each port's queue into its socket as far as the socket takes
-//!   without blocking. It never blocks on a write: a paused VM whose QEMU
+//!   the connections to the peers (and dials the ports that have none),
+//!   feeds received frames to the core and drains each port's queue into
+//!   its socket as far as the socket takes without blocking. It never blocks on a write: a paused VM whose QEMU
 //!   stops reading only fills its own queue. [`SwitchHandle`] controls it
 //!   from other threads, including the cut protocol
 //!   ([`SwitchHandle::begin_cut_session`], [`prepare_cut`](SwitchHandle::prepare_cut),
@@ -43,19 +68,23 @@
 //! Beside them, [`handover`] freezes the running switch
 //! ([`SwitchHandle::freeze`]) and thaws it in a new process image after the
 //! agent `execve`s itself ([`Switch::thaw`]), keeping every connection and
-//! every frame.
+//! every frame; a port that was dialing at the freeze dials again after the
+//! thaw.
 //!
-//! A QEMU client connects once and never reconnects; a new QEMU process for
-//! the same VM (restart, restore) connects again to the same socket, and the
-//! new connection replaces the old one (frames queued for the port go to the
-//! new connection).
+//! When a connection ends, half a frame read from it is discarded (a new
+//! connection starts a fresh stream, on QEMU's side too), a frame partly
+//! written to it is lost and counted in `drops`, and frames queued for the
+//! port stay queued only if it is held.
 //!
 //! # Example
 //!
 //! ```no_run
 //! use std::path::Path;
 //! let switch = vmcsnap_switch::Switch::start()?;
+//! // QEMU: -netdev stream,id=net0,server=on,addr.type=unix,addr.path=/run/vmcsnap/vm1.sock
 //! let vm1 = switch.add_port("vm1", Path::new("/run/vmcsnap/vm1.sock"))?;
+//! let state = switch.wait_connected(vm1, 1, std::time::Duration::from_secs(5))?;
+//! assert!(state.connected);
 //! switch.hold(vm1)?; // while vm1 is snapshotted
 //! switch.release(vm1)?;
 //! println!("{:?}", switch.stats()?);
@@ -106,5 +135,8 @@ pub use mediator::{
     Color, CutReport, LogReason, LoggedFrame, PairCount, PrepareReport, SessionLog, SessionPort,
     SessionStats, DEFAULT_MAX_LOG_BYTES,
 };
-pub use server::{DrainState, InjectReport, SettleReport, Switch, SwitchConfig, SwitchHandle, DEFAULT_MAX_QUEUE_BYTES};
+pub use server::{
+    ConnectionState, DrainState, InjectReport, SettleReport, Switch, SwitchConfig, SwitchHandle,
+    DEFAULT_MAX_QUEUE_BYTES,
+};
 pub use stats::{PortStats, SwitchStats};

@@ -16,9 +16,12 @@ pub struct PortStats {
     pub id: PortId,
     /// Port name given to `add_port`.
     pub name: String,
-    /// Path of the port's listening socket.
+    /// Path the port's peer (QEMU) listens on, which the switch dials.
     pub socket_path: PathBuf,
-    /// Whether a client is connected.
+    /// Whether the switch holds a connection to the port's peer; `false`
+    /// while it is dialing (the peer is not listening yet, is gone, or the
+    /// last connection ended). See `counters.connections` for how many
+    /// times it connected.
     pub connected: bool,
     /// Whether the port is currently held.
     pub holding: bool,

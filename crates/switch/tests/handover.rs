@@ -1,6 +1,8 @@
 //! Freezing a running switch and thawing it in the same process, over real
-//! unix sockets: every frame is delivered exactly once and in order, and
-//! holds, counters and the MAC table carry over.
+//! unix sockets: every frame is delivered exactly once and in order, the
+//! connections to the fake QEMUs stay the same (no reconnect), and holds,
+//! counters and the MAC table carry over; a port without a connection at
+//! the freeze dials again after the thaw.
 
 mod common;
 
@@ -293,37 +295,42 @@ fn thaw_rejects_bogus_state_or_fds_and_takes_nothing() {
         (msg, _) => panic!("expected an InheritedFd error, got: {msg}"),
     };
 
-    let (msg, problem) = fd_problem(&|s| s.ports[1].listener_fd = 1 << 30);
+    let conn = |s: &FrozenState, i: usize| -> i32 { s.ports[i].connection.as_ref().unwrap().fd };
+    let set = |s: &mut FrozenState, i: usize, fd: i32| s.ports[i].connection.as_mut().unwrap().fd = fd;
+    let (msg, problem) = fd_problem(&|s| set(s, 1, 1 << 30));
     assert!(problem.contains("is not open"), "{msg}");
     assert!(
-        msg.contains("fd 1073741824 (listening socket of port \"vm1\""),
+        msg.contains("fd 1073741824 (connection of port \"vm1\""),
         "{msg}"
     );
     assert!(msg.contains("keep_across_exec"), "{msg}");
     let null = std::os::fd::AsRawFd::as_raw_fd(&devnull);
-    let (msg, problem) = fd_problem(&|s| s.ports[0].connection.as_mut().unwrap().fd = null);
+    let (msg, problem) = fd_problem(&|s| set(s, 0, null));
     assert!(problem.contains("is not a socket"), "{msg}");
+    let listener = std::os::fd::AsRawFd::as_raw_fd(&r.clients[0].listener);
+    let (msg, problem) = fd_problem(&|s| set(s, 0, listener));
+    assert!(problem.contains("listening socket, not a connection"), "{msg}");
     let (msg, problem) = fd_problem(&|s| {
-        let p = &mut s.ports[0];
-        std::mem::swap(&mut p.connection.as_mut().unwrap().fd, &mut p.listener_fd);
+        let (c0, c1) = (conn(s, 0), conn(s, 1));
+        set(s, 0, c1);
+        set(s, 1, c0);
     });
-    assert!(problem.contains("not listening"), "{msg}");
-    let (msg, problem) = fd_problem(&|s| {
-        let l1 = s.ports[1].listener_fd;
-        s.ports[1].listener_fd = s.ports[0].listener_fd;
-        s.ports[0].listener_fd = l1;
-    });
-    assert!(problem.contains("is bound to"), "{msg}");
+    assert!(problem.contains("is connected to"), "{msg}");
 
     let invalid = |edit: &dyn Fn(&mut FrozenState), what: &str| match thaw_err(edit) {
         (msg, SwitchError::InvalidFrozenState(_)) => assert!(msg.contains(what), "{msg}"),
         (msg, _) => panic!("expected InvalidFrozenState, got: {msg}"),
     };
-    invalid(&|s| s.version = 99, "layout version 99");
+    invalid(&|s| s.version = 1, "layout version 1");
     invalid(
-        &|s| s.ports[1].listener_fd = s.ports[0].listener_fd,
+        &|s| {
+            let fd = conn(s, 0);
+            set(s, 1, fd)
+        },
         "used twice",
     );
+    invalid(&|s| s.ports[1].socket_path = s.ports[0].socket_path.clone(), "used twice");
+    invalid(&|s| s.ports[1].socket_path = "".into(), "not usable for a unix socket");
     invalid(&|s| s.ports[1].name = "vm0".into(), "used twice");
     invalid(&|s| s.ports[0].queue.push(Vec::new()), "zero-length");
     invalid(
@@ -341,13 +348,25 @@ fn thaw_rejects_bogus_state_or_fds_and_takes_nothing() {
 }
 
 #[test]
-fn a_client_connecting_while_frozen_is_accepted_after_thaw() {
+fn a_port_dialing_at_the_freeze_is_connected_after_the_thaw() {
     let mut r = Rig::new(2);
+    drop(r.clients.remove(1)); // vm1's QEMU exits
+    wait_for(&r.sw, "vm1 gone", |s| !port(s, r.ports[1]).connected);
     let frozen = r.sw.freeze().unwrap();
-    let mut new = Client::connect(&r.path(1)); // waits in the listen backlog
+    let st = frozen.state();
+    assert!(st.ports[0].connection.is_some() && st.ports[1].connection.is_none());
+    let listener = listen(&r.path(1)); // a new QEMU starts during the handover
     r.sw = thaw_by_numbers(frozen);
+    let mut new = Client::accept_on(listener);
     wait_connected(&r.sw, r.ports[1], 2);
-    r.clients[1].expect_eof(); // replaced, as without a handover
     r.clients[0].send(&eth(BCAST, mac(0), 3, 60));
     assert_eq!(seq_of(&new.recv()), 3);
+    new.send(&eth(BCAST, mac(1), 4, 60));
+    assert_eq!(seq_of(&r.clients[0].recv()), 4);
+    let s = r.stats();
+    assert_eq!(
+        (port(&s, r.ports[0]).counters.connections, s.totals.connections),
+        (1, 3),
+        "port 0 kept its connection through the handover"
+    );
 }

@@ -41,7 +41,8 @@ fn hold_then_release_delivers_in_order() {
 #[test]
 fn hold_across_reconnect() {
     // The restore case: hold the VM's port, its QEMU goes away, a new QEMU
-    // connects, then release: frames sent meanwhile reach the new QEMU.
+    // listens and is connected, then release: frames sent meanwhile reach
+    // the new QEMU.
     let mut r = Rig::new(2);
     r.clients[1].send(&eth(BCAST, mac(1), 0, 60)); // learn mac(1) on port 1
     r.clients[0].recv();
@@ -57,7 +58,7 @@ fn hold_across_reconnect() {
         port(s, r.ports[1]).counters.held == 10
     });
 
-    let mut new = Client::connect(&r.path(1));
+    let mut new = Client::serve(&r.path(1));
     wait_connected(&r.sw, r.ports[1], 2);
     assert_eq!(
         port(&r.stats(), r.ports[1]).counters.tx_frames,

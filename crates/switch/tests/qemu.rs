@@ -1,11 +1,13 @@
-//! Interoperability with a real QEMU `-netdev stream` client. Needs
+//! Interoperability with a real QEMU `-netdev stream,server=on`, which
+//! listens while the switch dials. Needs
 //! `qemu-system-x86_64` and its iPXE e1000 ROM (Debian: qemu-system-x86,
 //! which depends on ipxe-qemu); `scripts/install-deps.sh` installs both, and
 //! the test fails (never skips) when they are missing.
 //!
 //! QEMU boots its iPXE option ROM (no disk), which sends DHCP broadcasts
 //! through the switch; a fake client on another port sees them and sends
-//! frames back. A restarted QEMU must be accepted on the same port.
+//! frames back. A restarted QEMU (which re-binds the same path) must be
+//! connected again on the same port, without anything done on the switch.
 
 mod common;
 
@@ -71,7 +73,7 @@ fn start_vm_with(sock: &Path, extra: &[&str]) -> Vm {
         .args(["-device", "e1000,netdev=n0,mac=52:54:00:aa:00:01"])
         .arg("-netdev")
         .arg(format!(
-            "stream,id=n0,server=off,addr.type=unix,addr.path={}",
+            "stream,id=n0,server=on,addr.type=unix,addr.path={}",
             sock.display()
         ))
         .stdin(Stdio::null())
@@ -94,7 +96,7 @@ fn recv_from_vm(c: &mut Client) -> Vec<u8> {
 }
 
 #[test]
-fn real_qemu_client() {
+fn real_qemu_peer_is_dialed_and_redialed_after_a_restart() {
     assert!(
         qemu_available(),
         "{QEMU} or pxe-e1000.rom not available: install the Debian package qemu-system-x86 (scripts/install-deps.sh)"
@@ -119,12 +121,17 @@ fn real_qemu_client() {
     assert!(port(&s, vm_port).connected);
     assert_eq!(port(&s, vm_port).counters.protocol_errors, 0);
 
-    // A new QEMU process for the same VM connects to the same socket.
+    // A new QEMU process for the same VM listens on the same path.
     drop(vm);
     wait_for(&r.sw, "QEMU gone", |s| !port(s, vm_port).connected);
+    assert!(vm_sock.exists(), "the dead QEMU's socket file stays");
     let _vm2 = start_vm(&vm_sock);
     wait_connected(&r.sw, vm_port, 2);
     recv_from_vm(&mut fake);
+    fake.send(&eth(VM_MAC, mac(0), 3, 60));
+    wait_for(&r.sw, "frame written to the new QEMU", |s| {
+        port(s, vm_port).counters.tx_frames >= 3
+    });
 }
 
 /// What the cut probes are for, on a real QEMU: frames QEMU read from its

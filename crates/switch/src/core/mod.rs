@@ -12,7 +12,8 @@
 //! - held ([`SwitchCore::hold`]): queued (up to the bound) and counted as
 //!   `held`; [`pop_tx`](SwitchCore::pop_tx) returns nothing until
 //!   [`release`](SwitchCore::release).
-//! - connected and not held: queued (up to the bound).
+//! - connected (the switch holds a connection to the port's peer) and not
+//!   held: queued (up to the bound).
 //! - neither: dropped. A port therefore never keeps a queue while it is
 //!   disconnected and not held: a disconnect, or a release while
 //!   disconnected, discards the queue and counts the frames as drops.
@@ -80,11 +81,11 @@ impl fmt::Display for PortId {
 /// Byte counts are Ethernet frame bytes, without the 4-byte length prefix.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
-    /// Frames received from the port's client (including runts).
+    /// Frames received from the port's peer (including runts).
     pub rx_frames: u64,
     /// Bytes of the frames counted in `rx_frames`.
     pub rx_bytes: u64,
-    /// Frames completely written to the port's client socket.
+    /// Frames completely written to the port's peer socket.
     pub tx_frames: u64,
     /// Bytes of the frames counted in `tx_frames`.
     pub tx_bytes: u64,
@@ -94,9 +95,10 @@ pub struct Counters {
     pub drops: u64,
     /// Frames queued for this port while it was held.
     pub held: u64,
-    /// Connections closed because the client broke the framing protocol.
+    /// Connections closed because the peer broke the framing protocol.
     pub protocol_errors: u64,
-    /// How many times a client connected to the port.
+    /// How many times the switch connected to the port's peer (the first
+    /// connection and every reconnection, e.g. to a restarted QEMU).
     pub connections: u64,
     /// Frames handed to this port that were logged as channel state of a
     /// cluster snapshot (see [`crate::mediator`]).
@@ -185,7 +187,7 @@ pub enum Enqueued {
 pub struct PortView<'a> {
     /// Port name given to [`SwitchCore::add_port`].
     pub name: &'a str,
-    /// Whether a client is connected.
+    /// Whether a peer is connected.
     pub connected: bool,
     /// Whether the port is held.
     pub holding: bool,
@@ -304,7 +306,7 @@ impl SwitchCore {
         self.macs.get(&mac).copied()
     }
 
-    /// Marks a client as connected (also when it replaces a previous one)
+    /// Marks the port as connected to its peer (a new connection)
     /// and counts the connection.
     pub fn client_connected(&mut self, id: PortId) {
         if let Some(p) = self.ports.get_mut(&id) {
@@ -317,7 +319,7 @@ impl SwitchCore {
         }
     }
 
-    /// Marks the port's client as gone. Unless the port is held, its queue is
+    /// Marks the port's peer as gone. Unless the port is held, its queue is
     /// discarded and counted as drops.
     pub fn client_disconnected(&mut self, id: PortId) {
         if let Some(p) = self.ports.get_mut(&id) {
@@ -336,7 +338,7 @@ impl SwitchCore {
     }
 
     /// Releases a held port; its queue is sent in order once connected (or
-    /// discarded as drops if no client is connected). Returns false if there
+    /// discarded as drops if no peer is connected). Returns false if there
     /// is no such port.
     ///
     /// A port that [`release_blocked`](Self::release_blocked) stays held.
@@ -503,7 +505,7 @@ impl SwitchCore {
         self.discard_if_unreachable(id);
     }
 
-    /// Counts a frame of `len` bytes completely written to the port's client.
+    /// Counts a frame of `len` bytes completely written to the port's peer.
     pub fn record_tx(&mut self, id: PortId, len: usize) {
         if let Some(p) = self.ports.get_mut(&id) {
             p.counters.tx_frames += 1;

@@ -58,7 +58,7 @@ impl SwitchCore {
     /// First step of a cut: holds `port` on behalf of the session (released
     /// by [`release`](Self::release) or at the session's end). The I/O
     /// layer then takes back unstarted frames of its write batch and waits
-    /// for its client to read everything.
+    /// for its peer to read everything.
     pub fn prepare_cut(&mut self, port: PortId) -> Result<()> {
         self.check_cuttable(port)?;
         let p = self.ports.get_mut(&port).expect("checked");
@@ -80,8 +80,8 @@ impl SwitchCore {
     }
 
     /// Cuts `port`: it turns post, as a receiver at once and as a sender
-    /// once a frame its client had half sent completes (`partial_pending`).
-    /// The I/O layer must first have switched every frame the client wrote.
+    /// once a frame its peer had half sent completes (`partial_pending`).
+    /// The I/O layer must first have switched every frame the peer wrote.
     pub fn cut(&mut self, port: PortId, partial_pending: bool) -> Result<()> {
         self.check_cuttable(port)?;
         let (now, seq) = (self.now_us, self.next_seq);

@@ -13,22 +13,12 @@ use socket2::{Domain, SockRef, Type};
 
 use crate::error::{Result, SwitchError};
 
-/// What an inherited descriptor must be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// A listening unix stream socket.
-    Listener,
-    /// A connected (accepted) unix stream socket.
-    Connection,
-}
-
-/// One inherited descriptor to check and adopt.
+/// One inherited descriptor to check and adopt: the switch's end of a
+/// connection to a port's peer.
 #[derive(Debug)]
 pub(crate) struct Expected<'a> {
     pub(crate) fd: RawFd,
-    pub(crate) kind: Kind,
-    /// The path the socket must be bound to (an accepted socket reports its
-    /// listener's address).
+    /// The path the peer listens on: the socket's peer address.
     pub(crate) path: &'a Path,
     /// Human-readable role for error messages.
     pub(crate) role: String,
@@ -62,8 +52,10 @@ pub(crate) fn adopt_all(expected: &[Expected<'_>]) -> Result<Vec<OwnedFd>> {
         .collect())
 }
 
-/// Whether `e.fd` is an open unix stream socket of the expected kind, bound
-/// to the expected path; the problem in words if not.
+/// Whether `e.fd` is an open, non-listening unix stream socket whose peer
+/// is bound to the expected path; the problem in words if not. The peer
+/// address stays readable after the peer closed (the connection then shows
+/// EOF once thawed, and the port dials again).
 fn check(e: &Expected<'_>) -> std::result::Result<(), String> {
     if e.fd < 0 {
         return Err("is not a valid descriptor number".into());
@@ -94,19 +86,23 @@ fn check(e: &Expected<'_>) -> std::result::Result<(), String> {
             "is a unix socket of type {ty:?}, not a stream socket"
         ));
     }
-    let listening = sock.is_listener().map_err(what("listening state"))?;
-    match (e.kind, listening) {
-        (Kind::Listener, false) => {
-            return Err("is a unix stream socket that is not listening".into())
-        }
-        (Kind::Connection, true) => return Err("is a listening socket, not a connection".into()),
-        _ => {}
+    if sock.is_listener().map_err(what("listening state"))? {
+        return Err("is a listening socket, not a connection".into());
     }
-    let addr = sock.local_addr().map_err(what("address"))?;
+    let addr = match sock.peer_addr() {
+        Ok(addr) => addr,
+        Err(err) if err.raw_os_error() == Some(libc::ENOTCONN) => {
+            return Err("is a unix stream socket that is not connected".into())
+        }
+        Err(err) => return Err(what("peer address")(err)),
+    };
     match addr.as_pathname() {
         Some(p) if p == e.path => Ok(()),
-        Some(p) => Err(format!("is bound to {p:?}, not to {:?}", e.path)),
-        None => Err(format!("is not bound to a path (expected {:?})", e.path)),
+        Some(p) => Err(format!("is connected to {p:?}, not to {:?}", e.path)),
+        None => Err(format!(
+            "is connected to a peer not bound to a path (expected {:?})",
+            e.path
+        )),
     }
 }
 
@@ -117,10 +113,9 @@ mod tests {
 
     use super::*;
 
-    fn problem(fd: RawFd, kind: Kind, path: &Path) -> String {
+    fn problem(fd: RawFd, path: &Path) -> String {
         let e = Expected {
             fd,
-            kind,
             path,
             role: "test".into(),
         };
@@ -136,49 +131,54 @@ mod tests {
         let path = dir.path().join("l.sock");
         let listener = UnixListener::bind(&path).unwrap();
         let client = UnixStream::connect(&path).unwrap();
-        let (conn, _) = listener.accept().unwrap();
+        let (accepted, _) = listener.accept().unwrap();
         let file = std::fs::File::open("/dev/null").unwrap();
+        let unconnected = socket2::Socket::new(Domain::UNIX, Type::STREAM, None).unwrap();
+        let (pair, _other) = UnixStream::pair().unwrap();
 
-        assert!(problem(-1, Kind::Listener, &path).contains("not a valid"));
-        assert!(problem(file.as_raw_fd(), Kind::Listener, &path).contains("not a socket"));
+        assert!(problem(-1, &path).contains("not a valid"));
+        assert!(problem(file.as_raw_fd(), &path).contains("not a socket"));
         let l = listener.as_raw_fd();
-        assert!(problem(l, Kind::Connection, &path).contains("listening socket, not a connection"));
-        assert!(problem(conn.as_raw_fd(), Kind::Listener, &path).contains("not listening"));
-        assert!(
-            problem(client.as_raw_fd(), Kind::Connection, &path).contains("not bound to a path")
-        );
+        assert!(problem(l, &path).contains("listening socket, not a connection"));
+        assert!(problem(unconnected.as_raw_fd(), &path).contains("not connected"));
+        // The listening side's end: its peer (the dialer) has no path.
+        assert!(problem(accepted.as_raw_fd(), &path).contains("not bound to a path"));
+        assert!(problem(pair.as_raw_fd(), &path).contains("not bound to a path"));
         let other = dir.path().join("other.sock");
-        assert!(problem(l, Kind::Listener, &other).contains("is bound to"));
+        assert!(problem(client.as_raw_fd(), &other).contains("is connected to"));
         // Far above any descriptor limit, so never open (a number freed by
         // closing could be reused at once by a concurrent test).
-        assert!(problem(1 << 30, Kind::Connection, &path).contains("not open"));
+        assert!(problem(1 << 30, &path).contains("not open"));
         // Nothing was closed by the failed checks.
-        assert!(listener.local_addr().is_ok() && conn.peer_addr().is_ok());
+        assert!(listener.local_addr().is_ok() && client.peer_addr().is_ok());
     }
 
     #[test]
-    fn adopts_matching_descriptors() {
+    fn adopts_a_connection_even_after_its_peer_closed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.sock");
         let listener = UnixListener::bind(&path).unwrap();
-        let _client = UnixStream::connect(&path).unwrap();
-        let (conn, _) = listener.accept().unwrap();
+        let client = UnixStream::connect(&path).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        let gone = UnixStream::connect(&path).unwrap();
+        drop(listener.accept().unwrap());
+        drop(listener);
+        std::fs::remove_file(&path).unwrap(); // as a QEMU restarting would
         let expected = [
             Expected {
-                fd: listener.into_raw_fd(),
-                kind: Kind::Listener,
+                fd: client.into_raw_fd(),
                 path: &path,
-                role: "l".into(),
+                role: "live".into(),
             },
             Expected {
-                fd: conn.into_raw_fd(),
-                kind: Kind::Connection,
+                fd: gone.into_raw_fd(),
                 path: &path,
-                role: "c".into(),
+                role: "peer gone".into(),
             },
         ];
         let fds = adopt_all(&expected).unwrap();
         assert_eq!(fds.len(), 2);
         assert_eq!(fds[0].as_raw_fd(), expected[0].fd);
+        drop(accepted);
     }
 }

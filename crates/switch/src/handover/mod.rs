@@ -4,22 +4,29 @@
 //! The agent that hosts the switch restarts itself by `execve` of its own
 //! binary (possibly a newer build) in the same process, while the QEMU
 //! processes keep running and keep their connections. The switch therefore
-//! survives as two things: its sockets, inherited across `exec` as open file
-//! descriptors, and a [`FrozenState`] that the agent writes to a file.
+//! survives as two things: its connections to the QEMUs, inherited across
+//! `exec` as open file descriptors, and a [`FrozenState`] that the agent
+//! writes to a file.
+//!
+//! (A switch that dies without a handover, say killed with `SIGKILL`, loses
+//! its state but not the VMs' network for good: its connections close, each
+//! QEMU, the listening side, accepts a new one, and a new switch that adds
+//! the same ports dials them again. Only the frames the old switch held are
+//! lost.)
 //!
 //! # Protocol
 //!
 //! In the old image:
 //!
 //! 1. [`SwitchHandle::freeze`](crate::SwitchHandle::freeze) stops the event
-//!    loop between two iterations, without closing or unlinking anything,
-//!    and returns a [`FrozenSwitch`]: the sockets as [`OwnedFd`]s and the
+//!    loop between two iterations, without closing anything, and returns a
+//!    [`FrozenSwitch`]: the connections as [`OwnedFd`]s and the
 //!    state that refers to them by number. From then on nothing reads or
 //!    writes those sockets until the thaw, so the only bytes in flight in
 //!    userspace are the ones the state holds.
 //! 2. Serialize [`FrozenSwitch::state`] (any serde format; byte strings are
 //!    hex in human-readable ones) to a file.
-//! 3. [`FrozenSwitch::keep_across_exec`] clears `FD_CLOEXEC` on the sockets.
+//! 3. [`FrozenSwitch::keep_across_exec`] clears `FD_CLOEXEC` on the connections.
 //!    Do it right before `exec`: a child spawned in between would inherit
 //!    them too.
 //! 4. `exec`, keeping the `FrozenSwitch` alive (an `exec` never returns on
@@ -28,37 +35,36 @@
 //!
 //! In the new image: read the state and call
 //! [`Switch::thaw`](crate::Switch::thaw), which checks that every
-//! descriptor named in the state is open and is a unix stream socket of the
-//! right kind bound to the port's path, takes ownership of them, sets
-//! `FD_CLOEXEC` again and starts the event loop where the old one stopped.
+//! descriptor named in the state is open and is a connected unix stream
+//! socket whose peer is bound to the port's path, takes ownership of them,
+//! sets `FD_CLOEXEC` again and starts the event loop where the old one
+//! stopped.
 //!
 //! # What the state carries
 //!
-//! Per port: id (ids stay the same), name, socket path and the identity of
-//! the socket file, the listening socket, the client connection if any, the
-//! holding flag, the counters, the tx queue (frames of which no byte was
-//! written, head first), and for the connection:
+//! Per port: id (ids stay the same), name, the peer's socket path, the
+//! connection to the peer if the port had one (a port that was dialing is
+//! thawed dialing), the holding flag, the counters, the tx queue (frames of
+//! which no byte was written, head first), and for the connection:
 //!
 //! - `tx_partial`: the unwritten rest of a frame whose record was partly
 //!   written (raw bytes, length prefix included if unwritten). The thawed
 //!   switch writes it before anything else, also on a held port, so the
-//!   client's stream stays in sync; the frame is counted in `tx_frames` when
+//!   peer's stream stays in sync; the frame is counted in `tx_frames` when
 //!   its last byte is written.
-//! - `rx_pending`: bytes read from the client that are not yet a complete
+//! - `rx_pending`: bytes read from the peer that are not yet a complete
 //!   frame (the decoder's input). The thawed switch prepends them to what it
 //!   reads next; without them the stream would be desynchronised.
 //!
 //! And the MAC table, the totals and the next port id. Frames in the
-//! kernel's socket buffers (unread by either side) and connections waiting
-//! in a listening socket's backlog are untouched: the descriptors survive.
-//! The socket files stay on disk throughout, so a QEMU connecting during the
-//! handover waits in the backlog and is accepted after the thaw.
-//! [`SwitchConfig`] is not part of the state: pass it
-//! to `thaw` again.
+//! kernel's socket buffers (unread by either side) are untouched: the
+//! descriptors survive. A QEMU that starts listening during the handover
+//! is dialed after the thaw. [`SwitchConfig`] is not part of the state:
+//! pass it to `thaw` again.
 //!
 //! Dropping a `FrozenSwitch` without thawing it closes every connection
-//! (clients see EOF) and leaves the socket files behind (the next `add_port`
-//! on a path removes a stale one).
+//! (the QEMUs see EOF and wait for a new one; the socket files are QEMU's
+//! and stay).
 
 mod fds;
 pub(crate) mod hex;
@@ -79,10 +85,13 @@ pub(crate) use fds::adopt_all;
 
 /// Version of the [`FrozenState`] layout; [`Switch::thaw`](crate::Switch::thaw)
 /// rejects any other.
-pub const FORMAT_VERSION: u32 = 1;
+///
+/// Version 2: the switch dials its peers; ports have no listening socket
+/// (version 1's `listener_fd` and `socket_file` are gone).
+pub const FORMAT_VERSION: u32 = 2;
 
-/// Everything a frozen switch needs to resume, with its sockets referred to
-/// by descriptor number. See the [module docs](self).
+/// Everything a frozen switch needs to resume, with its connections referred
+/// to by descriptor number. See the [module docs](self).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FrozenState {
     /// Layout version, [`FORMAT_VERSION`] when written by this crate.
@@ -104,13 +113,8 @@ pub struct FrozenPort {
     pub id: PortId,
     /// Port name.
     pub name: String,
-    /// Path of the listening socket.
+    /// Path the port's peer (QEMU) listens on, which the switch dials.
     pub socket_path: PathBuf,
-    /// `(st_dev, st_ino)` of the socket file when it was bound: the switch
-    /// unlinks the path on `remove_port`/`stop` only if it still is this file.
-    pub socket_file: (u64, u64),
-    /// Descriptor of the listening socket.
-    pub listener_fd: RawFd,
     /// Whether the port is held.
     pub holding: bool,
     /// Frames waiting for the port, none of their bytes written, head first.
@@ -118,16 +122,17 @@ pub struct FrozenPort {
     pub queue: Vec<Vec<u8>>,
     /// The port's counters.
     pub counters: Counters,
-    /// The client connection, if a client is connected.
+    /// The connection to the peer; `None` if the port was dialing (it dials
+    /// again once thawed).
     pub connection: Option<FrozenConnection>,
 }
 
-/// The client connection of a [`FrozenPort`].
+/// The connection of a [`FrozenPort`] to its peer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FrozenConnection {
-    /// Descriptor of the connected socket.
+    /// Descriptor of the connected socket (the switch's end).
     pub fd: RawFd,
-    /// Bytes read from the client that do not complete a frame yet.
+    /// Bytes read from the peer that do not complete a frame yet.
     #[serde(with = "hex")]
     pub rx_pending: Vec<u8>,
     /// The rest of a partly written frame, to be written first.
@@ -189,8 +194,7 @@ impl FrozenState {
             if !ids.insert(p.id) || !names.insert(&p.name) || !paths.insert(&p.socket_path) {
                 return Err(invalid(format!("{at}: id, name or socket path used twice")));
             }
-            let conn_fd = p.connection.as_ref().map(|c| c.fd);
-            for fd in std::iter::once(p.listener_fd).chain(conn_fd) {
+            if let Some(fd) = p.connection.as_ref().map(|c| c.fd) {
                 if !fds.insert(fd) {
                     return Err(invalid(format!("{at}: fd {fd} used twice")));
                 }
@@ -216,27 +220,19 @@ impl FrozenState {
     }
 
     /// Descriptors named in the state, in the order of
-    /// [`FrozenSwitch::into_parts`]: per port, listener then connection.
+    /// [`FrozenSwitch::into_parts`]: the connections, by port.
     pub(crate) fn expected_fds(&self) -> Vec<fds::Expected<'_>> {
-        let mut out = Vec::new();
-        for p in &self.ports {
-            let role = |what: &str| format!("{what} of port {:?} ({})", p.name, p.id);
-            out.push(fds::Expected {
-                fd: p.listener_fd,
-                kind: fds::Kind::Listener,
-                path: &p.socket_path,
-                role: role("listening socket"),
-            });
-            if let Some(c) = &p.connection {
-                out.push(fds::Expected {
+        self.ports
+            .iter()
+            .filter_map(|p| {
+                let c = p.connection.as_ref()?;
+                Some(fds::Expected {
                     fd: c.fd,
-                    kind: fds::Kind::Connection,
                     path: &p.socket_path,
-                    role: role("client connection"),
-                });
-            }
-        }
-        out
+                    role: format!("connection of port {:?} ({})", p.name, p.id),
+                })
+            })
+            .collect()
     }
 }
 
@@ -264,8 +260,8 @@ fn validate_connection(c: &FrozenConnection) -> std::result::Result<(), String> 
     }
 }
 
-/// A switch stopped by [`SwitchHandle::freeze`]: its sockets, still open,
-/// and its state. See the [module docs](self) for the handover protocol.
+/// A switch stopped by [`SwitchHandle::freeze`]: its connections, still
+/// open, and its state. See the [module docs](self) for the handover protocol.
 #[derive(Debug)]
 pub struct FrozenSwitch {
     state: FrozenState,
@@ -288,9 +284,9 @@ impl FrozenSwitch {
         &self.state
     }
 
-    /// Clears `FD_CLOEXEC` on every socket, so that they stay open across
+    /// Clears `FD_CLOEXEC` on every connection, so that they stay open across
     /// `exec`. Call it right before `exec`: any process spawned after it
-    /// inherits the sockets too.
+    /// inherits them too.
     pub fn keep_across_exec(&self) -> Result<()> {
         for fd in &self.fds {
             SockRef::from(fd)
@@ -303,8 +299,8 @@ impl FrozenSwitch {
         Ok(())
     }
 
-    /// Splits into the state and the sockets (per port, the listening socket
-    /// then the connection, as numbered in the state). Dropping the sockets
+    /// Splits into the state and the connections (by port, as numbered in
+    /// the state). Dropping the sockets
     /// closes them; to pass them to [`Switch::thaw`](crate::Switch::thaw) in
     /// this process, give up ownership with `IntoRawFd::into_raw_fd`.
     pub fn into_parts(self) -> (FrozenState, Vec<OwnedFd>) {

@@ -78,7 +78,7 @@
 //! This module holds the session types and the pure mediation logic; the
 //! core applies it to its queues ([`SwitchCore::begin_session`](crate::SwitchCore::begin_session)
 //! and the other session methods), and the event loop adds the I/O (draining
-//! a client at its cut, polling `SIOCOUTQ`, sending triggers).
+//! a peer at its cut, polling `SIOCOUTQ`, sending triggers).
 
 pub mod probe;
 mod session;
@@ -168,7 +168,7 @@ pub struct SessionPort {
     pub cut_unix_us: Option<u64>,
     /// Whether a post-tagged frame was queued for it while it was pre.
     pub auto_held: bool,
-    /// Cut with half a frame pending from its client: its frames are still
+    /// Cut with half a frame pending from its peer: its frames are still
     /// tagged pre until that frame completes.
     #[serde(default)]
     pub partial_pending: bool,
@@ -187,7 +187,7 @@ pub struct SessionPort {
 pub struct SessionStats {
     /// The session's epoch.
     pub epoch: u64,
-    /// Frames completely written to clients.
+    /// Frames completely written to peers.
     pub forwarded: u64,
     /// Frames queued for held ports.
     pub held: u64,
@@ -201,11 +201,11 @@ pub struct SessionStats {
     pub violations: u64,
     /// Ports reported on the triggers channel.
     pub triggers: u64,
-    /// `prepare_cut` calls that hit their bound before the client read everything.
+    /// `prepare_cut` calls that hit their bound before the peer read everything.
     pub bound_hits: u64,
     /// Sum of the unread bytes (`SIOCOUTQ`) left when `prepare_cut` returned.
     pub unread_bytes_at_cut: u64,
-    /// `prepare_cut` calls that returned before the client had read every
+    /// `prepare_cut` calls that returned before the peer had read every
     /// cut probe: its QEMU may have held frames the guest had not taken.
     #[serde(default)]
     pub unsettled_cuts: u64,
@@ -235,18 +235,18 @@ pub struct SessionLog {
 /// Result of [`SwitchHandle::prepare_cut`](crate::SwitchHandle::prepare_cut).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct PrepareReport {
-    /// How long it waited for the client to read everything.
+    /// How long it waited for the peer to read everything.
     pub waited_us: u64,
-    /// The bound elapsed before the client had read everything.
+    /// The bound elapsed before the peer had read everything.
     pub bound_hit: bool,
     /// `SIOCOUTQ` of the switch's end when it returned (0 when drained).
     pub unread_bytes: usize,
     /// Unwritten bytes of a partly written frame when it returned.
     pub partial_bytes: usize,
-    /// Cut probes the client read, in turn ([`probe`]).
+    /// Cut probes the peer read, in turn ([`probe`]).
     #[serde(default)]
     pub probes_read: u32,
-    /// Fewer probes were read than asked for (a client was connected): it
+    /// Fewer probes were read than asked for (a peer was connected): it
     /// may hold frames it read but had not handed to the guest.
     #[serde(default)]
     pub unsettled: bool,
@@ -259,7 +259,7 @@ pub struct PrepareReport {
 /// Result of [`SwitchHandle::cut`](crate::SwitchHandle::cut).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct CutReport {
-    /// Complete frames read from the client at the cut (tagged pre).
+    /// Complete frames read from the peer at the cut (tagged pre).
     pub frames_drained: u64,
     /// Ethernet bytes of those frames.
     pub bytes_drained: u64,

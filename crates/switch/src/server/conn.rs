@@ -1,4 +1,4 @@
-//! One client connection of a port: its socket, decoder and write batch.
+//! The connection of a port to its peer: its socket, decoder and write batch.
 
 use std::collections::VecDeque;
 use std::io;
@@ -155,7 +155,7 @@ impl OutBuf {
     }
 }
 
-/// A connected client.
+/// A port's connection to its peer.
 #[derive(Debug)]
 pub(crate) struct Conn {
     pub(crate) stream: UnixStream,

@@ -38,16 +38,16 @@ impl SwitchHandle {
 
     /// First step of cutting a port, before pausing its VM: holds the port
     /// (frames of the write batch not started yet are taken back, a partly
-    /// written frame completes), waits until its client has read everything
+    /// written frame completes), waits until its peer has read everything
     /// written to it (`SIOCOUTQ` of the switch's end is 0), then writes
     /// [`PROBES_BEFORE_PAUSE`] cut probes in turn, each read before the
-    /// next, so that the client (QEMU) has also handed every frame to the
+    /// next, so that the peer (QEMU) has also handed every frame to the
     /// guest (see [`crate::mediator::probe`] and [`SwitchHandle::settle`]).
     /// All of it at most `bound`.
     ///
-    /// A report with `bound_hit` means frames the client has not read yet
+    /// A report with `bound_hit` means frames the peer has not read yet
     /// are in its socket: they will reach the VM after its cut, unlogged.
-    /// One with fewer probes read than asked for means the client may hold
+    /// One with fewer probes read than asked for means the peer may hold
     /// frames it read but could not hand to the guest yet: a restore of
     /// the VM lacks them (TCP retransmits them). Both are counted in the
     /// session stats.
@@ -78,7 +78,7 @@ impl SwitchHandle {
     }
 
     /// The cut of a port, once its VM is paused: reads everything its
-    /// client already wrote (whatever the read budget) and switches it as
+    /// peer already wrote (whatever the read budget) and switches it as
     /// pre-tagged, then marks the port post. If half a frame is left, that
     /// frame is still tagged pre when it completes and the port's frames
     /// turn post right after it (`partial_pending`).

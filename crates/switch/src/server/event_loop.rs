@@ -1,22 +1,29 @@
 //! The event-loop thread: owns the sockets and the [`SwitchCore`].
+//!
+//! Each port has at most one connection, to its peer (QEMU listening at
+//! the port's socket path). A port without one is *dialing*: the loop
+//! tries to connect at `next_dial` (see [`dial`]), and sleeps in `poll`
+//! until the earliest such time when nothing else happens.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::{self, Read};
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use mio::net::{UnixListener, UnixStream};
+use mio::net::UnixStream;
 use mio::{Events, Interest, Poll, Token};
+use socket2::SockAddr;
 
+mod dial;
 mod handover;
 mod session;
 #[cfg(test)]
 mod tests;
 
 use super::conn::Conn;
-use super::listen::{self, FileId};
-use super::{Command, DrainState, SwitchConfig};
+use super::peer;
+use super::{Command, ConnectionState, DrainState, SwitchConfig};
 use crate::core::{PortId, SwitchCore};
 use crate::error::{Result, SwitchError};
 use crate::pcap::{Captures, Direction};
@@ -28,18 +35,34 @@ pub(crate) const READ_BUDGET: usize = 256 << 10;
 /// Bytes moved from a port's queue into its write batch at a time.
 pub(crate) const WRITE_BATCH: usize = 256 << 10;
 
-fn listener_token(p: PortId) -> Token {
-    Token(p.as_u32() as usize * 2)
-}
 fn conn_token(p: PortId) -> Token {
-    Token(p.as_u32() as usize * 2 + 1)
+    Token(p.as_u32() as usize)
 }
 
 struct PortIo {
+    /// Where the peer listens.
     path: PathBuf,
-    file_id: FileId,
-    listener: UnixListener,
+    addr: SockAddr,
+    /// The connection to the peer; `None` while dialing.
     conn: Option<Conn>,
+    /// While dialing: when to try next.
+    next_dial: Instant,
+    /// While dialing: the error of the last attempt (raw OS error), so that
+    /// a streak of identical failures is logged once.
+    last_dial_error: Option<i32>,
+}
+
+impl PortIo {
+    /// A port dialing at once, or resuming `conn`.
+    fn new(path: PathBuf, addr: SockAddr, conn: Option<Conn>) -> Self {
+        PortIo {
+            path,
+            addr,
+            conn,
+            next_dial: Instant::now(),
+            last_dial_error: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +70,6 @@ enum Close {
     Eof,
     IoError,
     ProtocolError,
-    Replaced,
     Removed,
 }
 
@@ -105,7 +127,11 @@ impl EventLoop {
     pub(crate) fn run(mut self) {
         let mut events = Events::with_capacity(256);
         loop {
-            let timeout = (!self.pending_read.is_empty()).then_some(Duration::ZERO);
+            let timeout = if self.pending_read.is_empty() {
+                self.dial_timeout(Instant::now())
+            } else {
+                Some(Duration::ZERO)
+            };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -118,16 +144,12 @@ impl EventLoop {
                 if token == WAKER {
                     continue;
                 }
-                let port = PortId::from_raw((token.0 / 2) as u32);
-                if token.0 % 2 == 0 {
-                    self.accept_all(port);
-                } else {
-                    if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                        self.read(port);
-                    }
-                    if ev.is_writable() {
-                        self.dirty.insert(port);
-                    }
+                let port = PortId::from_raw(token.0 as u32);
+                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                    self.read(port);
+                }
+                if ev.is_writable() {
+                    self.dirty.insert(port);
                 }
             }
             let mut pending = std::mem::take(&mut self.pending_read);
@@ -139,6 +161,7 @@ impl EventLoop {
             if !self.handle_commands() {
                 break;
             }
+            self.dial_due(Instant::now());
             self.send_triggers();
             self.flush_dirty();
         }
@@ -175,6 +198,9 @@ impl EventLoop {
                 }
                 Command::Drain { port, reply } => {
                     let _ = reply.send(self.drain_state(port));
+                }
+                Command::Connection { port, reply } => {
+                    let _ = reply.send(self.connection_state(port));
                 }
                 Command::Freeze { reply } => {
                     if let Some(epoch) = self.core.session_epoch() {
@@ -245,7 +271,7 @@ impl EventLoop {
     }
 
     fn add_port(&mut self, name: String, path: PathBuf) -> Result<PortId> {
-        listen::check_path(&path)?;
+        let addr = peer::address(&path)?;
         if let Some(port) = self
             .core
             .port_ids()
@@ -253,44 +279,26 @@ impl EventLoop {
         {
             return Err(SwitchError::DuplicateName { name, port });
         }
-        let existing = listen::file_id(&path);
-        if let Some((&port, _)) = self
-            .ports
-            .iter()
-            .find(|(_, io)| io.path == path || Some(io.file_id) == existing)
-        {
+        // Two connections to one peer would leave one in its backlog for
+        // good: refuse another spelling of a path already in use too.
+        let existing = peer::file_id(&path);
+        if let Some((&port, _)) = self.ports.iter().find(|(_, io)| {
+            io.path == path || (existing.is_some() && peer::file_id(&io.path) == existing)
+        }) {
             return Err(SwitchError::DuplicatePath { path, port });
         }
-        let (mut listener, file_id) = listen::bind(&path)?;
         let port = self.core.add_port(name);
-        if let Err(e) =
-            self.poll
-                .registry()
-                .register(&mut listener, listener_token(port), Interest::READABLE)
-        {
-            self.core.remove_port(port);
-            listen::unlink_if_same(&path, file_id);
-            return Err(SwitchError::Listen { path, source: e });
-        }
-        log::debug!("{port}: listening on {}", path.display());
-        self.ports.insert(
-            port,
-            PortIo {
-                path,
-                file_id,
-                listener,
-                conn: None,
-            },
-        );
+        log::debug!("{port}: dialing {}", path.display());
+        self.ports.insert(port, PortIo::new(path, addr, None));
+        // A peer already listening is connected before add_port returns.
+        self.dial(port, Instant::now());
         Ok(port)
     }
 
     fn remove_port(&mut self, port: PortId) -> Result<()> {
         self.known(port)?;
         self.close_conn(port, Close::Removed);
-        let mut io = self.ports.remove(&port).expect("checked above");
-        let _ = self.poll.registry().deregister(&mut io.listener);
-        listen::unlink_if_same(&io.path, io.file_id);
+        self.ports.remove(&port);
         if let Some(c) = self.capture.as_mut() {
             c.close(port);
         }
@@ -325,7 +333,7 @@ impl EventLoop {
     }
 
     /// Takes back frames of the current batch that were not started, so
-    /// only a frame already partly written can still reach the client.
+    /// only a frame already partly written can still reach the peer.
     fn take_back_unstarted(&mut self, port: PortId) {
         if let Some(conn) = self.ports.get_mut(&port).and_then(|io| io.conn.as_mut()) {
             let unstarted = conn.out.take_unstarted();
@@ -374,49 +382,19 @@ impl EventLoop {
         }
     }
 
-    fn accept_all(&mut self, port: PortId) {
-        loop {
-            let Some(io) = self.ports.get_mut(&port) else {
-                return;
-            };
-            match io.listener.accept() {
-                Ok((stream, _)) => self.attach(port, stream),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    log::warn!("{port}: accept failed: {e}");
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Makes `stream` the port's connection, replacing any previous one.
-    fn attach(&mut self, port: PortId, mut stream: UnixStream) {
-        self.close_conn(port, Close::Replaced);
-        let interest = Interest::READABLE | Interest::WRITABLE;
-        if let Err(e) = self
-            .poll
-            .registry()
-            .register(&mut stream, conn_token(port), interest)
-        {
-            log::warn!("{port}: cannot register new connection, dropping it: {e}");
-            self.core.client_disconnected(port);
-            return;
-        }
-        log::debug!("{port}: client connected");
-        self.ports
-            .get_mut(&port)
-            .expect("attach to existing port")
-            .conn = Some(Conn::new(stream));
-        self.core.client_connected(port);
-        self.dirty.insert(port);
-    }
-
     fn close_conn(&mut self, port: PortId, why: Close) {
-        let Some(mut conn) = self.ports.get_mut(&port).and_then(|io| io.conn.take()) else {
+        let Some(io) = self.ports.get_mut(&port) else {
             return;
         };
+        let Some(mut conn) = io.conn.take() else {
+            return;
+        };
+        // Dropping `conn` closes the socket; its decoder goes with it, so
+        // half a frame read from this connection is discarded (the peer
+        // starts a new connection with a fresh stream too). Dial again
+        // after a pause: a peer that closes at once costs no busy loop.
+        io.next_dial = Instant::now() + dial::RETRY;
+        io.last_dial_error = None;
         let _ = self.poll.registry().deregister(&mut conn.stream);
         let unstarted = conn.out.take_unstarted();
         if conn.out.frame_pending() {
@@ -424,7 +402,7 @@ impl EventLoop {
         }
         self.core.requeue_front(port, unstarted);
         match why {
-            Close::Replaced | Close::Removed => {}
+            Close::Removed => {}
             Close::ProtocolError => {
                 self.core.record_protocol_error(port);
                 self.core.client_disconnected(port);

@@ -1,13 +1,16 @@
 //! The running switch: an event-loop thread and the handle that controls it.
 //!
 //! [`Switch::start`] creates a `mio::Poll` and spawns one thread that owns
-//! every socket and the [`SwitchCore`](crate::core::SwitchCore). A
+//! every socket and the [`SwitchCore`](crate::core::SwitchCore). Each port's
+//! peer (QEMU) listens at the port's socket path; the thread connects to
+//! it, at most once at a time, and connects again whenever the connection
+//! is gone ([`SwitchHandle::add_port`]). A
 //! [`SwitchHandle`] sends commands to it over a channel and wakes it with a
 //! `mio::Waker`; each command carries a reply channel, so every handle call
 //! returns once the loop has carried it out.
 //!
-//! All sockets are non-blocking and the loop never waits on a single client:
-//! a client that stops reading (a paused VM) only fills its own port's queue,
+//! All sockets are non-blocking and the loop never waits on a single peer:
+//! a peer that stops reading (a paused VM) only fills its own port's queue,
 //! up to [`SwitchConfig::max_queue_bytes`], after which frames for it are
 //! dropped and counted.
 //!
@@ -18,9 +21,11 @@
 mod conn;
 mod cut;
 mod event_loop;
-mod listen;
+mod link;
+mod peer;
 mod settle;
 
+pub use link::ConnectionState;
 pub use settle::SettleReport;
 
 use std::os::fd::OwnedFd;
@@ -37,22 +42,22 @@ use crate::handover::{self, FrozenState, FrozenSwitch};
 use crate::mediator::{CutReport, PrepareReport, SessionLog, SessionStats, DEFAULT_MAX_LOG_BYTES};
 use crate::stats::SwitchStats;
 use event_loop::{EventLoop, WAKER};
-pub(crate) use listen::check_path as check_socket_path;
+pub(crate) use peer::check_path as check_socket_path;
 
 /// See [`SwitchHandle::drain_state`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DrainState {
-    /// Whether a client is connected.
+    /// Whether the switch holds a connection to the port's peer.
     pub connected: bool,
     /// Bytes of a partly written frame still to write (0 when none).
     pub partial_bytes: usize,
-    /// Kernel buffer memory of what the client has not read yet (SIOCOUTQ:
+    /// Kernel buffer memory of what the peer has not read yet (SIOCOUTQ:
     /// allocation size, not payload bytes; zero exactly when all was read).
     pub unread_bytes: usize,
 }
 
 impl DrainState {
-    /// Nothing is on its way to the client.
+    /// Nothing is on its way to the peer.
     pub fn is_drained(&self) -> bool {
         self.partial_bytes == 0 && self.unread_bytes == 0
     }
@@ -63,7 +68,8 @@ impl DrainState {
 pub struct InjectReport {
     /// Frames queued for the port (held ones included).
     pub queued: u64,
-    /// Frames dropped (the port's queue was full or it had no client).
+    /// Frames dropped (the port's queue was full, or it was neither
+    /// connected nor held).
     pub dropped: u64,
 }
 
@@ -76,7 +82,7 @@ pub struct SwitchConfig {
     /// Most frame bytes queued for one port; a frame that would exceed it is
     /// dropped and counted in that port's `drops`. On top of it, up to one
     /// write batch (256 KiB plus one frame) may be waiting in the port's
-    /// connection. Keep it well above 256 KiB: frames read from one client
+    /// connection. Keep it well above 256 KiB: frames read from one peer
     /// in one go (up to 256 KiB) are queued before any is written.
     pub max_queue_bytes: usize,
     /// Most MAC addresses learned; unknown addresses beyond it are flooded.
@@ -122,9 +128,8 @@ impl Switch {
     /// it stopped. See [`handover`](crate::handover#protocol) for the protocol.
     ///
     /// First the state is validated ([`FrozenState::validate`]) and every
-    /// descriptor is checked: it must be open, a unix stream socket,
-    /// listening (for a port's socket) or not (for a connection), and bound
-    /// to the port's socket path. If anything is wrong this returns
+    /// descriptor is checked: it must be open, a connected (not listening)
+    /// unix stream socket, and its peer bound to the port's socket path. If anything is wrong this returns
     /// [`SwitchError::InvalidFrozenState`] or [`SwitchError::InheritedFd`]
     /// and has taken and closed nothing. Otherwise the switch takes
     /// ownership of the descriptors (an error from then on, such as
@@ -132,8 +137,9 @@ impl Switch {
     ///
     /// The descriptors must be the ones the frozen switch left, owned by
     /// nothing else in this process: the switch will close them (on
-    /// `remove_port`, `stop`, or a replaced connection), so a number that
-    /// some other object owns would be closed twice.
+    /// `remove_port`, `stop`, or when a connection ends), so a number that
+    /// some other object owns would be closed twice. Ports frozen without a
+    /// connection dial their peer again at once.
     pub fn thaw(state: FrozenState, config: SwitchConfig) -> Result<SwitchHandle> {
         state.validate()?;
         let fds = handover::adopt_all(&state.expected_fds())?;
@@ -202,6 +208,10 @@ pub(crate) enum Command {
     Drain {
         port: PortId,
         reply: Sender<Result<DrainState>>,
+    },
+    Connection {
+        port: PortId,
+        reply: Sender<Result<ConnectionState>>,
     },
     Freeze {
         reply: Sender<Result<FrozenSwitch>>,
@@ -296,28 +306,49 @@ impl SwitchHandle {
         rx.recv().map_err(|_| SwitchError::Stopped)
     }
 
-    /// Adds a port listening on `socket_path` (mode 0600), for a QEMU
-    /// `-netdev stream,server=off,addr.type=unix,addr.path=...` client.
+    /// Adds a port whose peer, a QEMU
+    /// `-netdev stream,server=on,addr.type=unix,addr.path=<socket_path>`,
+    /// listens at `socket_path`: the switch connects to it.
     ///
-    /// A stale socket file at the path is removed first; anything else there
-    /// (a regular file, or a socket some process still accepts on) is an
-    /// error. Names must be unique within the switch.
+    /// The switch never binds, changes or unlinks the path: the file is
+    /// QEMU's. It connects right away, and while the port has no connection
+    /// (nobody listens there yet, the QEMU is gone, or the connection
+    /// ended) it tries again every 20 ms, forever, with at most one
+    /// connection per port at any time. A restarted QEMU, which re-binds the
+    /// same path, is thus connected again on its own; each successful
+    /// connect counts in the port's `connections`. If a peer already listens
+    /// at the path, the port is connected when this returns.
+    ///
+    /// A connection counts as connected once the kernel put it in QEMU's
+    /// listen backlog: QEMU accepts it when it has no other client (QEMU
+    /// serves one connection at a time), and reads what was written to it
+    /// then. See [`connection_state`](Self::connection_state) to wait for
+    /// a port to be connected.
+    ///
+    /// Fails with [`SwitchError::InvalidSocketPath`] or
+    /// [`SwitchError::SocketPathTooLong`] for a path that cannot be a unix
+    /// socket address, [`SwitchError::DuplicateName`] for a name already
+    /// used, and [`SwitchError::DuplicatePath`] for a path (or another
+    /// spelling of an existing socket file) another port dials.
     pub fn add_port(&self, name: &str, socket_path: &Path) -> Result<PortId> {
         let (name, path) = (name.to_owned(), socket_path.to_owned());
         self.request(|reply| Command::AddPort { name, path, reply })?
     }
 
-    /// Removes a port: closes its connection and listening socket, discards
-    /// its queue and unlinks its socket file.
+    /// Removes a port: closes its connection (its peer sees EOF), stops
+    /// dialing and discards its queue. The socket file is left alone (it is
+    /// QEMU's).
     pub fn remove_port(&self, port: PortId) -> Result<()> {
         self.request(|reply| Command::RemovePort { port, reply })?
     }
 
-    /// What is still on its way to a port's client: the unwritten rest of a
-    /// partly written frame, and bytes written to the socket that the client
+    /// What is still on its way to a port's peer: the unwritten rest of a
+    /// partly written frame, and bytes written to the socket that the peer
     /// has not read yet (`SIOCOUTQ` on the switch's end). Both are zero
-    /// exactly when the client has read everything the switch sent it: hold
-    /// the port, then wait for this before pausing or replacing its VM.
+    /// exactly when the peer has read everything the switch sent it over
+    /// the current connection: hold the port, then wait for this before
+    /// pausing or replacing its VM. A port without a connection (dialing)
+    /// reports all zero and `connected: false`.
     pub fn drain_state(&self, port: PortId) -> Result<DrainState> {
         self.request(|reply| Command::Drain { port, reply })?
     }
@@ -330,8 +361,12 @@ impl SwitchHandle {
         self.request(|reply| Command::Hold { port, reply })?
     }
 
-    /// Releases a held port: its queued frames are written in order. If no
-    /// client is connected at that moment, they are dropped and counted.
+    /// Releases a held port: its queued frames are written in order. If the
+    /// port has no connection at that moment (its QEMU is gone or not
+    /// listening yet, the switch is still dialing), they are dropped and
+    /// counted in `drops`: to carry held frames over a QEMU restart, wait
+    /// until the port is connected to the new QEMU
+    /// ([`wait_connected`](Self::wait_connected)) before releasing it.
     ///
     /// During a cut session, releasing a port that is not cut yet while
     /// frames sent after another VM's cut are queued for it fails with
@@ -340,10 +375,10 @@ impl SwitchHandle {
         self.request(|reply| Command::Release { port, reply })?
     }
 
-    /// Queues `frames` (Ethernet frames) for the port's client, after what
+    /// Queues `frames` (Ethernet frames) for the port's peer, after what
     /// is already queued, as if another port had sent them; counted like
-    /// switched frames (a full queue or a port without a client drops
-    /// them, counted). Used to replay the frames a cluster snapshot logged
+    /// switched frames (a full queue, or a port neither connected nor held,
+    /// drops them, counted). Used to replay the frames a cluster snapshot logged
     /// in flight to the VM they were going to.
     pub fn inject(&self, port: PortId, frames: Vec<Vec<u8>>) -> Result<InjectReport> {
         self.request(|reply| Command::Inject { port, frames, reply })?
@@ -354,15 +389,16 @@ impl SwitchHandle {
         self.request(|reply| Command::Stats { reply })
     }
 
-    /// Stops the event loop without closing any socket or unlinking any
-    /// socket file, and returns the sockets and everything needed to resume
+    /// Stops the event loop without closing any connection, and returns the
+    /// connections and everything needed to resume
     /// ([`FrozenSwitch`]), to hand the switch over to a new process image
     /// (see [`handover`](crate::handover#protocol)) or to [`FrozenSwitch::resume`] it.
     ///
     /// The loop stops between two iterations: every frame it has read is in
     /// the state (queued, or as a partial input), and a partly written frame
     /// is captured as its unwritten remainder. Once this returns, nothing
-    /// reads or writes the sockets. Later calls on any handle of this switch
+    /// reads or writes the connections, and nothing dials; a port that was
+    /// dialing is frozen without a connection and dials again once thawed. Later calls on any handle of this switch
     /// return [`SwitchError::Stopped`].
     ///
     /// Fails with [`SwitchError::FreezeDuringCutSession`] (and the switch
@@ -374,8 +410,9 @@ impl SwitchHandle {
         Ok(frozen)
     }
 
-    /// Stops the switch: closes every connection and listening socket,
-    /// unlinks the socket files and joins the event-loop thread. Later calls
+    /// Stops the switch: closes every connection (the peers see EOF and
+    /// wait for a new one) and joins the event-loop thread; no file is
+    /// touched. Later calls
     /// on any handle of this switch return [`SwitchError::Stopped`]. Calling
     /// it again does nothing.
     pub fn stop(&self) {

@@ -23,7 +23,7 @@ pub struct SettleReport {
     pub waited: Duration,
     /// Probes read, in turn.
     pub probes_read: u32,
-    /// A client was connected and fewer probes than asked for were read:
+    /// A peer was connected and fewer probes than asked for were read:
     /// it may hold frames it read but had not handed to the guest.
     pub unsettled: bool,
 }
@@ -37,10 +37,10 @@ impl SettleReport {
 }
 
 impl SwitchHandle {
-    /// For a port the caller holds: waits until its client has read
+    /// For a port the caller holds: waits until its peer has read
     /// everything written to it (`SIOCOUTQ` of the switch's end is 0), then
     /// writes `probes` cut probes in turn, each read before the next, so
-    /// that the client (QEMU) has handed every frame to the guest; at most
+    /// that the peer (QEMU) has handed every frame to the guest; at most
     /// `bound` in all. Polls every ~150 µs from the calling thread.
     pub fn settle(&self, port: PortId, bound: Duration, probes: u32) -> Result<SettleReport> {
         let start = Instant::now();

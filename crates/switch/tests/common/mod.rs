@@ -1,8 +1,9 @@
-//! Helpers for socket-level tests: fake QEMU stream clients and Ethernet frames.
+//! Helpers for socket-level tests: fake QEMU stream netdevs (listening, as
+//! QEMU's `server=on`) and Ethernet frames.
 #![allow(dead_code)]
 
 use std::io::{self, Read, Write};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -36,17 +37,78 @@ pub fn src_of(frame: &[u8]) -> [u8; 6] {
     frame[6..12].try_into().unwrap()
 }
 
-/// A fake QEMU `-netdev stream` client.
+/// Listens at `path` as a starting QEMU does: whatever file is there is
+/// unlinked first.
+pub fn listen(path: &Path) -> UnixListener {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => panic!("cannot unlink {path:?}: {e}"),
+    }
+    UnixListener::bind(path).expect("bind the peer socket")
+}
+
+/// Accepts the switch's next connection on `listener`, waiting at most
+/// [`TIMEOUT`]; leaves the listener blocking.
+pub fn accept(listener: &UnixListener) -> UnixStream {
+    listener.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    let stream = loop {
+        match listener.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "the switch never connected");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    };
+    listener.set_nonblocking(false).unwrap();
+    stream.set_nonblocking(false).unwrap();
+    stream.set_read_timeout(Some(TIMEOUT)).unwrap();
+    stream.set_write_timeout(Some(TIMEOUT)).unwrap();
+    stream
+}
+
+/// Whether a connection waits in `listener`'s backlog (accepts it if so).
+pub fn has_pending(listener: &UnixListener) -> bool {
+    listener.set_nonblocking(true).unwrap();
+    let pending = match listener.accept() {
+        Ok(_) => true,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
+        Err(e) => panic!("accept: {e}"),
+    };
+    listener.set_nonblocking(false).unwrap();
+    pending
+}
+
+/// A fake QEMU `-netdev stream,server=on`: listens at the port's socket
+/// path and serves the switch's connection. Dropping it closes both, as a
+/// QEMU that exits (the socket file stays behind).
 pub struct Client {
+    pub listener: UnixListener,
     pub stream: UnixStream,
 }
 
 impl Client {
-    pub fn connect(path: &Path) -> Client {
-        let stream = UnixStream::connect(path).expect("connect to port socket");
-        stream.set_read_timeout(Some(TIMEOUT)).unwrap();
-        stream.set_write_timeout(Some(TIMEOUT)).unwrap();
-        Client { stream }
+    /// Listens at `path` (see [`listen`]) and accepts the switch's connection.
+    pub fn serve(path: &Path) -> Client {
+        Client::accept_on(listen(path))
+    }
+
+    /// Accepts the switch's connection on an existing listener.
+    pub fn accept_on(listener: UnixListener) -> Client {
+        let stream = accept(&listener);
+        Client { listener, stream }
+    }
+
+    /// Ends the current connection (if the switch has not already) and
+    /// accepts the switch's next one on the same listener, as QEMU does
+    /// when its client went away.
+    pub fn accept_again(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        let stream = accept(&self.listener);
+        self.stream = stream;
     }
 
     pub fn send(&mut self, frame: &[u8]) {
@@ -109,15 +171,16 @@ pub fn port(stats: &SwitchStats, id: PortId) -> &PortStats {
     stats.port(id).expect("port in stats")
 }
 
-/// Waits until port `id` has a client and has seen `connections` connections.
+/// Waits until port `id` is connected and has seen `connections` connections.
 pub fn wait_connected(sw: &SwitchHandle, id: PortId, connections: u64) {
-    wait_for(sw, "client connection", |s| {
+    wait_for(sw, "connection to the peer", |s| {
         let p = port(s, id);
         p.connected && p.counters.connections == connections
     });
 }
 
-/// A switch with `n` ports named vm0.., each with one connected client.
+/// A switch with `n` ports named vm0.., each connected to its fake QEMU
+/// (listening before the port is added, so add_port connects at once).
 pub struct Rig {
     pub dir: tempfile::TempDir,
     pub sw: SwitchHandle,
@@ -136,8 +199,10 @@ impl Rig {
         let mut clients = Vec::new();
         for i in 0..n {
             let path = dir.path().join(format!("vm{i}.sock"));
+            let listener = listen(&path);
             let id = sw.add_port(&format!("vm{i}"), &path).unwrap();
-            clients.push(Client::connect(&path));
+            assert!(sw.port_connected(id).unwrap(), "add_port connects to a listening peer");
+            clients.push(Client::accept_on(listener));
             wait_connected(&sw, id, 1);
             ports.push(id);
         }

@@ -13,8 +13,10 @@ use crate::handover::{
 use crate::server::conn::OutBuf;
 
 impl EventLoop {
-    /// Takes every socket and the whole state out of the loop, which is left
-    /// without ports (so its shutdown closes and unlinks nothing).
+    /// Takes every connection and the whole state out of the loop, which is
+    /// left without ports (so its shutdown closes nothing). A port that is
+    /// dialing at this moment is frozen without a connection and dials
+    /// again once thawed.
     pub(super) fn freeze(&mut self) -> FrozenSwitch {
         // The capture files do not cross the exec: write them out.
         if let Some(c) = self.capture.as_mut() {
@@ -33,13 +35,9 @@ impl EventLoop {
         let mut fds = Vec::new();
         let mut ports = Vec::new();
         for p in image.ports {
-            let Some(mut io) = self.ports.remove(&p.id) else {
-                continue; // every core port has its sockets
+            let Some(io) = self.ports.remove(&p.id) else {
+                continue; // every core port has its I/O state
             };
-            let _ = registry.deregister(&mut io.listener);
-            let listener = OwnedFd::from(io.listener);
-            let listener_fd = listener.as_raw_fd();
-            fds.push(listener);
             let connection = io.conn.map(|mut conn| {
                 let _ = registry.deregister(&mut conn.stream);
                 let tx_partial = conn
@@ -63,8 +61,6 @@ impl EventLoop {
                 id: p.id,
                 name: p.name,
                 socket_path: io.path,
-                socket_file: io.file_id.parts(),
-                listener_fd,
                 holding: p.holding,
                 queue: p.queue.iter().map(|f| f.to_vec()).collect(),
                 counters: p.counters,
@@ -89,9 +85,9 @@ impl EventLoop {
         FrozenSwitch::new(state, fds)
     }
 
-    /// An event loop resuming a frozen switch. `fds` are the sockets the
+    /// An event loop resuming a frozen switch. `fds` are the connections the
     /// state names, in the order of `FrozenState::expected_fds`, owned and
-    /// already non-blocking.
+    /// already non-blocking. Ports frozen without a connection dial at once.
     pub(crate) fn thaw(
         poll: Poll,
         commands: Receiver<Command>,
@@ -108,7 +104,7 @@ impl EventLoop {
         };
         let mut images = Vec::new();
         for p in state.ports {
-            let listener = UnixListener::from(next_fd(p.listener_fd));
+            let addr = peer::address(&p.socket_path)?;
             let conn = p.connection.map(|c| {
                 let out = c.tx_partial.map_or_else(OutBuf::default, |t| {
                     OutBuf::resume(t.remainder, t.frame_len)
@@ -123,15 +119,7 @@ impl EventLoop {
                 queue: p.queue.into_iter().map(Arc::from).collect(),
                 counters: p.counters,
             });
-            let (dev, ino) = p.socket_file;
-            let file_id = FileId::from_parts(dev, ino);
-            let io = PortIo {
-                path: p.socket_path,
-                file_id,
-                listener,
-                conn,
-            };
-            el.ports.insert(p.id, io);
+            el.ports.insert(p.id, PortIo::new(p.socket_path, addr, conn));
         }
         let image = CoreImage {
             next_id: state.next_port_id,
@@ -143,9 +131,6 @@ impl EventLoop {
 
         let registry = el.poll.registry();
         for (&id, io) in el.ports.iter_mut() {
-            registry
-                .register(&mut io.listener, listener_token(id), Interest::READABLE)
-                .map_err(SwitchError::Start)?;
             if let Some(conn) = io.conn.as_mut() {
                 let interest = Interest::READABLE | Interest::WRITABLE;
                 registry
@@ -158,11 +143,8 @@ impl EventLoop {
             // A remainder or queued frames may be waiting to be written.
             el.dirty.insert(id);
         }
-        // A client may have connected during the handover.
-        let ids: Vec<PortId> = el.ports.keys().copied().collect();
-        for id in ids {
-            el.accept_all(id);
-        }
+        // Ports without a connection dial on the first iteration (their
+        // `next_dial` is now).
         log::debug!("switch thawed with {} ports", el.ports.len());
         Ok(el)
     }

@@ -28,9 +28,9 @@ impl EventLoop {
         Ok(())
     }
 
-    /// Writes a cut probe ([`crate::mediator::probe`]) to the port's client
+    /// Writes a cut probe ([`crate::mediator::probe`]) to the port's peer
     /// if nothing else is on its way to it; `false` if it was not written
-    /// (no client, or frames still being written).
+    /// (no peer, or frames still being written).
     pub(super) fn probe(&mut self, port: PortId) -> Result<bool> {
         self.known(port)?;
         let Some(conn) = self.ports.get_mut(&port).and_then(|io| io.conn.as_mut()) else {
@@ -50,7 +50,7 @@ impl EventLoop {
         self.known(port)?;
         if report.bound_hit {
             log::warn!(
-                "{port}: client did not read everything before its cut \
+                "{port}: peer did not read everything before its cut \
                  ({} bytes unread after {} µs)",
                 report.unread_bytes,
                 report.waited_us
@@ -58,7 +58,7 @@ impl EventLoop {
         }
         if report.unsettled {
             log::warn!(
-                "{port}: client did not read both cut probes before its cut \
+                "{port}: peer did not read both cut probes before its cut \
                  ({} read, {} µs after the drain): it may hold frames the guest \
                  has not taken",
                 report.probes_read,
@@ -68,7 +68,7 @@ impl EventLoop {
         self.core.record_prepare(&report)
     }
 
-    /// Switches everything the paused client already wrote, then cuts.
+    /// Switches everything the paused peer already wrote, then cuts.
     pub(super) fn cut(&mut self, port: PortId) -> Result<CutReport> {
         self.known(port)?;
         self.core.check_cuttable(port)?;

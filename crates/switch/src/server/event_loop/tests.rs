@@ -2,7 +2,7 @@
 //! data can wait unread in a socket when a command is handled.
 
 use std::io::Write;
-use std::os::unix::net::UnixStream as StdStream;
+use std::os::unix::net::{UnixListener as StdListener, UnixStream as StdStream};
 use std::sync::mpsc;
 
 use socket2::SockRef;
@@ -25,8 +25,8 @@ fn record(frame: &[u8]) -> Vec<u8> {
     r
 }
 
-/// An event loop with two ports (vm0, vm1), each with a connected client,
-/// and a cut session over both.
+/// An event loop with two ports (vm0, vm1), each connected to a listening
+/// peer (which add_port dials at once), and a cut session over both.
 fn setup(dir: &std::path::Path) -> (EventLoop, [PortId; 2], [StdStream; 2]) {
     let (_tx, rx) = mpsc::channel();
     let config = SwitchConfig {
@@ -38,10 +38,10 @@ fn setup(dir: &std::path::Path) -> (EventLoop, [PortId; 2], [StdStream; 2]) {
     let mut clients = Vec::new();
     for i in 0..2 {
         let path = dir.join(format!("vm{i}.sock"));
+        let listener = StdListener::bind(&path).unwrap();
         let port = el.add_port(format!("vm{i}"), path.clone()).unwrap();
-        clients.push(StdStream::connect(&path).unwrap());
-        el.accept_all(port);
         assert!(el.core.port(port).unwrap().connected);
+        clients.push(listener.accept().unwrap().0);
         ports.push(port);
     }
     let (triggers, _) = mpsc::channel();
