@@ -64,7 +64,7 @@
 mod frame;
 mod reply;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;

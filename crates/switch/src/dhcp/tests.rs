@@ -35,6 +35,16 @@ fn server() -> DhcpServer {
     server_with(DhcpConfig::default())
 }
 
+/// A broadcast DHCPDISCOVER frame from `mac` (for the core's tests).
+pub(crate) fn discover_frame(mac: MacAddr) -> Vec<u8> {
+    bcast(&msg(MessageType::Discover, mac))
+}
+
+/// The message type of a reply frame (for the core's tests).
+pub(crate) fn reply_kind(frame: &[u8]) -> Option<MessageType> {
+    decode_reply(frame).kind()
+}
+
 /// A client message of type `kind` from `mac`.
 fn msg(kind: MessageType, mac: MacAddr) -> Message {
     let mut m = Message::new_with_id(
