@@ -128,6 +128,9 @@ pub enum SwitchError {
         /// Epoch of the active session.
         epoch: u64,
     },
+    /// The DHCP configuration or a lease is not usable (see [`crate::dhcp`]).
+    #[error(transparent)]
+    Dhcp(#[from] crate::dhcp::DhcpError),
     /// The switch was stopped (or its event loop died); the handle is unusable.
     #[error("the switch is stopped; start a new one with Switch::start")]
     Stopped,

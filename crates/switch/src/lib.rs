@@ -62,6 +62,10 @@
 //!   [`cut`](SwitchHandle::cut), [`release`](SwitchHandle::release),
 //!   [`end_cut_session`](SwitchHandle::end_cut_session)).
 //!
+//! - [`dhcp`]: a DHCPv4 server with static leases (one per VM), answering
+//!   guests that configure their NIC by DHCP ([`SwitchConfig::dhcp`],
+//!   [`SwitchHandle::set_dhcp_lease`]).
+//!
 //! - [`pcap`]: optional packet capture, one pcapng file per port
 //!   ([`SwitchConfig::capture_dir`]).
 //!
@@ -118,6 +122,7 @@
 #![warn(missing_docs)]
 
 pub mod core;
+pub mod dhcp;
 pub mod error;
 pub mod framing;
 pub mod handover;
@@ -128,6 +133,7 @@ mod sockq;
 pub mod stats;
 
 pub use crate::core::{Counters, Decision, MacAddr, PortId, QueuedFrame, SwitchCore};
+pub use dhcp::{DhcpConfig, DhcpError, DhcpLease};
 pub use error::{SwitchError, MAX_SOCKET_PATH_LEN};
 pub use framing::MAX_FRAME_LEN;
 pub use handover::{FrozenState, FrozenSwitch};

@@ -29,6 +29,7 @@
 //! no clock: the I/O layer tells it the time with
 //! [`set_now`](SwitchCore::set_now), and tags and logs use the last value.
 
+mod dhcp;
 pub(crate) mod frozen;
 mod mac;
 mod session;
@@ -104,6 +105,14 @@ pub struct Counters {
     /// cluster snapshot (see [`crate::mediator`]).
     #[serde(default)]
     pub logged: u64,
+    /// Frames for a DHCP server (IPv4 UDP to port 67) received from the
+    /// port and taken out of forwarding by the switch's DHCP server
+    /// ([`crate::dhcp`]); 0 when DHCP is off.
+    #[serde(default)]
+    pub dhcp_requests: u64,
+    /// DHCP replies the switch queued for the port.
+    #[serde(default)]
+    pub dhcp_replies: u64,
 }
 
 /// One entry of a tx queue: a frame and what the switch knows about it.
@@ -156,6 +165,10 @@ pub enum Decision {
     /// Broadcast, multicast or unknown unicast: sent to every other port that
     /// is connected or held (possibly none).
     Flood(Vec<PortId>),
+    /// Taken out of forwarding by the switch's DHCP server
+    /// ([`crate::dhcp`]); the reply, if there is one, was queued for this
+    /// port (the ingress).
+    Answered(Option<PortId>),
 }
 
 impl Decision {
@@ -164,7 +177,8 @@ impl Decision {
         match self {
             Decision::Unicast(p) => std::slice::from_ref(p),
             Decision::Flood(ps) => ps,
-            Decision::Drop(_) | Decision::Filter => &[],
+            Decision::Answered(Some(p)) => std::slice::from_ref(p),
+            Decision::Drop(_) | Decision::Filter | Decision::Answered(None) => &[],
         }
     }
 }
@@ -226,6 +240,8 @@ pub struct SwitchCore {
     session: Option<Session>,
     /// Serial of the last session begun (0: none yet).
     last_session_serial: u64,
+    /// The DHCP server, when on (see [`crate::dhcp`]).
+    dhcp: Option<crate::dhcp::DhcpServer>,
 }
 
 impl SwitchCore {
@@ -242,6 +258,7 @@ impl SwitchCore {
             next_seq: 0,
             session: None,
             last_session_serial: 0,
+            dhcp: None,
         }
     }
 
@@ -276,6 +293,7 @@ impl SwitchCore {
     /// Returns false if there is no such port.
     pub fn remove_port(&mut self, id: PortId) -> bool {
         self.macs.retain(|_, p| *p != id);
+        self.dhcp_port_removed(id);
         self.ports.remove(&id).is_some()
     }
 
@@ -410,6 +428,9 @@ impl SwitchCore {
             return Decision::Drop(DropReason::Runt);
         }
         self.learn(MacAddr::source(frame), ingress);
+        if let Some(answered) = self.intercept_dhcp(ingress, frame) {
+            return answered;
+        }
         let decision = self.route(ingress, frame);
         let targets = decision.targets();
         if !targets.is_empty() {

@@ -109,6 +109,7 @@ impl EventLoop {
     pub(crate) fn new(poll: Poll, commands: Receiver<Command>, config: &SwitchConfig) -> Self {
         let mut core = SwitchCore::new(config.max_queue_bytes);
         core.set_max_macs(config.max_macs);
+        super::dhcp::enable(&mut core, config);
         EventLoop {
             poll,
             commands,
@@ -244,6 +245,7 @@ impl EventLoop {
                 Command::AbortCutSession { reply } => {
                     let _ = reply.send(self.abort_cut_session());
                 }
+                Command::DhcpLease(cmd) => cmd.apply(&mut self.core),
                 Command::Stop => return false,
             }
         }

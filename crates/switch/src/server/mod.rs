@@ -20,6 +20,7 @@
 
 mod conn;
 mod cut;
+mod dhcp;
 mod event_loop;
 mod link;
 mod peer;
@@ -94,6 +95,10 @@ pub struct SwitchConfig {
     /// Capture every frame of every port into `<dir>/<port name>.pcapng`
     /// (see [`crate::pcap`]); `None` (default): no capture.
     pub capture_dir: Option<PathBuf>,
+    /// Answer DHCP for the cluster subnet with static leases registered per
+    /// port ([`SwitchHandle::set_dhcp_lease`]); `None` (default): DHCP
+    /// frames are switched like any other. See [`crate::dhcp`].
+    pub dhcp: Option<crate::dhcp::DhcpConfig>,
 }
 
 impl Default for SwitchConfig {
@@ -103,6 +108,7 @@ impl Default for SwitchConfig {
             max_macs: DEFAULT_MAX_MACS,
             max_log_bytes: DEFAULT_MAX_LOG_BYTES,
             capture_dir: None,
+            dhcp: None,
         }
     }
 }
@@ -119,6 +125,7 @@ impl Switch {
 
     /// Starts a switch: spawns its event-loop thread and returns a handle.
     pub fn start_with(config: SwitchConfig) -> Result<SwitchHandle> {
+        dhcp::validate(&config)?;
         spawn(|poll, rx| Ok(EventLoop::new(poll, rx, &config)))
     }
 
@@ -141,6 +148,7 @@ impl Switch {
     /// some other object owns would be closed twice. Ports frozen without a
     /// connection dial their peer again at once.
     pub fn thaw(state: FrozenState, config: SwitchConfig) -> Result<SwitchHandle> {
+        dhcp::validate(&config)?;
         state.validate()?;
         let fds = handover::adopt_all(&state.expected_fds())?;
         spawn_thawed(state, fds, config)
@@ -248,6 +256,8 @@ pub(crate) enum Command {
     AbortCutSession {
         reply: Sender<Result<SessionStats>>,
     },
+    /// See [`SwitchHandle::set_dhcp_lease`] (in `server/dhcp.rs`).
+    DhcpLease(dhcp::LeaseCommand),
     Stop,
 }
 

@@ -128,6 +128,7 @@ impl EventLoop {
             totals: state.totals,
         };
         el.core = SwitchCore::import(image, config.max_queue_bytes, config.max_macs);
+        crate::server::dhcp::enable(&mut el.core, config);
 
         let registry = el.poll.registry();
         for (&id, io) in el.ports.iter_mut() {
