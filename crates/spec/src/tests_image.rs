@@ -190,12 +190,11 @@ fn bad_disks_are_rejected_with_their_index() {
         assert!(matches!(e, SpecError::BadDisk { .. }), "{disks}: {e}");
         assert!(e.to_string().contains(needle), "{disks}: {e}");
     }
-    let e = vm("image='/i'\ndisks=[{size_mib=8},{path='/x'}]\n").unwrap();
-    assert_eq!(e.vm[0].disks.len(), 2);
+    let s = vm("image='/i'\ndisks=[{size_mib=8},{path='/x'}]").unwrap();
+    assert_eq!(s.vm[0].disks.len(), 2);
+    assert!(s.vm[0].disks[0].path.is_none());
     let e = vm("image='/i'\ndisks=[{size_mib=8},{path='/x',fromat='raw'}]").unwrap_err();
     assert!(e.to_string().contains("fromat"), "{e}");
-    let e = vm("image='/i'\ndisks=[{size_mib=8},{path='/x'}]").unwrap();
-    assert!(e.vm[0].disks[0].path.is_none());
     let e = vm("image='/i'\ndisks=[{path='/x', size_mib=8}]").unwrap_err();
     assert_eq!(e, SpecError::BadDisk { vm: "a".into(), index: 0, reason: "set path or size_mib, not both".into() });
 }
@@ -235,4 +234,14 @@ fn spec_round_trips_through_json() {
     let back: ClusterSpec = serde_json::from_str(old).unwrap();
     assert_eq!(back.vm[0].kind(), GuestKind::Lab);
     assert_eq!(back.cluster.host_access, HostAccess::Netns);
+}
+
+#[test]
+fn the_documented_image_example_parses() {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/cluster-spec.md")).unwrap();
+    let after = doc.split("### Example: an image VM").nth(1).expect("the example section");
+    let block = after.split("```toml\n").nth(1).and_then(|b| b.split("```").next()).expect("its toml block");
+    let s = parse(block).unwrap();
+    assert!(s.vm.iter().all(|v| v.is_image()));
+    assert_eq!(image_kind(&s).machine, Machine::Q35);
 }
