@@ -1,22 +1,60 @@
 //! The QEMU command line of a vmcsnap VM.
 //!
-//! Every VM is a `microvm` with ACPI (the Debian cloud kernel finds its
-//! virtio-mmio devices through ACPI), guest RAM in a shared file under
-//! /dev/shm (`memory-backend-file,share=on`: background snapshots, postcopy
-//! restore and warm restart all rely on it), one virtio-blk data disk in
-//! qcow2 named by a blockdev node, and one virtio-net NIC whose backend is
-//! `-netdev stream` connected as a client to the VM's switch port.
+//! Two kinds of VM share one [`QemuConfig`]:
+//!
+//! - **The lab guest** (`image: None`): a `microvm` with ACPI (the Debian
+//!   cloud kernel finds its virtio-mmio devices through ACPI), direct boot
+//!   of vmcsnap's initramfs, one virtio-blk qcow2 data disk named
+//!   [`DISK_NODE`]. Its command line is kept stable (tests and benchmarks
+//!   compare against it).
+//! - **An image VM** (`image: Some(ImageDevices)`): `q35` (virtio-*-pci,
+//!   SeaBIOS boots the root disk, or a kernel boots directly) or `microvm`
+//!   (virtio-*-device, direct boot only); root disk [`ROOT_NODE`] (a qcow2
+//!   overlay of the user's image), extra disks `disk1..`, the NoCloud seed
+//!   read-only as [`SEED_NODE`], a virtio-serial controller with the guest
+//!   agent's port ([`QGA_PORT`], a unix socket QEMU listens on) and the
+//!   events port ([`EVENTS_PORT`], a file the guest writes
+//!   `VMCSNAP-READY <hostname>` to), and the workload as fw_cfg
+//!   [`WORKLOAD_FW_CFG`].
+//!
+//! Both have guest RAM in a shared file under /dev/shm
+//! (`memory-backend-file,share=on`: background snapshots, postcopy restore
+//! and warm restart all rely on it), a serial console logged to a file, and
+//! one virtio-net NIC whose backend is `-netdev stream` listening on the
+//! VM's port socket (QEMU is the server; the switch dials out to it).
+//!
+//! Paths go into QEMU's option syntax (`key=value,key=value`), where a comma
+//! inside a value is written twice; [`opt_value`] does that.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Deserializer, Serialize};
+pub use vmcsnap_spec::{DiskFormat, Machine};
+
 use crate::accel::Resolved;
 use crate::AgentError;
 
-/// The blockdev node name of a VM's data disk (QMP commands refer to it).
+/// The blockdev node name of the lab guest's data disk (QMP commands refer
+/// to it).
 pub const DISK_NODE: &str = "disk0";
+/// The blockdev node name of an image VM's root disk (its overlay).
+pub const ROOT_NODE: &str = "root0";
+/// The blockdev node name of the NoCloud seed (read-only).
+pub const SEED_NODE: &str = "seed";
 /// The netdev id of a VM's NIC.
 pub const NETDEV_ID: &str = "net0";
+/// The virtio-serial port name of the QEMU guest agent.
+pub const QGA_PORT: &str = "org.qemu.guest_agent.0";
+/// The virtio-serial port the image writes `VMCSNAP-READY <hostname>` to.
+pub const EVENTS_PORT: &str = "org.vmcsnap.events";
+/// The fw_cfg file holding an image VM's workload script.
+pub const WORKLOAD_FW_CFG: &str = "opt/vmcsnap/workload";
+
+/// The blockdev node name of an image VM's `i`-th extra disk (1-based).
+pub fn extra_disk_node(i: usize) -> String {
+    format!("disk{i}")
+}
 
 /// KiB of guest RAM added under TCG so that the RAM block is not a multiple
 /// of 64 pages.
@@ -36,8 +74,51 @@ pub const NETDEV_ID: &str = "net0";
 /// and keeps the exact size.
 pub const TCG_DIRTY_TRACKING_PAD_KIB: u64 = 8;
 
+/// One disk of a VM: a blockdev node on a file, and its virtio-blk device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskConfig {
+    /// Blockdev node name ([`DISK_NODE`], [`ROOT_NODE`], `disk1`, ...,
+    /// [`SEED_NODE`]).
+    pub node: String,
+    /// The file QEMU opens (for qcow2, the top of its backing chain).
+    pub path: PathBuf,
+    /// Its format.
+    pub format: DiskFormat,
+    /// Opened read-only (the seed); such a disk is never snapshotted.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+impl DiskConfig {
+    /// A writable qcow2 disk.
+    pub fn qcow2(node: impl Into<String>, path: impl Into<PathBuf>) -> DiskConfig {
+        DiskConfig { node: node.into(), path: path.into(), format: DiskFormat::Qcow2, read_only: false }
+    }
+
+    /// A read-only raw disk (the NoCloud seed).
+    pub fn read_only_raw(node: impl Into<String>, path: impl Into<PathBuf>) -> DiskConfig {
+        DiskConfig { node: node.into(), path: path.into(), format: DiskFormat::Raw, read_only: true }
+    }
+}
+
+/// The devices only an image VM has.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageDevices {
+    /// Unix socket of the guest agent's port (QEMU listens, `wait=off`).
+    pub qga_socket: PathBuf,
+    /// File the events port is logged to (appended to across restarts).
+    pub events_log: PathBuf,
+    /// The workload script, passed as fw_cfg [`WORKLOAD_FW_CFG`].
+    #[serde(default)]
+    pub workload_file: Option<PathBuf>,
+}
+
 /// Everything that decides a VM's QEMU command line.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+///
+/// Persisted in handover files and snapshots: fields added after the lab
+/// guest's first version have serde defaults that give the lab guest, and
+/// the old `disk` field still loads (as the single [`DISK_NODE`] disk).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct QemuConfig {
     /// `-name` of the process.
     pub name: String,
@@ -49,22 +130,37 @@ pub struct QemuConfig {
     pub vcpus: u64,
     /// Shared file holding guest RAM.
     pub ram_file: PathBuf,
-    /// Kernel image.
-    pub kernel: PathBuf,
-    /// Initramfs.
-    pub initrd: PathBuf,
-    /// Kernel command line.
+    /// Machine type (the lab guest: microvm).
+    #[serde(default)]
+    pub machine: Machine,
+    /// `-cpu` model in place of the accelerator's (`max` under TCG, `host`
+    /// under KVM), e.g. `max,-cx16` for Linux 6.12 guests under TCG 7.2.
+    #[serde(default)]
+    pub cpu: Option<String>,
+    /// Kernel for direct boot; `None`: the firmware boots the first disk
+    /// (q35 only).
+    pub kernel: Option<PathBuf>,
+    /// Initramfs (direct boot).
+    #[serde(default)]
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line (direct boot; empty: no `-append`).
+    #[serde(default)]
     pub cmdline: String,
     /// Serial console log.
     pub console_log: PathBuf,
     /// QMP socket (QEMU listens).
     pub qmp_socket: PathBuf,
-    /// Data disk (qcow2).
-    pub disk: PathBuf,
-    /// Switch port socket (QEMU connects).
+    /// Disks in device order: the lab guest has one, [`DISK_NODE`]; an
+    /// image VM has [`ROOT_NODE`], then `disk1..`, then maybe the seed.
+    #[serde(alias = "disk", deserialize_with = "disks_or_legacy_path")]
+    pub disks: Vec<DiskConfig>,
+    /// Switch port socket (QEMU listens; the switch connects).
     pub port_socket: PathBuf,
     /// NIC MAC address.
     pub mac: String,
+    /// The devices of an image VM; `None` for the lab guest.
+    #[serde(default)]
+    pub image: Option<ImageDevices>,
     /// QEMU's firmware directory (`-L`), needed when the binary runs from
     /// a copy outside its installation (the fallback of a failed restart).
     #[serde(default)]
@@ -82,17 +178,60 @@ pub struct QemuConfig {
     pub incoming: bool,
 }
 
+/// `disks` as written now, or the single qcow2 `disk` path of configs
+/// persisted before image VMs.
+fn disks_or_legacy_path<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<DiskConfig>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Wire {
+        Disks(Vec<DiskConfig>),
+        Legacy(PathBuf),
+    }
+    Ok(match Wire::deserialize(d)? {
+        Wire::Disks(v) => v,
+        Wire::Legacy(path) => vec![DiskConfig::qcow2(DISK_NODE, path)],
+    })
+}
+
+/// `value` for QEMU's `key=value,...` option syntax: commas doubled.
+pub fn opt_value(value: &str) -> String {
+    value.replace(',', ",,")
+}
+
+/// A path for QEMU's option syntax (see [`opt_value`]).
+fn opt_path(p: &Path) -> String {
+    opt_value(&p.display().to_string())
+}
+
 impl QemuConfig {
     /// The working-set sampler's QMP socket, beside the main one.
     pub fn sample_socket(&self) -> PathBuf {
         self.qmp_socket.with_file_name(crate::sampler::SOCKET_NAME)
     }
 
+    /// The node names of the writable disks, in device order: what a hot
+    /// snapshot must snapshot (all in one transaction). The lab guest:
+    /// `["disk0"]`.
+    pub fn disk_nodes(&self) -> Vec<&str> {
+        self.disks.iter().filter(|d| !d.read_only).map(|d| d.node.as_str()).collect()
+    }
+
+    /// The disk with this node name.
+    pub fn disk(&self, node: &str) -> Option<&DiskConfig> {
+        self.disks.iter().find(|d| d.node == node)
+    }
+
+    /// The disk with this node name, to point it at a new overlay.
+    pub fn disk_mut(&mut self, node: &str) -> Option<&mut DiskConfig> {
+        self.disks.iter_mut().find(|d| d.node == node)
+    }
+
     /// Removes what a stopped QEMU of this config leaves behind: the RAM
-    /// file and its sockets (not the disk, not the logs). Files already
+    /// file and its sockets (not the disks, not the logs). Files already
     /// gone are fine; other failures are logged.
     pub fn remove_runtime_files(&self) {
-        for p in [&self.ram_file, &self.qmp_socket, &self.sample_socket(), &self.port_socket] {
+        let qga = self.image.as_ref().map(|i| &i.qga_socket);
+        for p in [&self.ram_file, &self.qmp_socket, &self.sample_socket(), &self.port_socket].into_iter().chain(qga) {
             if let Err(e) = std::fs::remove_file(p) {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     crate::log(format!("VM {}: cannot remove {}: {e}", self.name, p.display()));
@@ -108,6 +247,15 @@ impl QemuConfig {
         self.memory_mib * 1024 + pad
     }
 
+    /// The virtio device model suffix of the machine: PCI on q35, MMIO on
+    /// microvm.
+    fn bus(&self) -> &'static str {
+        match self.machine {
+            Machine::Q35 => "pci",
+            Machine::Microvm => "device",
+        }
+    }
+
     /// The arguments after the binary's name.
     pub fn args(&self) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
@@ -118,9 +266,16 @@ impl QemuConfig {
         push("-name".into());
         push(format!("guest={},process={},debug-threads=on", self.name, self.name));
         push("-M".into());
-        push("microvm,acpi=on,memory-backend=mem".into());
-        for s in self.accel.qemu_args() {
-            push(s.to_string());
+        push(match self.machine {
+            Machine::Microvm => "microvm,acpi=on,memory-backend=mem".into(),
+            Machine::Q35 => "q35,memory-backend=mem".into(),
+        });
+        let mut accel = self.accel.qemu_args().map(str::to_string);
+        if let Some(cpu) = &self.cpu {
+            accel[3] = cpu.clone();
+        }
+        for s in accel {
+            push(s);
         }
         push("-m".into());
         push(format!("{}K", self.ram_kib()));
@@ -130,36 +285,72 @@ impl QemuConfig {
         push(format!(
             "memory-backend-file,id=mem,size={}K,mem-path={},share=on",
             self.ram_kib(),
-            self.ram_file.display()
+            opt_path(&self.ram_file)
         ));
-        push("-kernel".into());
-        push(self.kernel.display().to_string());
-        push("-initrd".into());
-        push(self.initrd.display().to_string());
-        push("-append".into());
-        push(self.cmdline.clone());
+        // -kernel, -initrd and -append are plain strings (no option syntax).
+        if let Some(kernel) = &self.kernel {
+            push("-kernel".into());
+            push(kernel.display().to_string());
+            if let Some(initrd) = &self.initrd {
+                push("-initrd".into());
+                push(initrd.display().to_string());
+            }
+            if !self.cmdline.is_empty() {
+                push("-append".into());
+                push(self.cmdline.clone());
+            }
+        }
         push("-chardev".into());
         // append=on: a restarted QEMU continues the same console log.
-        push(format!("file,id=con,path={},append=on", self.console_log.display()));
+        push(format!("file,id=con,path={},append=on", opt_path(&self.console_log)));
         push("-serial".into());
         push("chardev:con".into());
         push("-qmp".into());
-        push(format!("unix:{},server=on,wait=off", self.qmp_socket.display()));
+        push(format!("unix:{},server=on,wait=off", opt_path(&self.qmp_socket)));
         // A second monitor for the working-set sampler (`crate::sampler`),
         // so that sampling never waits for, or interleaves with, requests.
         push("-qmp".into());
-        push(format!("unix:{},server=on,wait=off", self.sample_socket().display()));
-        push("-blockdev".into());
-        push(format!(
-            "driver=qcow2,node-name={DISK_NODE},file.driver=file,file.filename={}",
-            self.disk.display()
-        ));
-        push("-device".into());
-        push(format!("virtio-blk-device,drive={DISK_NODE}"));
+        push(format!("unix:{},server=on,wait=off", opt_path(&self.sample_socket())));
+        for (i, d) in self.disks.iter().enumerate() {
+            let ro = if d.read_only { ",read-only=on" } else { "" };
+            push("-blockdev".into());
+            push(format!(
+                "driver={},node-name={}{ro},file.driver=file,file.filename={}",
+                d.format.driver(),
+                d.node,
+                opt_path(&d.path)
+            ));
+            let mut dev = format!("virtio-blk-{},drive={}", self.bus(), d.node);
+            if self.image.is_some() {
+                // /dev/disk/by-id/virtio-<node> in the guest.
+                dev.push_str(&format!(",serial={}", d.node));
+                if i == 0 && self.machine == Machine::Q35 {
+                    dev.push_str(",bootindex=0");
+                }
+            }
+            push("-device".into());
+            push(dev);
+        }
         push("-netdev".into());
-        push(format!("stream,id={NETDEV_ID},server=off,addr.type=unix,addr.path={}", self.port_socket.display()));
+        push(format!("stream,id={NETDEV_ID},server=on,addr.type=unix,addr.path={}", opt_path(&self.port_socket)));
         push("-device".into());
-        push(format!("virtio-net-device,netdev={NETDEV_ID},mac={}", self.mac));
+        push(format!("virtio-net-{},netdev={NETDEV_ID},mac={}", self.bus(), self.mac));
+        if let Some(img) = &self.image {
+            push("-chardev".into());
+            push(format!("socket,id=qga0,path={},server=on,wait=off", opt_path(&img.qga_socket)));
+            push("-chardev".into());
+            push(format!("file,id=events,path={},append=on", opt_path(&img.events_log)));
+            push("-device".into());
+            push(format!("virtio-serial-{},id=vser0", self.bus()));
+            push("-device".into());
+            push(format!("virtserialport,bus=vser0.0,chardev=qga0,name={QGA_PORT}"));
+            push("-device".into());
+            push(format!("virtserialport,bus=vser0.0,chardev=events,name={EVENTS_PORT}"));
+            if let Some(w) = &img.workload_file {
+                push("-fw_cfg".into());
+                push(format!("name={WORKLOAD_FW_CFG},file={}", opt_path(w)));
+            }
+        }
         if let Some(d) = &self.data_dir {
             push("-L".into());
             push(d.display().to_string());
@@ -213,14 +404,17 @@ mod tests {
             memory_mib: 256,
             vcpus: 2,
             ram_file: "/dev/shm/x".into(),
-            kernel: "/k".into(),
-            initrd: "/i".into(),
+            machine: Machine::Microvm,
+            cpu: None,
+            kernel: Some("/k".into()),
+            initrd: Some("/i".into()),
             cmdline: "console=ttyS0 a=b".into(),
             console_log: "/c.log".into(),
             qmp_socket: "/q.sock".into(),
-            disk: "/d.qcow2".into(),
+            disks: vec![DiskConfig::qcow2(DISK_NODE, "/d.qcow2")],
             port_socket: "/p.sock".into(),
             mac: "52:54:00:77:00:02".into(),
+            image: None,
             incoming: false,
             paused: false,
             data_dir: None,
@@ -228,25 +422,173 @@ mod tests {
         }
     }
 
+    /// An image VM on q35 booting through its firmware, with one extra disk
+    /// and a seed.
+    fn image_cfg() -> QemuConfig {
+        QemuConfig {
+            machine: Machine::Q35,
+            kernel: None,
+            initrd: None,
+            cmdline: String::new(),
+            disks: vec![
+                DiskConfig::qcow2(ROOT_NODE, "/vm/root.qcow2"),
+                DiskConfig::qcow2(extra_disk_node(1), "/vm/disk1.qcow2"),
+                DiskConfig::read_only_raw(SEED_NODE, "/vm/seed.iso"),
+            ],
+            image: Some(ImageDevices {
+                qga_socket: "/vm/qga.sock".into(),
+                events_log: "/vm/events.log".into(),
+                workload_file: Some("/vm/workload.sh".into()),
+            }),
+            ..cfg()
+        }
+    }
+
+    fn strings(c: &QemuConfig) -> Vec<String> {
+        c.args().into_iter().map(|s| s.into_string().unwrap()).collect()
+    }
+
+    /// `flag`'s value (the argument after the n-th occurrence of it).
+    fn values<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
+        args.windows(2).filter(|w| w[0] == flag).map(|w| w[1].as_str()).collect()
+    }
+
+    #[test]
+    fn lab_command_line_is_unchanged_but_for_the_listening_netdev() {
+        let expected = [
+            "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+            "-name", "guest=vm1,process=vm1,debug-threads=on",
+            "-M", "microvm,acpi=on,memory-backend=mem",
+            "-accel", "tcg", "-cpu", "max",
+            "-m", "262152K", "-smp", "2",
+            "-object", "memory-backend-file,id=mem,size=262152K,mem-path=/dev/shm/x,share=on",
+            "-kernel", "/k", "-initrd", "/i", "-append", "console=ttyS0 a=b",
+            "-chardev", "file,id=con,path=/c.log,append=on", "-serial", "chardev:con",
+            "-qmp", "unix:/q.sock,server=on,wait=off",
+            "-qmp", "unix:/sample.sock,server=on,wait=off",
+            "-blockdev", "driver=qcow2,node-name=disk0,file.driver=file,file.filename=/d.qcow2",
+            "-device", "virtio-blk-device,drive=disk0",
+            "-netdev", "stream,id=net0,server=on,addr.type=unix,addr.path=/p.sock",
+            "-device", "virtio-net-device,netdev=net0,mac=52:54:00:77:00:02",
+        ];
+        assert_eq!(strings(&cfg()), expected);
+        assert_eq!(cfg().disk_nodes(), vec![DISK_NODE]);
+    }
+
     #[test]
     fn command_line_has_shared_ram_stream_nic_and_tcg() {
-        let args: Vec<String> = cfg().args().into_iter().map(|s| s.into_string().unwrap()).collect();
-        let joined = args.join(" ");
-        // TCG: 8 KiB more than asked, so that pre-copy tracks every write.
-        assert!(joined.contains("memory-backend-file,id=mem,size=262152K,mem-path=/dev/shm/x,share=on"));
-        assert!(joined.contains("-m 262152K -smp 2"));
-        assert!(joined.contains("stream,id=net0,server=off,addr.type=unix,addr.path=/p.sock"));
-        assert!(joined.contains("-accel tcg -cpu max"));
-        // The cmdline stays one argument even with spaces.
-        assert!(args.contains(&"console=ttyS0 a=b".to_string()));
+        let joined = strings(&cfg()).join(" ");
         assert!(!joined.contains("-incoming"));
         let mut c = cfg();
         c.incoming = true;
-        let joined: Vec<String> = c.args().into_iter().map(|s| s.into_string().unwrap()).collect();
-        assert!(joined.join(" ").ends_with("-incoming defer"));
+        assert!(strings(&c).join(" ").ends_with("-incoming defer"));
         c.accel = Resolved::Kvm;
-        let joined: Vec<String> = c.args().into_iter().map(|s| s.into_string().unwrap()).collect();
-        assert!(joined.join(" ").contains("-m 262144K -smp 2"), "KVM keeps the exact size");
+        assert!(strings(&c).join(" ").contains("-m 262144K -smp 2"), "KVM keeps the exact size");
+        c.cpu = Some("max,-cx16".into());
+        assert!(strings(&c).join(" ").contains("-accel kvm -cpu max,-cx16 -m"));
+    }
+
+    #[test]
+    fn q35_image_vm_has_pci_devices_channels_seed_and_workload() {
+        let args = strings(&image_cfg());
+        assert_eq!(values(&args, "-M"), ["q35,memory-backend=mem"]);
+        assert!(args.iter().any(|a| a.starts_with("memory-backend-file,id=mem,") && a.ends_with(",share=on")));
+        for flag in ["-kernel", "-initrd", "-append"] {
+            assert!(!args.iter().any(|a| a == flag), "firmware boot has no {flag}");
+        }
+        assert_eq!(
+            values(&args, "-blockdev"),
+            [
+                "driver=qcow2,node-name=root0,file.driver=file,file.filename=/vm/root.qcow2",
+                "driver=qcow2,node-name=disk1,file.driver=file,file.filename=/vm/disk1.qcow2",
+                "driver=raw,node-name=seed,read-only=on,file.driver=file,file.filename=/vm/seed.iso",
+            ]
+        );
+        let devices = values(&args, "-device");
+        assert_eq!(
+            devices,
+            [
+                "virtio-blk-pci,drive=root0,serial=root0,bootindex=0",
+                "virtio-blk-pci,drive=disk1,serial=disk1",
+                "virtio-blk-pci,drive=seed,serial=seed",
+                "virtio-net-pci,netdev=net0,mac=52:54:00:77:00:02",
+                "virtio-serial-pci,id=vser0",
+                "virtserialport,bus=vser0.0,chardev=qga0,name=org.qemu.guest_agent.0",
+                "virtserialport,bus=vser0.0,chardev=events,name=org.vmcsnap.events",
+            ]
+        );
+        assert_eq!(
+            values(&args, "-chardev"),
+            [
+                "file,id=con,path=/c.log,append=on",
+                "socket,id=qga0,path=/vm/qga.sock,server=on,wait=off",
+                "file,id=events,path=/vm/events.log,append=on",
+            ]
+        );
+        assert_eq!(values(&args, "-serial"), ["chardev:con"]);
+        assert_eq!(values(&args, "-fw_cfg"), ["name=opt/vmcsnap/workload,file=/vm/workload.sh"]);
+        assert_eq!(image_cfg().disk_nodes(), vec!["root0", "disk1"], "the read-only seed is not snapshotted");
+    }
+
+    #[test]
+    fn microvm_image_vm_uses_mmio_devices_and_direct_boot() {
+        let mut c = image_cfg();
+        c.machine = Machine::Microvm;
+        c.kernel = Some("/boot/vmlinuz".into());
+        c.initrd = None;
+        c.cmdline = "root=/dev/vda1".into();
+        c.image.as_mut().unwrap().workload_file = None;
+        let args = strings(&c);
+        assert_eq!(values(&args, "-M"), ["microvm,acpi=on,memory-backend=mem"]);
+        assert_eq!(values(&args, "-kernel"), ["/boot/vmlinuz"]);
+        assert_eq!(values(&args, "-append"), ["root=/dev/vda1"]);
+        assert!(values(&args, "-initrd").is_empty());
+        assert!(values(&args, "-fw_cfg").is_empty());
+        let devices = values(&args, "-device");
+        assert_eq!(devices[0], "virtio-blk-device,drive=root0,serial=root0", "no bootindex on microvm");
+        assert!(devices.contains(&"virtio-net-device,netdev=net0,mac=52:54:00:77:00:02"));
+        assert!(devices.contains(&"virtio-serial-device,id=vser0"));
+        assert!(!devices.iter().any(|d| d.contains("-pci")), "{devices:?}");
+    }
+
+    #[test]
+    fn commas_in_paths_are_doubled_in_option_values_only() {
+        assert_eq!(opt_value("a,b,,c"), "a,,b,,,,c");
+        let mut c = image_cfg();
+        c.ram_file = "/dev/shm/a,b".into();
+        c.disks[0].path = "/x,y/root.qcow2".into();
+        c.port_socket = "/r,un/port.sock".into();
+        c.qmp_socket = "/r,un/qmp.sock".into();
+        c.kernel = Some("/k,1".into());
+        c.cmdline = "a=1,2".into();
+        let args = strings(&c);
+        let joined = args.join(" ");
+        assert!(joined.contains("mem-path=/dev/shm/a,,b,share=on"), "{joined}");
+        assert!(joined.contains("file.filename=/x,,y/root.qcow2"), "{joined}");
+        assert!(joined.contains("addr.path=/r,,un/port.sock"), "{joined}");
+        assert!(joined.contains("unix:/r,,un/qmp.sock,server=on"), "{joined}");
+        assert!(joined.contains("unix:/r,,un/sample.sock,server=on"), "{joined}");
+        // -kernel and -append are not option syntax: left alone.
+        assert_eq!(values(&args, "-kernel"), ["/k,1"]);
+        assert_eq!(values(&args, "-append"), ["a=1,2"]);
+    }
+
+    #[test]
+    fn configs_persisted_before_image_vms_still_load_as_lab_vms() {
+        let old = r#"{"name":"vm1","accel":"tcg","memory_mib":256,"vcpus":2,"ram_file":"/dev/shm/x",
+            "kernel":"/k","initrd":"/i","cmdline":"console=ttyS0 a=b","console_log":"/c.log",
+            "qmp_socket":"/q.sock","disk":"/d.qcow2","port_socket":"/p.sock","mac":"52:54:00:77:00:02",
+            "data_dir":null,"module_dir":null,"paused":false,"incoming":false}"#;
+        let c: QemuConfig = serde_json::from_str(old).unwrap();
+        assert_eq!(strings(&c), strings(&cfg()));
+        assert_eq!(c.disks, vec![DiskConfig::qcow2(DISK_NODE, "/d.qcow2")]);
+        // And the new form round-trips.
+        let json = serde_json::to_string(&image_cfg()).unwrap();
+        let back: QemuConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(strings(&back), strings(&image_cfg()));
+        // A malformed disks value is an error, not a silent lab disk.
+        let bad = old.replace(r#""disk":"/d.qcow2""#, r#""disks":[{"node":"x"}]"#);
+        assert!(serde_json::from_str::<QemuConfig>(&bad).is_err());
     }
 
     #[test]

@@ -66,4 +66,75 @@ pub enum SpecError {
         /// The placeholder text.
         placeholder: String,
     },
+    /// `image` and `image_recipe` are both set.
+    #[error("VM {0:?}: image and image_recipe are mutually exclusive: keep one")]
+    ImageAndRecipe(String),
+    /// A field that only image VMs have, on a lab VM.
+    #[error("VM {vm:?}: {field} needs image or image_recipe (the lab guest brings its own kernel, disk and init)")]
+    NeedsImage {
+        /// The VM.
+        vm: String,
+        /// The field, as written in the spec (e.g. `machine = "q35"`).
+        field: &'static str,
+    },
+    /// A field that only applies to direct kernel boot, without `kernel`.
+    #[error("VM {vm:?}: {field} needs kernel (it only applies to direct kernel boot)")]
+    NeedsKernel {
+        /// The VM.
+        vm: String,
+        /// The field.
+        field: &'static str,
+    },
+    /// `machine = "microvm"` on an image VM without `kernel`.
+    #[error("VM {0:?}: machine = microvm needs kernel (microvm has no firmware that boots a disk); set kernel or use machine = \"q35\"")]
+    MicrovmNeedsKernel(String),
+    /// `ssh_authorized_keys` with `cloud_init = false`.
+    #[error("VM {0:?}: ssh_authorized_keys needs cloud_init = true (the keys are delivered through the NoCloud seed)")]
+    KeysNeedCloudInit(String),
+    /// A wrong entry of `ssh_authorized_keys`.
+    #[error("VM {vm:?}: ssh_authorized_keys: {reason}")]
+    BadSshKeys {
+        /// The VM.
+        vm: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A wrong entry of `disks`.
+    #[error("VM {vm:?}: disks[{index}]: {reason}")]
+    BadDisk {
+        /// The VM.
+        vm: String,
+        /// 0-based position in `disks`.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A path field that is empty.
+    #[error("VM {vm:?}: {field} is an empty path")]
+    EmptyPath {
+        /// The VM.
+        vm: String,
+        /// The field.
+        field: &'static str,
+    },
+    /// More devices than a microvm has virtio slots.
+    #[error("VM {vm:?}: machine = microvm holds {max} virtio devices but this VM needs {got} (NIC, console channels, root, seed, disks); use fewer disks or machine = \"q35\"")]
+    TooManyDevices {
+        /// The VM.
+        vm: String,
+        /// Devices needed.
+        got: usize,
+        /// Slots available.
+        max: usize,
+    },
+    /// A lab-guest field on an image VM.
+    #[error("VM {vm:?}: {field} applies only to the lab guest; {instead}")]
+    LabOnly {
+        /// The VM.
+        vm: String,
+        /// The field.
+        field: &'static str,
+        /// What to use instead.
+        instead: &'static str,
+    },
 }

@@ -21,16 +21,29 @@
 //! ([`ClusterSpec::addressing`]) so that every VM of a cluster sits on one
 //! L2 segment behind vmcsnap's switch.
 //!
+//! Besides vmcsnap's busybox lab guest, a VM may boot an image of its own
+//! (`image = "debian.qcow2"` or `image_recipe = "redis"`);
+//! [`VmSpec::kind`] tells which, with every default resolved (see
+//! [`GuestKind`]).
+//!
 //! Workloads may refer to other VMs' addresses with `{ip:NAME}` and to the
 //! VM's own name with `{name}`; [`ClusterSpec::expand_workload`] fills them in.
 
 mod addressing;
 mod error;
+mod guest;
 mod model;
+mod rules;
 
 pub use addressing::{VmAddress, SUBNET_PREFIX};
 pub use error::SpecError;
+pub use guest::{
+    Boot, DiskFormat, DiskSpec, ExtraDisk, GuestKind, HostAccess, ImageGuest, ImageSource, Machine, SshKeys,
+    IMAGE_MIN_MEMORY_MIB, MICROVM_VIRTIO_SLOTS,
+};
 pub use model::{Accel, ClusterSection, ClusterSpec, VmSpec, MAX_VMS};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_image;

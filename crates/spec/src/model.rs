@@ -1,10 +1,12 @@
 //! The spec's data model and its validation.
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
 use crate::addressing::{self, VmAddress};
+use crate::guest::{DiskFormat, DiskSpec, HostAccess, Machine, SshKeys, IMAGE_MIN_MEMORY_MIB};
 use crate::SpecError;
 
 /// At most this many VMs per cluster (addresses .2 to .250 of the /24).
@@ -13,8 +15,8 @@ const MAX_CLUSTER_NAME: usize = 24;
 const MAX_VM_NAME: usize = 24;
 const MAX_VCPUS: u64 = 64;
 const MAX_MEMORY_MIB: u64 = 1 << 20;
-const MIN_DISK_MIB: u64 = 8;
-const MAX_DISK_MIB: u64 = 1 << 20;
+pub(crate) const MIN_DISK_MIB: u64 = 8;
+pub(crate) const MAX_DISK_MIB: u64 = 1 << 20;
 
 /// Which accelerator runs the guests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -51,6 +53,9 @@ pub struct ClusterSection {
     /// Seconds to wait for every VM's ready marker (default 120).
     #[serde(default = "default_boot_timeout")]
     pub boot_timeout_s: u64,
+    /// How the host reaches the VMs' network (default `netns`).
+    #[serde(default)]
+    pub host_access: HostAccess,
 }
 
 fn default_boot_timeout() -> u64 {
@@ -71,9 +76,41 @@ pub struct VmSpec {
     /// Size of the VM's qcow2 data disk in MiB (default 64).
     #[serde(default = "default_disk")]
     pub disk_mib: u64,
-    /// Shell script the guest runs at boot (busybox sh), with placeholders.
+    /// Shell script the guest runs at boot, with placeholders: busybox sh
+    /// in the lab guest; in an image VM, a /bin/sh script its
+    /// `vmcsnap-workload.service` runs (delivered through fw_cfg).
     #[serde(default)]
     pub workload: String,
+    /// Root disk image (qcow2 or raw) of an image VM; never written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<PathBuf>,
+    /// Format of `image`; absent: the agent detects it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_format: Option<DiskFormat>,
+    /// An image vmcsnap builds (`vmcsnap image build`); excludes `image`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_recipe: Option<String>,
+    /// Extra disks of an image VM, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<DiskSpec>,
+    /// Machine type; see [`VmSpec::kind`] for the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<Machine>,
+    /// Kernel for direct boot of an image VM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<PathBuf>,
+    /// Initrd for direct boot (needs `kernel`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line for direct boot (needs `kernel`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmdline: Option<String>,
+    /// Whether an image VM gets a NoCloud seed (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_init: Option<bool>,
+    /// Public keys the seed installs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_authorized_keys: Option<SshKeys>,
 }
 
 fn default_vcpus() -> u64 {
@@ -99,6 +136,19 @@ impl ClusterSpec {
     pub fn from_toml_str(text: &str, min_memory_mib: u64) -> Result<Self, SpecError> {
         let spec: ClusterSpec = toml::from_str(text).map_err(|e| SpecError::Toml(one_line(&e)))?;
         spec.validate(min_memory_mib)?;
+        // `disk_mib` has a default, so only the text tells whether an image
+        // VM sets it (it would be silently ignored).
+        let raw: toml::Table = toml::from_str(text).map_err(|e| SpecError::Toml(one_line(&e)))?;
+        let tables = raw.get("vm").and_then(|v| v.as_array()).map(Vec::as_slice).unwrap_or_default();
+        for (vm, table) in spec.vm.iter().zip(tables) {
+            if vm.is_image() && table.get("disk_mib").is_some() {
+                return Err(SpecError::LabOnly {
+                    vm: vm.name.clone(),
+                    field: "disk_mib",
+                    instead: "give an image VM extra disks with disks = [{ size_mib = N }]",
+                });
+            }
+        }
         Ok(spec)
     }
 
@@ -119,6 +169,8 @@ impl ClusterSpec {
             }
         }
         for vm in &self.vm {
+            vm.check_guest_fields()?;
+            let min_memory_mib = if vm.is_image() { IMAGE_MIN_MEMORY_MIB.max(min_memory_mib) } else { min_memory_mib };
             if vm.memory_mib < min_memory_mib {
                 return Err(SpecError::MemoryTooSmall {
                     vm: vm.name.clone(),
@@ -181,14 +233,14 @@ impl ClusterSpec {
     }
 }
 
-fn range(vm: &VmSpec, field: &'static str, got: u64, lo: u64, hi: u64, text: &'static str) -> Result<(), SpecError> {
+pub(crate) fn range(vm: &VmSpec, field: &'static str, got: u64, lo: u64, hi: u64, text: &'static str) -> Result<(), SpecError> {
     if got < lo || got > hi {
         return Err(SpecError::OutOfRange { vm: vm.name.clone(), field, got, range: text });
     }
     Ok(())
 }
 
-fn check_name(what: &'static str, name: &str, max: usize) -> Result<(), SpecError> {
+pub(crate) fn check_name(what: &'static str, name: &str, max: usize) -> Result<(), SpecError> {
     let ok = !name.is_empty()
         && name.len() <= max
         && name.starts_with(|c: char| c.is_ascii_lowercase())

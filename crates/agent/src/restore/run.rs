@@ -402,12 +402,12 @@ fn start_and_feed(
     let mut config = saved.qemu.clone();
     config.ram_file = run.shm_path(cluster_name, &name);
     let _ = std::fs::remove_file(&config.ram_file);
-    config.kernel = assets.kernel.clone();
-    config.initrd = assets.initrd.clone();
+    config.kernel = Some(assets.kernel.clone());
+    config.initrd = Some(assets.initrd.clone());
     config.console_log = dir.join("console.log");
     config.qmp_socket = dir.join("qmp.sock");
     config.port_socket = dir.join("port.sock");
-    config.disk = overlay.clone();
+    config.disks[0].path = overlay.clone();
     config.incoming = true;
     // A cluster restore starts its guests on START (`cont`).
     config.paused = opts.paused || opts.cluster.is_some();

@@ -238,7 +238,7 @@ pub fn snapshot(
     let disks_dir = opts.target.as_ref().map_or_else(|| root.join(".disks").join(&name), |t| t.disks_dir.clone());
     let _ = std::fs::remove_dir_all(&disks_dir);
     std::fs::create_dir_all(&disks_dir).map_err(AgentError::io("creating", &disks_dir))?;
-    let current_disk = vm.config.disk.clone();
+    let current_disk = vm.config.disks[0].path.clone();
     let qemu_img = crate::qemu::find_qemu_img()?;
     let stamp = unix_ms();
     let overlay = vm_dir.join(format!("data-{stamp}.qcow2"));
@@ -329,7 +329,7 @@ pub fn snapshot(
     }
     if ctx.disk_done {
         // The VM writes to the overlay from now on; a restarted QEMU must too.
-        vm.config.disk = overlay.clone();
+        vm.config.disks[0].path = overlay.clone();
     }
     let _ = std::fs::remove_file(&sock);
     let captured = match (with_resume(&vm.name, result, resumed), cap.take()) {
