@@ -331,20 +331,41 @@ impl Cluster {
 }
 
 impl Member {
-    /// Learns from QEMU which file the VM writes now (a snapshot that an
-    /// agent died in may have put an overlay on top since the record was
-    /// written). Keeps what it has if QEMU does not say.
+    /// Learns from QEMU which file each disk is written to now (a snapshot
+    /// that an agent died in may have put an overlay on top since the
+    /// record was written): a block device whose backing chain contains a
+    /// recorded file has that disk's new top. Keeps what it has if QEMU
+    /// does not say.
     pub fn refresh_disk(&mut self) {
         if self.vm.exited().is_some() {
             return;
         }
-        let top = self.vm.execute("query-block", serde_json::Value::Null).ok().and_then(|v| {
-            v.as_array()?.iter().find_map(|d| d["inserted"]["file"].as_str().map(PathBuf::from))
-        });
-        if let Some(top) = top.filter(|t| t.exists() && *t != self.disk) {
-            log(format!("VM {}: it writes {} now (recorded: {})", self.vm.name, top.display(), self.disk.display()));
-            self.vm.config.disk = top.clone();
-            self.disk = top;
+        let Ok(blocks) = self.vm.execute("query-block", serde_json::Value::Null) else { return };
+        let chains: Vec<Vec<PathBuf>> = blocks
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|b| {
+                let mut chain = vec![];
+                let mut img = &b["inserted"]["image"];
+                while let Some(f) = img["filename"].as_str() {
+                    chain.push(PathBuf::from(f));
+                    img = &img["backing-image"];
+                }
+                chain
+            })
+            .filter(|c| !c.is_empty())
+            .collect();
+        let name = self.vm.name.clone();
+        for d in self.vm.config.disks.iter_mut().filter(|d| !d.read_only) {
+            let Some(chain) = chains.iter().find(|c| c.contains(&d.path)) else { continue };
+            if chain[0] != d.path {
+                log(format!("VM {name}: disk {} is written to {} now (recorded: {})", d.node, chain[0].display(), d.path.display()));
+                if self.disk == d.path {
+                    self.disk = chain[0].clone();
+                }
+                d.path = chain[0].clone();
+            }
         }
     }
 }
