@@ -80,7 +80,7 @@ impl Cluster {
             progress(&format!("{}: creating {} MiB data disk", vm_spec.name, vm_spec.disk_mib));
             vmcsnap_guest::make_data_disk(&disk, vm_spec.disk_mib, &vm_spec.name)?;
             let port_socket = dir.join("port.sock");
-            let port = self.switch.add_port(&vm_spec.name, &port_socket)?;
+            let port = plug(&self.switch, &vm_spec.name, &port_socket, &address)?;
             let ram_file = self.run.shm_path(&spec.cluster.name, &vm_spec.name);
             let _ = std::fs::remove_file(&ram_file);
             let workload = spec.expand_workload(&vm_spec.name).map_err(|source| AgentError::Spec {
@@ -396,5 +396,19 @@ pub fn switch_config() -> SwitchConfig {
             }
         }
     });
-    SwitchConfig { capture_dir, ..SwitchConfig::default() }
+    // The switch answers DHCP for the cluster subnet (stock images ask for
+    // their address); the lab guest's static address is the same one.
+    let dhcp = vmcsnap_switch::DhcpConfig::default();
+    SwitchConfig { capture_dir, dhcp: Some(dhcp), ..SwitchConfig::default() }
+}
+
+/// Plugs a VM into the switch: a port that dials the VM's NIC socket
+/// (QEMU listens there), and the VM's DHCP lease on it.
+pub fn plug(switch: &SwitchHandle, vm: &str, socket: &std::path::Path, address: &VmAddress) -> Result<PortId, AgentError> {
+    let port = switch.add_port(vm, socket)?;
+    if let Err(e) = switch.set_dhcp_lease(port, vmcsnap_switch::MacAddr(address.mac), address.ip, vm) {
+        let _ = switch.remove_port(port);
+        return Err(e.into());
+    }
+    Ok(port)
 }

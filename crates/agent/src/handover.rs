@@ -167,7 +167,13 @@ pub fn resume(run: &RunDir, path: &Path) -> Result<(UnixListener, Option<Cluster
         None => None,
         Some(st) => {
             let switch = Switch::thaw(st.switch, crate::cluster::switch_config())?;
-            let members = st.members.into_iter().map(adopt).collect();
+            let members: Vec<Member> = st.members.into_iter().map(adopt).collect();
+            // DHCP leases are not part of the frozen switch: register them again.
+            for m in &members {
+                if let Err(e) = switch.set_dhcp_lease(m.port, vmcsnap_switch::MacAddr(m.address.mac), m.address.ip, &m.vm.name) {
+                    log(format!("VM {}: registering its DHCP lease again: {e}", m.vm.name));
+                }
+            }
             Some(Cluster::from_parts(st.spec, st.accel, members, switch, run.clone()))
         }
     };

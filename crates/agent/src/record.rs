@@ -237,7 +237,7 @@ pub fn adopt(run: &RunDir) -> Result<Option<Cluster>, AgentError> {
     for v in rec.vms {
         let name = v.config.name.clone();
         let started_at = UNIX_EPOCH + Duration::from_millis(v.started_unix_ms);
-        let port = cluster.switch.add_port(&name, &v.config.port_socket)?;
+        let port = crate::cluster::plug(&cluster.switch, &name, &v.config.port_socket, &v.address)?;
         let vm = match find_qemu(v.pid, &v.config.qmp_socket) {
             Some(pid) => {
                 log(format!("VM {name}: adopting QEMU pid {pid}"));

@@ -40,6 +40,9 @@ use crate::{log, AgentError};
 /// How long the agent waits for a paused-to-be VM to read what the switch
 /// already sent it; hitting the bound is logged, not fatal.
 const DRAIN_BOUND: Duration = Duration::from_millis(200);
+/// How long the switch may take to connect to a restarted VM's new QEMU
+/// before its held frames are released anyway.
+const RECONNECT_BOUND: Duration = Duration::from_secs(5);
 /// How long a save or load may take before the restart is abandoned.
 const MIGRATION_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -135,6 +138,9 @@ pub fn rejuvenate(
     let old_pid = member.vm.pid;
     let name = member.vm.name.clone();
 
+    // The switch dials each new QEMU: count connections to know when it
+    // has reached the new one.
+    let connections = switch.connection_state(member.port)?.connections;
     switch.hold(member.port)?;
     let settle = switch.settle(member.port, DRAIN_BOUND, PROBES_BEFORE_PAUSE)?;
     if !settle.state.is_drained() || settle.unsettled {
@@ -148,7 +154,18 @@ pub fn rejuvenate(
         Mode::Cold => cold(member, qemu_bin, &prev),
         Mode::Warm | Mode::Saved => suspend_resume(member, qemu_bin, &prev, &state, mode),
     };
-    // Whatever happened, let frames flow again to whichever QEMU is there.
+    // Whatever happened, let frames flow again to whichever QEMU is there,
+    // once the switch has connected to it (a release before that would
+    // drop what was held).
+    if member.vm.pid != old_pid {
+        match switch.wait_connected(member.port, connections + 1, RECONNECT_BOUND) {
+            Ok(st) if !st.connected_since(connections + 1) => {
+                log(format!("VM {name}: the switch has not reached the new QEMU after {RECONNECT_BOUND:?}; releasing its port anyway"));
+            }
+            Ok(_) => {}
+            Err(e) => log(format!("VM {name}: waiting for the switch to reach the new QEMU: {e}")),
+        }
+    }
     let released = switch.release(member.port);
     let mut t = result?;
     released?;

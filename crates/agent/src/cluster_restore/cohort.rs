@@ -163,6 +163,9 @@ pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
                     RestoreEvent::Started(us) => {
                         started = Some(us);
                         if let Some(p) = port {
+                            // The switch dials the new QEMU; a port released
+                            // before it is connected would drop the replay.
+                            let _ = switch.wait_connected(p, 1, std::time::Duration::from_secs(5));
                             if let Err(e) = switch.release(p) {
                                 crate::log(format!("cluster restore: releasing {vm}'s port: {e}"));
                             }

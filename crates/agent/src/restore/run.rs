@@ -422,7 +422,7 @@ fn start_and_feed(
             config.accel.name()
         )));
     }
-    let port = switch.add_port(&name, &config.port_socket)?;
+    let port = crate::cluster::plug(switch, &name, &config.port_socket, &saved.address)?;
     if let Some(c) = &opts.cluster {
         let _ = c.events.send(RestoreEvent::PortReady(port));
     }
