@@ -133,8 +133,16 @@ impl HostAccess {
         // The listener first: if another live owner holds the socket, we
         // must not have replaced its interface.
         let listener = socket::listen(&cfg.socket_path)?;
-        let tap = netns::in_netns(netns.as_deref(), move || tap::create(&spec))?;
-        let (stop_rx, stop_tx) = pipe()?;
+        let tap_and_pipe = netns::in_netns(netns.as_deref(), move || tap::create(&spec))
+            .and_then(|tap| Ok((tap, pipe()?)));
+        let (tap, (stop_rx, stop_tx)) = match tap_and_pipe {
+            Ok(v) => v,
+            Err(e) => {
+                drop(listener);
+                socket::remove_if_socket(&cfg.socket_path);
+                return Err(e);
+            }
+        };
         let counters = Arc::new(Counters::default());
         let relay = Relay { tap, listener, stop: stop_rx, counters: counters.clone(), ifname: cfg.ifname.clone() };
         let thread = std::thread::Builder::new()

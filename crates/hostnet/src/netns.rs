@@ -101,6 +101,11 @@ pub(crate) fn cstring(path: &Path) -> Result<CString> {
 /// Makes the named namespace unless it exists. Returns whether it made it.
 pub fn ensure_netns(name: &str) -> Result<bool> {
     validate_netns_name(name)?;
+    // One creation at a time in this process: two threads that both find
+    // /run/netns not yet a mount point would otherwise stack two bind
+    // mounts on it. (Across processes the race is iproute2's too.)
+    static CREATE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _serial = CREATE.lock().unwrap_or_else(|p| p.into_inner());
     let path = netns_path(name);
     if is_nsfs(&path) {
         return Ok(false);
