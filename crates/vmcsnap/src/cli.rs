@@ -1,5 +1,6 @@
 //! Command-line arguments.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -213,6 +214,14 @@ pub enum Command {
         #[arg(long)]
         to: PathBuf,
     },
+    /// Run CMD inside the cluster's network namespace, where the host
+    /// interface 10.77.0.1/24 reaches the VMs (`vmcsnap exec -- redis-cli -h
+    /// 10.77.0.2`). Stdio is inherited; exits with CMD's exit code.
+    Exec {
+        /// The command and its arguments (put them after `--`).
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+        argv: Vec<OsString>,
+    },
     /// Manage the per-host agent that owns the QEMU processes and the switch.
     Agent {
         #[command(subcommand)]
@@ -266,5 +275,16 @@ mod tests {
         let help = cli.find_subcommand_mut("restore").expect("restore").render_long_help().to_string();
         let ms = vmcsnap_agent::restore::CLUSTER_START_QUIET.as_millis();
         assert!(help.contains(&format!("default: {ms} with --cluster")), "{help}");
+    }
+
+    /// `exec` hands everything after `--` (options included) to the command.
+    #[test]
+    fn exec_takes_the_command_line_after_the_separator() {
+        use clap::Parser;
+        let cli = super::Cli::try_parse_from(["vmcsnap", "exec", "--run-dir", "/r", "--", "redis-cli", "-h", "10.77.0.2"]).unwrap();
+        assert_eq!(cli.run_dir.as_deref(), Some(std::path::Path::new("/r")));
+        let super::Command::Exec { argv } = cli.command else { panic!("not exec") };
+        assert_eq!(argv, ["redis-cli", "-h", "10.77.0.2"]);
+        assert!(super::Cli::try_parse_from(["vmcsnap", "exec"]).is_err(), "a command is required");
     }
 }

@@ -150,6 +150,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Exec { argv } => exec(&run_dir, &argv),
         Command::Agent { cmd } => match cmd {
             AgentCmd::Run { exit_when_idle, resume } => {
                 vmcsnap_agent::serve(AgentOptions { run_dir, exit_when_idle, resume }).context("agent failed")
@@ -208,6 +209,21 @@ fn up(run_dir: &RunDir, spec: &Path, json: bool) -> Result<()> {
     let v = request(&run_dir.agent_socket(), &Request::Up { spec_path, spec_toml: text })?;
     let up: UpResult = serde_json::from_value(v.clone())?;
     output::json_or(json, &v, || output::up(&up))
+}
+
+/// `vmcsnap exec -- CMD`: CMD in the run directory's cluster namespace.
+fn exec(run_dir: &RunDir, argv: &[std::ffi::OsString]) -> Result<()> {
+    use std::os::unix::process::ExitStatusExt;
+    let ns = vmcsnap_hostnet::netns_name(&run_dir.tag());
+    if !vmcsnap_hostnet::netns_exists(&ns) {
+        anyhow::bail!(
+            "no cluster with host access is up in {} (no network namespace {ns}); `vmcsnap up` one first",
+            run_dir.root().display()
+        );
+    }
+    let status = vmcsnap_hostnet::exec_in_netns(&ns, argv)?;
+    // Like a shell: the command's exit code, or 128 + the signal that killed it.
+    std::process::exit(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }
 
 fn availability(run_dir: &RunDir, t_vmm: f64, t_os: f64, json: bool) -> Result<()> {
