@@ -39,6 +39,8 @@ pub struct Cluster {
     pub members: Vec<Member>,
     /// The switch.
     pub switch: SwitchHandle,
+    /// The host's interface on the cluster network, if the spec asks for one.
+    pub host: Option<crate::host_port::HostPort>,
     run: RunDir,
 }
 
@@ -169,14 +171,26 @@ impl Cluster {
             std::fs::remove_dir_all(&cluster_dir).map_err(AgentError::io("removing", &cluster_dir))?;
         }
         let switch = Switch::start_with(switch_config())?;
-        Ok(Cluster { spec, accel, members: Vec::new(), switch, run: run.clone() })
+        let host = match crate::host_port::start(run, spec.cluster.host_access, &switch) {
+            Ok(h) => h,
+            Err(e) => {
+                switch.stop();
+                return Err(e);
+            }
+        };
+        Ok(Cluster { spec, accel, members: Vec::new(), switch, host, run: run.clone() })
     }
 
     /// A cluster whose VMs a new agent adopts ([`crate::record::adopt`]):
     /// a fresh switch, and nothing in the cluster directory is touched.
     pub fn adopted(run: &RunDir, spec: ClusterSpec, accel: Resolved) -> Result<Cluster, AgentError> {
         let switch = Switch::start_with(switch_config())?;
-        Ok(Cluster { spec, accel, members: Vec::new(), switch, run: run.clone() })
+        // The relay died with the old agent; the namespace is still there.
+        let host = crate::host_port::start(run, spec.cluster.host_access, &switch).unwrap_or_else(|e| {
+            log(format!("the host interface cannot be started again: {e}"));
+            None
+        });
+        Ok(Cluster { spec, accel, members: Vec::new(), switch, host, run: run.clone() })
     }
 
     /// Writes the durable record of the cluster's VMs (see [`crate::record`]).
@@ -201,13 +215,21 @@ impl Cluster {
     }
 
     /// Reassembles a cluster (after an agent restart).
-    pub fn from_parts(spec: ClusterSpec, accel: Resolved, members: Vec<Member>, switch: SwitchHandle, run: RunDir) -> Cluster {
-        Cluster { spec, accel, members, switch, run }
+    pub fn from_parts(
+        spec: ClusterSpec,
+        accel: Resolved,
+        members: Vec<Member>,
+        switch: SwitchHandle,
+        host: Option<crate::host_port::HostPort>,
+        run: RunDir,
+    ) -> Cluster {
+        Cluster { spec, accel, members, switch, host, run }
     }
 
     /// Takes a cluster apart without stopping anything (for an agent restart).
-    pub fn into_parts(self) -> (ClusterSpec, Resolved, Vec<Member>, SwitchHandle, RunDir) {
-        (self.spec, self.accel, self.members, self.switch, self.run)
+    #[allow(clippy::type_complexity)]
+    pub fn into_parts(self) -> (ClusterSpec, Resolved, Vec<Member>, SwitchHandle, Option<crate::host_port::HostPort>, RunDir) {
+        (self.spec, self.accel, self.members, self.switch, self.host, self.run)
     }
 
     /// What `up` reports.
@@ -311,6 +333,7 @@ impl Cluster {
         for m in &mut self.members {
             m.vm.shutdown();
         }
+        crate::host_port::stop(&self.run, self.spec.cluster.host_access, self.host.take(), &self.switch, true);
         self.switch.stop();
         for m in &self.members {
             m.vm.config.remove_runtime_files();
@@ -349,7 +372,7 @@ impl Member {
                 let mut chain = vec![];
                 let mut img = &b["inserted"]["image"];
                 while let Some(f) = img["filename"].as_str() {
-                    chain.push(PathBuf::from(f));
+                    chain.push(plain_filename(f));
                     img = &img["backing-image"];
                 }
                 chain
@@ -368,6 +391,20 @@ impl Member {
             }
         }
     }
+}
+
+/// The file of a block node's `filename`: QEMU names an image opened with
+/// options (an overlay whose backing file was given at run time) by a
+/// `json:{...}` pseudo-filename; its `file.filename` is the file.
+fn plain_filename(name: &str) -> PathBuf {
+    if let Some(json) = name.strip_prefix("json:") {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(json) {
+            if let Some(f) = v["file"]["filename"].as_str() {
+                return PathBuf::from(f);
+            }
+        }
+    }
+    PathBuf::from(name)
 }
 
 fn last_lines(text: &str, n: usize) -> String {
@@ -411,4 +448,17 @@ pub fn plug(switch: &SwitchHandle, vm: &str, socket: &std::path::Path, address: 
         return Err(e.into());
     }
     Ok(port)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_pseudo_filenames_name_their_file() {
+        let j = r#"json:{"backing": {"driver": "qcow2", "file": {"driver": "file", "filename": "/r/d.qcow2"}}, "driver": "qcow2", "file": {"driver": "file", "filename": "/r/d-1.qcow2"}}"#;
+        assert_eq!(plain_filename(j), PathBuf::from("/r/d-1.qcow2"));
+        assert_eq!(plain_filename("/r/d.qcow2"), PathBuf::from("/r/d.qcow2"));
+        assert_eq!(plain_filename("json:{bad"), PathBuf::from("json:{bad"));
+    }
 }

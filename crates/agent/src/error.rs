@@ -77,6 +77,9 @@ pub enum AgentError {
     /// The switch failed.
     #[error("switch: {0}")]
     Switch(#[from] vmcsnap_switch::SwitchError),
+    /// The host's interface on the cluster network failed.
+    #[error("host access: {0}")]
+    HostNet(#[from] vmcsnap_hostnet::HostNetError),
     /// QMP failed.
     #[error("VM {vm:?}: {source}")]
     Qmp {

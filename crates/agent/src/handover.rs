@@ -68,6 +68,8 @@ struct ClusterState {
     accel: Resolved,
     members: Vec<MemberState>,
     switch: FrozenState,
+    #[serde(default)]
+    host_port: Option<PortId>,
 }
 
 /// Hands everything over to a fresh image of the agent executable. Returns
@@ -84,11 +86,13 @@ pub fn exec_restart(
     let state = match cluster.take() {
         None => None,
         Some(c) => {
-            let (spec, accel, members, switch, _run) = c.into_parts();
+            let (spec, accel, members, switch, host, _run) = c.into_parts();
+            // The relay thread does not survive the exec; its port does.
+            let host_port = host.as_ref().map(|h| h.port);
             let f = match switch.freeze() {
                 Ok(f) => f,
                 Err(e) => {
-                    *cluster = Some(Cluster::from_parts(spec, accel, members, switch, run.clone()));
+                    *cluster = Some(Cluster::from_parts(spec, accel, members, switch, host, run.clone()));
                     return e.into();
                 }
             };
@@ -105,7 +109,8 @@ pub fn exec_restart(
                     disk: m.disk,
                 })
                 .collect();
-            let st = ClusterState { spec, accel, members, switch: f.state().clone() };
+            drop(host);
+            let st = ClusterState { spec, accel, members, switch: f.state().clone(), host_port };
             frozen = Some(f);
             Some(st)
         }
@@ -134,7 +139,8 @@ pub fn exec_restart(
         match f.resume(crate::cluster::switch_config()) {
             Ok(switch) => {
                 let members = st.members.into_iter().map(adopt).collect();
-                *cluster = Some(Cluster::from_parts(st.spec, st.accel, members, switch, run.clone()));
+                let host = relay_again(run, &st.spec, st.host_port);
+                *cluster = Some(Cluster::from_parts(st.spec, st.accel, members, switch, host, run.clone()));
             }
             Err(e) => log(format!("cannot resume the switch: {e}")),
         }
@@ -174,10 +180,19 @@ pub fn resume(run: &RunDir, path: &Path) -> Result<(UnixListener, Option<Cluster
                     log(format!("VM {}: registering its DHCP lease again: {e}", m.vm.name));
                 }
             }
-            Some(Cluster::from_parts(st.spec, st.accel, members, switch, run.clone()))
+            let host = relay_again(run, &st.spec, st.host_port);
+            Some(Cluster::from_parts(st.spec, st.accel, members, switch, host, run.clone()))
         }
     };
     Ok((listener, cluster, h.exit_when_idle, h.generation + 1))
+}
+
+fn relay_again(run: &RunDir, spec: &ClusterSpec, port: Option<PortId>) -> Option<crate::host_port::HostPort> {
+    let port = port?;
+    crate::host_port::restart_relay(run, spec.cluster.host_access, port).unwrap_or_else(|e| {
+        log(format!("the host interface cannot be started again: {e}"));
+        None
+    })
 }
 
 fn adopt(m: MemberState) -> Member {

@@ -26,6 +26,7 @@ pub mod cluster_snapshot;
 pub mod disk_chain;
 pub mod fault;
 pub mod handover;
+pub mod host_port;
 pub mod intent;
 mod error;
 pub mod paths;
