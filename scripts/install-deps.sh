@@ -2,9 +2,10 @@
 # Installs the Debian packages vmcsnap needs, if any is missing.
 # qemu-system-x86: the hypervisor; qemu-utils: qemu-img; busybox-static,
 # cpio, e2fsprogs: guest initramfs and data disks; gcc: guest programs;
-# graphviz: the PNG of `inspect --rdg --dot FILE`.
+# graphviz: the PNG of `inspect --rdg --dot FILE`; mmdebstrap: `image build`;
+# redis-server, redis-tools: the test of the guest program redisload.
 set -euo pipefail
-pkgs=(qemu-system-x86 qemu-utils busybox-static cpio e2fsprogs gcc libc6-dev binutils lz4 make graphviz)
+pkgs=(qemu-system-x86 qemu-utils busybox-static cpio e2fsprogs gcc libc6-dev binutils lz4 make graphviz mmdebstrap redis-server redis-tools)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
