@@ -38,7 +38,8 @@
  *
  * With -d SECS it stops after SECS seconds, GETs every key it wrote once
  * more (a full verification pass), prints a final line and exits 0 if
- * errors= is 0, 1 otherwise. Without -d it runs until killed.
+ * errors= is 0, 1 otherwise (also 1 when the pass could not finish within
+ * twice the -t timeout). Without -d it runs until killed.
  */
 #include "common.h"
 
@@ -395,6 +396,12 @@ int main(int argc, char **argv)
         if (!verifying && now >= end) {
             verifying = 1;
             say("redisload: t=%" PRId64 " verifying every written key\n", (now - t0) / 1000);
+        }
+        if (verifying && now > end + 2 * (int64_t)timeout * 1000) {
+            status(t0);
+            say("redisload: verification incomplete after %" PRIu64 " s (server unreachable?)\n",
+                2 * timeout);
+            return 1;
         }
         if (verifying) {
             while (verify_next < nkeys && keys[verify_next].state == NONE &&
