@@ -36,8 +36,14 @@ DHCP=yes
 UseHostname=yes
 UNIT
 # One NIC: network-online as soon as any link is up, and do not hold the
-# workload for two minutes when DHCP never answers.
+# workload for two minutes when DHCP never answers. Without any NIC there is
+# nothing to wait for (virtio_net is loaded in the initramfs, so the NIC
+# exists before systemd checks this).
 unit systemd-networkd-wait-online.service.d/vmcsnap.conf <<'UNIT'
+[Unit]
+ConditionPathExistsGlob=|/sys/class/net/en*
+ConditionPathExistsGlob=|/sys/class/net/eth*
+
 [Service]
 ExecStart=
 ExecStart=/lib/systemd/systemd-networkd-wait-online --any --timeout=60
@@ -49,7 +55,7 @@ mkdir -p "$R/etc/modules-load.d"
 echo qemu_fw_cfg >"$R/etc/modules-load.d/vmcsnap.conf"
 mkdir -p "$R/etc/initramfs-tools/conf.d"
 echo "MODULES=most" >"$R/etc/initramfs-tools/conf.d/vmcsnap"
-for m in virtio_mmio virtio_pci virtio_blk; do
+for m in virtio_mmio virtio_pci virtio_blk virtio_net; do
     grep -qx "$m" "$R/etc/initramfs-tools/modules" 2>/dev/null || echo "$m" >>"$R/etc/initramfs-tools/modules"
 done
 
@@ -129,6 +135,9 @@ ExecStart=/usr/local/lib/vmcsnap/run-workload
 StandardOutput=journal+console
 StandardError=journal+console
 Restart=no
+# Stay active once the script ended: else the path unit, whose file still
+# exists, would start it again and again.
+RemainAfterExit=yes
 UNIT
 unit vmcsnap-ready.service <<'UNIT'
 [Unit]
