@@ -30,7 +30,11 @@ fn build_redisload(dir: &Path) -> PathBuf {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 struct Redis {
@@ -50,10 +54,17 @@ impl Redis {
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server not found: run scripts/install-deps.sh (apt-get install redis-server redis-tools)");
-        let r = Redis { child, port, _dir: dir };
+        let r = Redis {
+            child,
+            port,
+            _dir: dir,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while r.cli(&["PING"]).trim() != "PONG" {
-            assert!(Instant::now() < deadline, "redis-server did not answer PING");
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not answer PING"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         r
@@ -87,12 +98,19 @@ fn run(bin: &Path, port: u16, args: &[&str]) -> Child {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 /// The numbers of the last status line.
 fn last_status(out: &str) -> Vec<(String, u64)> {
-    let line = out.lines().rfind(|l| l.starts_with("redisload: t=") && l.contains(" sets=")).expect(out);
+    let line = out
+        .lines()
+        .rfind(|l| l.starts_with("redisload: t=") && l.contains(" sets="))
+        .expect(out);
     line.split(' ')
         .skip(1)
         .filter_map(|w| w.split_once('='))
@@ -108,7 +126,10 @@ fn field(st: &[(String, u64)], k: &str) -> u64 {
 fn wait_for_status(port: u16, redis: &Redis) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while redis.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap_or(0) == 0 {
-        assert!(Instant::now() < deadline, "redisload wrote nothing to port {port}");
+        assert!(
+            Instant::now() < deadline,
+            "redisload wrote nothing to port {port}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -118,7 +139,9 @@ fn clean_run_verifies_every_key_with_no_errors() {
     let dir = tempfile::tempdir().unwrap();
     let bin = build_redisload(dir.path());
     let redis = Redis::start();
-    let o = run(&bin, redis.port, &["-k", "500", "-d", "2"]).wait_with_output().unwrap();
+    let o = run(&bin, redis.port, &["-k", "500", "-d", "2"])
+        .wait_with_output()
+        .unwrap();
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     let st = last_status(&out);
@@ -162,7 +185,10 @@ fn flushall_behind_its_back_is_corruption() {
     let out = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}");
     assert!(field(&last_status(&out), "errors") >= 1, "{out}");
-    let bad = out.lines().find(|l| l.starts_with("REDISLOAD-CORRUPTION key=key:")).expect(&out);
+    let bad = out
+        .lines()
+        .find(|l| l.starts_with("REDISLOAD-CORRUPTION key=key:"))
+        .expect(&out);
     assert!(bad.ends_with(" got=nil"), "{bad}");
 }
 
@@ -173,15 +199,26 @@ fn a_changed_value_is_reported_with_what_was_found() {
     let redis = Redis::start();
     // One key, reads only (the first operation writes it): nothing but this
     // client's single write can explain the value.
-    let child = run(&bin, redis.port, &["-k", "1", "-w", "0", "-r", "200", "-d", "3"]);
+    let child = run(
+        &bin,
+        redis.port,
+        &["-k", "1", "-w", "0", "-r", "200", "-d", "3"],
+    );
     wait_for_status(redis.port, &redis);
     assert_eq!(redis.cli(&["SET", "key:0", "bogus"]).trim(), "OK");
     let o = child.wait_with_output().unwrap();
     let out = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}");
-    let bad: Vec<&str> = out.lines().filter(|l| l.starts_with("REDISLOAD-CORRUPTION")).collect();
+    let bad: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("REDISLOAD-CORRUPTION"))
+        .collect();
     assert_eq!(bad.len(), 1, "counted once, then adopted:\n{out}");
-    assert!(bad[0].starts_with("REDISLOAD-CORRUPTION key=key:0 want=1 got='bogus'"), "{}", bad[0]);
+    assert!(
+        bad[0].starts_with("REDISLOAD-CORRUPTION key=key:0 want=1 got='bogus'"),
+        "{}",
+        bad[0]
+    );
     assert_eq!(field(&last_status(&out), "errors"), 1, "{out}");
 }
 
@@ -191,7 +228,9 @@ fn fake_server(reply: &'static [u8]) -> u16 {
     let port = l.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for s in l.incoming() {
-            let Ok(mut s): Result<TcpStream, _> = s else { return };
+            let Ok(mut s): Result<TcpStream, _> = s else {
+                return;
+            };
             std::thread::spawn(move || {
                 let mut buf = [0u8; 4096];
                 while let Ok(n) = s.read(&mut buf) {
@@ -216,7 +255,9 @@ fn malformed_replies_drop_the_connection_and_never_crash() {
         (&b"$3\r\nabcXY"[..], "bulk not followed by CRLF"),
     ] {
         let port = fake_server(reply);
-        let o = run(&bin, port, &["-k", "10", "-d", "1", "-t", "1"]).wait_with_output().unwrap();
+        let o = run(&bin, port, &["-k", "10", "-d", "1", "-t", "1"])
+            .wait_with_output()
+            .unwrap();
         let out = text(&o);
         assert!(out.contains(&format!("lost: {why}")), "{reply:?}:\n{out}");
         assert!(field(&last_status(&out), "reconnects") >= 1, "{out}");

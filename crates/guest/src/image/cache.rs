@@ -51,10 +51,15 @@ pub(super) fn parse_manifest(text: &str, dir: &Path, disk_bytes: u64) -> Option<
         name,
         key: key.to_string(),
         dir: dir.to_path_buf(),
-        packages: get("packages")?.split_whitespace().map(String::from).collect(),
+        packages: get("packages")?
+            .split_whitespace()
+            .map(String::from)
+            .collect(),
         size_mib: get("size_mib")?.parse().ok()?,
         kernel_version: get("kernel_version").unwrap_or("").to_string(),
-        build_seconds: get("build_seconds").and_then(|s| s.parse().ok()).unwrap_or(0.0),
+        build_seconds: get("build_seconds")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0.0),
         disk_bytes,
     })
 }
@@ -78,7 +83,9 @@ pub fn list_images(cache_root: &Path) -> Result<Vec<CachedImage>, ImageError> {
         let Ok(text) = fs::read_to_string(dir.join("recipe")) else {
             continue;
         };
-        let disk_bytes = fs::metadata(dir.join("disk.qcow2")).map(|m| m.len()).unwrap_or(0);
+        let disk_bytes = fs::metadata(dir.join("disk.qcow2"))
+            .map(|m| m.len())
+            .unwrap_or(0);
         match parse_manifest(&text, &dir, disk_bytes) {
             Some(i) => out.push(i),
             None => log::warn!("{}: unreadable recipe manifest, skipped", dir.display()),
@@ -112,7 +119,9 @@ fn unescape_octal(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        let oct = b.get(i + 1..i + 4).filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        let oct = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
         match oct.map(|d| d.iter().fold(0u32, |n, c| n * 8 + u32::from(c - b'0'))) {
             Some(v) if v <= 255 => {
                 out.push(v as u8);
@@ -135,8 +144,15 @@ pub(super) fn remove_unless_mounted(dir: &Path) -> Result<(), ImageError> {
     if !mounts.is_empty() {
         return Err(ImageError::StaleMounts {
             dir: dir.display().to_string(),
-            mounts: mounts.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", "),
+            mounts: mounts
+                .iter()
+                .map(|m| m.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
         });
     }
-    fs::remove_dir_all(dir).map_err(io_err(format!("cannot remove incomplete {}", dir.display())))
+    fs::remove_dir_all(dir).map_err(io_err(format!(
+        "cannot remove incomplete {}",
+        dir.display()
+    )))
 }

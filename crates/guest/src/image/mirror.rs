@@ -29,7 +29,10 @@ pub fn debian_mirror() -> Result<String, ImageError> {
         let mut more: Vec<PathBuf> = rd
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
-                matches!(p.extension().and_then(|e| e.to_str()), Some("list" | "sources"))
+                matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("list" | "sources")
+                )
             })
             .collect();
         more.sort();
@@ -106,7 +109,9 @@ pub fn mirror_in_deb822(text: &str) -> Option<String> {
                 .flat_map(|(_, v)| v.split_whitespace())
                 .collect()
         };
-        let enabled = field("enabled").first().is_none_or(|v| !v.eq_ignore_ascii_case("no"));
+        let enabled = field("enabled")
+            .first()
+            .is_none_or(|v| !v.eq_ignore_ascii_case("no"));
         let ok = enabled
             && field("types").contains(&"deb")
             && field("suites").contains(&SUITE)
@@ -146,7 +151,10 @@ mod tests {
              deb {B} bookworm main\n"
         );
         assert_eq!(mirror_in_one_line(&text).as_deref(), Some(A));
-        assert_eq!(mirror_in_one_line(&format!("deb {A} bookworm contrib\n")), None);
+        assert_eq!(
+            mirror_in_one_line(&format!("deb {A} bookworm contrib\n")),
+            None
+        );
         assert_eq!(mirror_in_one_line(&format!("deb {A} trixie main\n")), None);
     }
 

@@ -60,10 +60,22 @@ const FORMAT: &str = "vmcsnap-image-v1";
 
 /// Files written to the build directory (paths mirror the repository's guest/).
 const EMBEDDED: &[(&str, &str)] = &[
-    ("image/build-image.sh", include_str!("../../../../guest/image/build-image.sh")),
-    ("image/customize.sh", include_str!("../../../../guest/image/customize.sh")),
-    ("src/common.h", include_str!("../../../../guest/src/common.h")),
-    ("src/redisload.c", include_str!("../../../../guest/src/redisload.c")),
+    (
+        "image/build-image.sh",
+        include_str!("../../../../guest/image/build-image.sh"),
+    ),
+    (
+        "image/customize.sh",
+        include_str!("../../../../guest/image/customize.sh"),
+    ),
+    (
+        "src/common.h",
+        include_str!("../../../../guest/src/common.h"),
+    ),
+    (
+        "src/redisload.c",
+        include_str!("../../../../guest/src/redisload.c"),
+    ),
 ];
 
 /// A built image in the cache.
@@ -101,7 +113,11 @@ pub enum ImageError {
     NoMirror,
     /// The build script failed.
     #[error("building image {name:?} failed ({status}); last lines of the build:\n{tail}\nFix the cause shown above (a missing host package: mmdebstrap, e2fsprogs, qemu-utils, gcc; a package name not in bookworm main; no access to the Debian mirror) and try again; nothing was cached.")]
-    Build { name: String, status: String, tail: String },
+    Build {
+        name: String,
+        status: String,
+        tail: String,
+    },
     /// A killed build left file systems mounted in its directory.
     #[error("{dir} is an incomplete build with file systems still mounted under it ({mounts}): unmount them (umount -R DIR) and remove the directory, then try again")]
     StaleMounts { dir: String, mounts: String },
@@ -180,9 +196,15 @@ pub fn ensure_image(
         "cannot create cache directory {}",
         cache_root.display()
     )))?;
-    let _lock = FileLock::acquire(&cache_root.join(format!("image-{name}-{key}.lock")), progress)?;
+    let _lock = FileLock::acquire(
+        &cache_root.join(format!("image-{name}-{key}.lock")),
+        progress,
+    )?;
     if let Some(b) = built_in(&final_dir, recipe, &key) {
-        progress(&format!("image {name}: built by another process in {}", final_dir.display()));
+        progress(&format!(
+            "image {name}: built by another process in {}",
+            final_dir.display()
+        ));
         return Ok(b);
     }
     if final_dir.exists() {
@@ -190,12 +212,18 @@ pub fn ensure_image(
         cache::remove_unless_mounted(&final_dir)?;
     }
     let mirror = mirror::debian_mirror()?;
-    let bash = find_tool("bash").ok_or(GuestError::ToolMissing { tool: "bash", package: "bash" })?;
+    let bash = find_tool("bash").ok_or(GuestError::ToolMissing {
+        tool: "bash",
+        package: "bash",
+    })?;
 
     let work = tempfile::Builder::new()
         .prefix(&format!(".image-{name}-{key}-"))
         .tempdir_in(cache_root)
-        .map_err(io_err(format!("cannot create a temporary directory in {}", cache_root.display())))?;
+        .map_err(io_err(format!(
+            "cannot create a temporary directory in {}",
+            cache_root.display()
+        )))?;
     let src = work.path().join("src");
     for (path, contents) in EMBEDDED {
         let p = src.join(path);
@@ -225,7 +253,11 @@ pub fn ensure_image(
     let result = run_streaming(cmd, progress);
     let built = match result {
         Ok((status, tail)) if status.success() => Ok(tail),
-        Ok((status, tail)) => Err(ImageError::Build { name: name.clone(), status: status.to_string(), tail }),
+        Ok((status, tail)) => Err(ImageError::Build {
+            name: name.clone(),
+            status: status.to_string(),
+            tail,
+        }),
         Err(e) => Err(e.into()),
     };
     let tail = match built {
@@ -234,7 +266,10 @@ pub fn ensure_image(
             // mmdebstrap unmounts what it mounted; if it could not, do not
             // let the temporary directory's removal reach into them.
             if !cache::mounts_under(work.path()).is_empty() {
-                log::warn!("leaving {} in place: file systems are still mounted under it", work.path().display());
+                log::warn!(
+                    "leaving {} in place: file systems are still mounted under it",
+                    work.path().display()
+                );
                 let _ = work.keep();
             }
             return Err(e);
@@ -251,8 +286,11 @@ pub fn ensure_image(
     }
     let seconds = started.elapsed().as_secs_f64();
     let kernel_version = fs::read_to_string(out.join("kernel-version")).unwrap_or_default();
-    fs::write(out.join("recipe"), cache::manifest(recipe, &key, kernel_version.trim(), seconds))
-        .map_err(io_err(format!("cannot write {}/recipe", out.display())))?;
+    fs::write(
+        out.join("recipe"),
+        cache::manifest(recipe, &key, kernel_version.trim(), seconds),
+    )
+    .map_err(io_err(format!("cannot write {}/recipe", out.display())))?;
     fs::write(out.join("complete"), format!("key={key}\n"))
         .map_err(io_err(format!("cannot write {}/complete", out.display())))?;
     fs::rename(&out, &final_dir).map_err(io_err(format!(
@@ -260,7 +298,10 @@ pub fn ensure_image(
         out.display(),
         final_dir.display()
     )))?;
-    progress(&format!("image {name}: built in {seconds:.1} s: {}", final_dir.display()));
+    progress(&format!(
+        "image {name}: built in {seconds:.1} s: {}",
+        final_dir.display()
+    ));
     built_in(&final_dir, recipe, &key).ok_or_else(|| ImageError::Build {
         name: name.clone(),
         status: "the image vanished after the build".into(),

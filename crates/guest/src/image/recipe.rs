@@ -105,9 +105,8 @@ impl ImageRecipe {
             // Debian policy 5.6.1, plus an optional :arch or =version is not allowed.
             let ok = p.len() >= 2
                 && p.as_bytes()[0].is_ascii_alphanumeric()
-                && p.bytes().all(|b| {
-                    b.is_ascii_lowercase() || b.is_ascii_digit() || b"+-.".contains(&b)
-                });
+                && p.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+-.".contains(&b));
             if !ok {
                 return bad(format!("package name {p:?} is not a Debian package name"));
             }
@@ -119,16 +118,23 @@ impl ImageRecipe {
                 && s.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"@._-:".contains(&b));
             if !ok {
-                return bad(format!("unit name {s:?}: expected something like redis-server.service"));
+                return bad(format!(
+                    "unit name {s:?}: expected something like redis-server.service"
+                ));
             }
         }
         for p in &self.programs {
             if !IMAGE_PROGRAMS.contains(&p.as_str()) {
-                return bad(format!("program {p:?}: images can carry {IMAGE_PROGRAMS:?}"));
+                return bad(format!(
+                    "program {p:?}: images can carry {IMAGE_PROGRAMS:?}"
+                ));
             }
         }
         if !(1024..=1 << 20).contains(&self.size_mib) {
-            return bad(format!("disk size {} MiB: use 1024 MiB to 1 TiB", self.size_mib));
+            return bad(format!(
+                "disk size {} MiB: use 1024 MiB to 1 TiB",
+                self.size_mib
+            ));
         }
         Ok(())
     }
@@ -162,7 +168,10 @@ impl ImageRecipe {
             field("path", path.as_bytes());
             field("contents", contents.as_bytes());
         }
-        h.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
+        h.finalize()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
     }
 }
 
@@ -186,11 +195,17 @@ mod tests {
     #[test]
     fn named_adds_packages_to_base_or_a_builtin() {
         let r = ImageRecipe::named("pg", &["postgresql".into()]).unwrap();
-        assert_eq!((r.name.as_str(), r.packages.as_slice()), ("pg", &["postgresql".to_string()][..]));
+        assert_eq!(
+            (r.name.as_str(), r.packages.as_slice()),
+            ("pg", &["postgresql".to_string()][..])
+        );
         assert!(r.programs.is_empty());
         let r = ImageRecipe::named("redis", &["curl".into(), "redis-tools".into()]).unwrap();
         assert_eq!(r.packages, ["redis-server", "redis-tools", "curl"]);
-        assert_eq!(ImageRecipe::named("redis", &[]).unwrap(), ImageRecipe::redis());
+        assert_eq!(
+            ImageRecipe::named("redis", &[]).unwrap(),
+            ImageRecipe::redis()
+        );
     }
 
     #[test]
@@ -198,7 +213,17 @@ mod tests {
         for name in ["", "Redis", "-x", ".x", "a b", "a/b", &"n".repeat(41), "é"] {
             assert!(ImageRecipe::named(name, &[]).is_err(), "{name:?}");
         }
-        for p in ["", "a", "Foo", "foo bar", "foo;rm", "foo,bar", "-foo", "foo=1.0", "foo:amd64"] {
+        for p in [
+            "",
+            "a",
+            "Foo",
+            "foo bar",
+            "foo;rm",
+            "foo,bar",
+            "-foo",
+            "foo=1.0",
+            "foo:amd64",
+        ] {
             assert!(ImageRecipe::named("x", &[p.to_string()]).is_err(), "{p:?}");
         }
         let mut r = ImageRecipe::base();

@@ -8,17 +8,27 @@ use super::cache::{manifest, mount_points, parse_manifest};
 use super::*;
 
 fn script(path: &str) -> &'static str {
-    EMBEDDED.iter().find(|(p, _)| *p == path).map(|(_, c)| *c).expect(path)
+    EMBEDDED
+        .iter()
+        .find(|(p, _)| *p == path)
+        .map(|(_, c)| *c)
+        .expect(path)
 }
 
 #[test]
 fn scripts_carry_the_contract_constants() {
     let c = script("image/customize.sh");
     let fw = format!("/sys/firmware/qemu_fw_cfg/by_name/{FW_CFG_WORKLOAD}/raw");
-    assert!(c.matches(&fw).count() >= 3, "the workload path, unit and runner use {fw}");
+    assert!(
+        c.matches(&fw).count() >= 3,
+        "the workload path, unit and runner use {fw}"
+    );
     assert!(c.contains(&format!("/dev/virtio-ports/{EVENTS_PORT}")));
     assert!(c.contains(&format!("printf '{} %s\\n' \"$host\"", crate::READY_MARKER)));
-    assert!(c.contains("echo qemu_fw_cfg >"), "qemu_fw_cfg is loaded at boot");
+    assert!(
+        c.contains("echo qemu_fw_cfg >"),
+        "qemu_fw_cfg is loaded at boot"
+    );
     assert!(c.contains("systemctl is-system-running --wait"));
     // The ready unit must not be a oneshot: is-system-running --wait would
     // wait for its own start job forever.
@@ -27,9 +37,19 @@ fn scripts_carry_the_contract_constants() {
     assert!(!c.contains("/etc/hostname\"\n") || c.contains("rm -f \"$R/etc/hostname\""));
     let b = script("image/build-image.sh");
     for p in IMAGE_PROGRAMS {
-        assert!(EMBEDDED.iter().any(|(path, _)| *path == format!("src/{p}.c")), "{p}");
+        assert!(
+            EMBEDDED
+                .iter()
+                .any(|(path, _)| *path == format!("src/{p}.c")),
+            "{p}"
+        );
     }
-    for pkg in ["systemd-sysv", "linux-image-cloud-amd64", "qemu-guest-agent", "openssh-server"] {
+    for pkg in [
+        "systemd-sysv",
+        "linux-image-cloud-amd64",
+        "qemu-guest-agent",
+        "openssh-server",
+    ] {
         assert!(b.contains(pkg), "{pkg}");
     }
     assert!(b.contains("mmdebstrap --mode=root --variant=minbase"));
@@ -45,7 +65,10 @@ fn image_key_depends_on_the_recipe_and_the_scripts() {
     files[1].1 = "#!/bin/bash\n";
     assert_ne!(r.key_with(&files), image_key(&r));
     let dir = image_dir(Path::new("/c"), &r);
-    assert_eq!(dir, Path::new("/c").join(format!("image-redis-{}", image_key(&r))));
+    assert_eq!(
+        dir,
+        Path::new("/c").join(format!("image-redis-{}", image_key(&r)))
+    );
 }
 
 #[test]
@@ -93,7 +116,11 @@ fn mountinfo_parser_decodes_escapes_and_skips_garbage() {
                  37 22 0:7 / /x\\9zz\\ rw - x x rw\n";
     assert_eq!(
         mount_points(text),
-        [PathBuf::from("/"), PathBuf::from("/tmp/a b/proc"), PathBuf::from("/x\\9zz\\")]
+        [
+            PathBuf::from("/"),
+            PathBuf::from("/tmp/a b/proc"),
+            PathBuf::from("/x\\9zz\\")
+        ]
     );
     assert!(cache::mounts_under(Path::new("/nonexistent-vmcsnap-dir")).is_empty());
 }
@@ -101,20 +128,33 @@ fn mountinfo_parser_decodes_escapes_and_skips_garbage() {
 #[test]
 fn list_images_skips_incomplete_and_foreign_directories() {
     let root = tempfile::tempdir().unwrap();
-    assert!(list_images(&root.path().join("missing")).unwrap().is_empty());
+    assert!(list_images(&root.path().join("missing"))
+        .unwrap()
+        .is_empty());
     let r = ImageRecipe::redis();
     let good = root.path().join("image-redis-0123456789abcdef");
     fs::create_dir_all(&good).unwrap();
-    fs::write(good.join("recipe"), manifest(&r, "0123456789abcdef", "k", 1.0)).unwrap();
+    fs::write(
+        good.join("recipe"),
+        manifest(&r, "0123456789abcdef", "k", 1.0),
+    )
+    .unwrap();
     fs::write(good.join("complete"), "").unwrap();
     let partial = root.path().join("image-base-0123456789abcdef");
     fs::create_dir_all(&partial).unwrap();
-    fs::write(partial.join("recipe"), manifest(&ImageRecipe::base(), "0123456789abcdef", "k", 1.0)).unwrap();
+    fs::write(
+        partial.join("recipe"),
+        manifest(&ImageRecipe::base(), "0123456789abcdef", "k", 1.0),
+    )
+    .unwrap();
     fs::create_dir_all(root.path().join(".image-x-0123456789abcdef-tmp")).unwrap();
     fs::create_dir_all(root.path().join("guest-0123456789abcdef")).unwrap();
     let list = list_images(root.path()).unwrap();
     assert_eq!(list.len(), 1, "{list:?}");
-    assert_eq!((list[0].name.as_str(), list[0].dir.as_path()), ("redis", good.as_path()));
+    assert_eq!(
+        (list[0].name.as_str(), list[0].dir.as_path()),
+        ("redis", good.as_path())
+    );
 }
 
 /// One real build of a small recipe: layout, cache hit, no debris. Needs
@@ -132,7 +172,9 @@ fn ensure_image_builds_once_then_hits_the_cache() {
             .map(|_| {
                 s.spawn(|| {
                     let mut lines = Vec::new();
-                    let r = ensure_image(cache.path(), &recipe, &mut |l: &str| lines.push(l.to_string()));
+                    let r = ensure_image(cache.path(), &recipe, &mut |l: &str| {
+                        lines.push(l.to_string())
+                    });
                     (r.map_err(|e| e.to_string()), lines)
                 })
             })
@@ -145,8 +187,18 @@ fn ensure_image_builds_once_then_hits_the_cache() {
         .map(|(_, l)| l)
         .collect();
     assert_eq!(built.len(), 1, "exactly one thread ran the build");
-    let waited = results.iter().find(|(_, l)| !l.iter().any(|x| x.contains("mmdebstrap"))).unwrap();
-    assert!(waited.1.iter().any(|x| x.contains("built by another process")), "{:?}", waited.1);
+    let waited = results
+        .iter()
+        .find(|(_, l)| !l.iter().any(|x| x.contains("mmdebstrap")))
+        .unwrap();
+    assert!(
+        waited
+            .1
+            .iter()
+            .any(|x| x.contains("built by another process")),
+        "{:?}",
+        waited.1
+    );
     let b = match &results[0].0 {
         Ok(b) => b.clone(),
         Err(e) => panic!("{e}\n{}", results[0].1.join("\n")),
@@ -154,12 +206,20 @@ fn ensure_image_builds_once_then_hits_the_cache() {
     assert_eq!(results[1].0.as_ref().ok(), Some(&b));
     assert_eq!(b.dir, image_dir(cache.path(), &recipe));
     let mut magic = [0u8; 4];
-    fs::File::open(&b.disk).unwrap().read_exact(&mut magic).unwrap();
+    fs::File::open(&b.disk)
+        .unwrap()
+        .read_exact(&mut magic)
+        .unwrap();
     assert_eq!(&magic, b"QFI\xfb");
     assert!(fs::metadata(&b.kernel).unwrap().len() > 1 << 20);
     assert!(fs::metadata(&b.initrd).unwrap().len() > 1 << 20);
     let pkgs = fs::read_to_string(b.dir.join("packages.txt")).unwrap();
-    for p in ["systemd-sysv ", "qemu-guest-agent ", "openssh-server ", "linux-image-6.1."] {
+    for p in [
+        "systemd-sysv ",
+        "qemu-guest-agent ",
+        "openssh-server ",
+        "linux-image-6.1.",
+    ] {
         assert!(pkgs.contains(p), "{p} missing from packages.txt");
     }
     let names: Vec<String> = fs::read_dir(cache.path())
@@ -169,10 +229,16 @@ fn ensure_image_builds_once_then_hits_the_cache() {
     assert!(names.iter().all(|n| !n.starts_with(".image-")), "{names:?}");
     let listed = list_images(cache.path()).unwrap();
     assert_eq!(listed.len(), 1);
-    assert_eq!((listed[0].name.as_str(), listed[0].key.as_str()), ("test-base", b.key.as_str()));
+    assert_eq!(
+        (listed[0].name.as_str(), listed[0].key.as_str()),
+        ("test-base", b.key.as_str())
+    );
 
     let mut again = Vec::new();
-    let c = ensure_image(cache.path(), &recipe, &mut |l: &str| again.push(l.to_string())).unwrap();
+    let c = ensure_image(cache.path(), &recipe, &mut |l: &str| {
+        again.push(l.to_string())
+    })
+    .unwrap();
     assert_eq!(b, c);
     assert_eq!(again.len(), 1, "{again:?}");
     assert!(again[0].contains("cached"), "{again:?}");
@@ -185,7 +251,10 @@ fn failed_build_leaves_nothing_that_looks_cached() {
     let cache = tempfile::tempdir().unwrap();
     let recipe = ImageRecipe::named("broken", &["vmcsnap-no-such-package".into()]).unwrap();
     let mut lines = Vec::new();
-    let e = ensure_image(cache.path(), &recipe, &mut |l: &str| lines.push(l.to_string())).unwrap_err();
+    let e = ensure_image(cache.path(), &recipe, &mut |l: &str| {
+        lines.push(l.to_string())
+    })
+    .unwrap_err();
     assert!(matches!(e, ImageError::Build { .. }), "{e}");
     assert!(e.to_string().contains("nothing was cached"), "{e}");
     assert!(!image_dir(cache.path(), &recipe).exists());
