@@ -32,6 +32,8 @@ use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 
+pub mod image;
+
 /// First word of the line the guest prints on its console once it is ready.
 pub const READY_MARKER: &str = "VMCSNAP-READY";
 
@@ -220,12 +222,12 @@ fn assets_in(dir: &Path, key: &str) -> Option<GuestAssets> {
 /// An exclusive lock on a file, held until dropped (flock(2): released by the
 /// kernel if the process dies, and taken per open file, so threads of one
 /// process exclude each other too).
-struct FileLock {
+pub(crate) struct FileLock {
     _file: fs::File,
 }
 
 impl FileLock {
-    fn acquire(path: &Path, progress: &mut dyn FnMut(&str)) -> Result<FileLock, GuestError> {
+    pub(crate) fn acquire(path: &Path, progress: &mut dyn FnMut(&str)) -> Result<FileLock, GuestError> {
         let file = fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -237,7 +239,7 @@ impl FileLock {
         // valid descriptor owned by `file`, which outlives the call.
         if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             progress(&format!(
-                "guest assets: waiting for another process building them (lock {})",
+                "waiting for another process building the same thing (lock {})",
                 path.display()
             ));
             loop {
@@ -365,7 +367,7 @@ pub fn ensure_assets(
 
 /// Runs `cmd`, passing each line of its stdout and stderr to `progress`.
 /// Returns the exit status and the last lines of output.
-fn run_streaming(
+pub(crate) fn run_streaming(
     mut cmd: Command,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(std::process::ExitStatus, String), GuestError> {
@@ -375,7 +377,7 @@ fn run_streaming(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(io_err("cannot start build.sh with bash"))?;
+        .map_err(io_err("cannot start bash"))?;
     let (tx, rx) = mpsc::channel::<String>();
     let mut readers = Vec::new();
     for pipe in [
@@ -415,12 +417,12 @@ fn run_streaming(
     for r in readers {
         let _ = r.join();
     }
-    let status = child.wait().map_err(io_err("waiting for build.sh"))?;
+    let status = child.wait().map_err(io_err("waiting for the build script"))?;
     Ok((status, Vec::from(tail).join("\n")))
 }
 
 /// A program in $PATH, or in the sbin directories (not in a normal user's $PATH).
-fn find_tool(name: &str) -> Option<PathBuf> {
+pub(crate) fn find_tool(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(

@@ -232,6 +232,33 @@ pub enum Command {
         #[command(subcommand)]
         cmd: GuestCmd,
     },
+    /// Build and list Debian images (systemd, Redis, ...) for real-distro VMs.
+    Image {
+        #[command(subcommand)]
+        cmd: ImageCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCmd {
+    /// Build an image into the cache ($VMCSNAP_CACHE or ~/.cache/vmcsnap), as root.
+    /// NAME is a built-in recipe (base, redis) or a new name for base plus --packages.
+    Build {
+        /// Recipe name.
+        name: String,
+        /// Debian packages to add (comma-separated).
+        #[arg(long, value_delimiter = ',', value_name = "P,...")]
+        packages: Vec<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the images in the cache.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -15,7 +15,7 @@ use clap::Parser;
 use vmcsnap_agent::{AgentOptions, RunDir};
 use vmcsnap_control::{call, ConsoleResult, Request, StatusResult, UpResult};
 
-use cli::{AgentCmd, Cli, Command, GuestCmd};
+use cli::{AgentCmd, Cli, Command, GuestCmd, ImageCmd};
 
 fn main() {
     // Like any Unix filter, end quietly when the reader of our output goes
@@ -194,6 +194,41 @@ fn run(cli: Cli) -> Result<()> {
             });
             output::json_or(json, &v, || {
                 println!("guest assets {} in {:.1} s: {}", a.key, t.elapsed().as_secs_f64(), a.dir.display())
+            })
+        }
+        Command::Image { cmd } => image(cmd),
+    }
+}
+
+fn image(cmd: ImageCmd) -> Result<()> {
+    use vmcsnap_guest::image;
+    let root = vmcsnap_guest::default_cache_root();
+    match cmd {
+        ImageCmd::Build { name, packages, json } => {
+            let recipe = image::ImageRecipe::named(&name, &packages)?;
+            let t = Instant::now();
+            let b = image::ensure_image(&root, &recipe, &mut |m| eprintln!("{m}"))?;
+            output::json_or(json, &serde_json::to_value(&b)?, || {
+                println!("image {} ({}) in {:.1} s: {}", b.name, b.key, t.elapsed().as_secs_f64(), b.dir.display());
+                println!("  disk    {}", b.disk.display());
+                println!("  kernel  {}", b.kernel.display());
+                println!("  initrd  {}", b.initrd.display());
+                println!("  cmdline {}", b.cmdline);
+            })
+        }
+        ImageCmd::List { json } => {
+            let list = image::list_images(&root)?;
+            output::json_or(json, &serde_json::to_value(&list)?, || {
+                if list.is_empty() {
+                    println!("no images in {}", root.display());
+                }
+                for i in &list {
+                    println!(
+                        "{:<12} {} {:>5} MiB on disk  kernel {}  built in {:.0} s  packages: {}",
+                        i.name, i.key, i.disk_bytes >> 20, i.kernel_version, i.build_seconds,
+                        if i.packages.is_empty() { "-".to_string() } else { i.packages.join(",") }
+                    );
+                }
             })
         }
     }
