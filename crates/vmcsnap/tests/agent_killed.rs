@@ -126,7 +126,7 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
     let mut rng = Rng(seed);
 
     // `up`, killed while the VMs boot (the guests boot in ~3 s under TCG).
-    let killed = kill_agent_during(&env, &["up", spec.to_str().unwrap()], Duration::from_millis(300) + rng.below_ms(2500));
+    let killed = kill_agent_during(&env, &["up", spec.to_str().unwrap()], Duration::from_millis(100) + rng.below_ms(1500));
     eprintln!("up: agent killed mid-way: {killed}");
     // Every QEMU that was started is known to the new agent (none orphaned),
     // and runs. An `up` killed before it started every VM leaves a partial
@@ -157,10 +157,10 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
         &["snapshot", "cli", "--mode", "stop-copy"],
         &["rejuvenate", "--all", "--mode", "warm"],
     ];
-    // Two passes; the operations take 0.2-1 s here, so most kills land
-    // inside them.
-    for (round, op) in ops.iter().chain(ops.iter()).enumerate() {
-        let delay = rng.below_ms(if round < ops.len() { 400 } else { 900 });
+    // Three passes; the operations take 0.1-0.5 s here (CLI start
+    // included), so most kills land inside them.
+    for (round, op) in ops.iter().chain(ops.iter()).chain(ops.iter()).enumerate() {
+        let delay = rng.below_ms([150, 300, 600][round / ops.len()]);
         let killed = kill_agent_during(&env, op, delay);
         let what = format!("round {round}: {op:?} killed after {delay:?} ({})", if killed { "mid-way" } else { "already done" });
         eprintln!("{what}");
