@@ -54,6 +54,13 @@ impl Cluster {
             log(&note);
             progress(&note);
         }
+        // Everything that can be checked is checked before anything starts.
+        check_memory(&spec)?;
+        for vm in &spec.vm {
+            if let vmcsnap_spec::GuestKind::Image(g) = vm.kind() {
+                crate::image_vm::check(&g).map_err(|e| AgentError::BadRequest(format!("VM {}: {e}", vm.name)))?;
+            }
+        }
         let assets = vmcsnap_guest::ensure_assets(&vmcsnap_guest::default_cache_root(), progress)?;
 
         let mut cluster = Cluster::empty(run, spec, accel)?;
@@ -78,9 +85,21 @@ impl Cluster {
         for (vm_spec, address) in spec.vm.iter().zip(addresses) {
             let dir = self.run.vm_dir(&vm_spec.name);
             std::fs::create_dir_all(&dir).map_err(AgentError::io("creating", &dir))?;
-            let disk = dir.join("data.qcow2");
-            progress(&format!("{}: creating {} MiB data disk", vm_spec.name, vm_spec.disk_mib));
-            vmcsnap_guest::make_data_disk(&disk, vm_spec.disk_mib, &vm_spec.name)?;
+            let image = match vm_spec.kind() {
+                vmcsnap_spec::GuestKind::Lab => None,
+                vmcsnap_spec::GuestKind::Image(g) => {
+                    Some((crate::image_vm::prepare(&spec, vm_spec, &g, &address, &dir, progress)?, g.machine))
+                }
+            };
+            let disk = match &image {
+                Some((p, _)) => p.disks[0].path.clone(),
+                None => {
+                    let disk = dir.join("data.qcow2");
+                    progress(&format!("{}: creating {} MiB data disk", vm_spec.name, vm_spec.disk_mib));
+                    vmcsnap_guest::make_data_disk(&disk, vm_spec.disk_mib, &vm_spec.name)?;
+                    disk
+                }
+            };
             let port_socket = dir.join("port.sock");
             let port = plug(&self.switch, &vm_spec.name, &port_socket, &address)?;
             let ram_file = self.run.shm_path(&spec.cluster.name, &vm_spec.name);
@@ -89,7 +108,7 @@ impl Cluster {
                 path: "spec".into(),
                 source,
             })?;
-            let config = QemuConfig {
+            let mut config = QemuConfig {
                 name: vm_spec.name.clone(),
                 accel: self.accel,
                 memory_mib: vm_spec.memory_mib,
@@ -111,6 +130,14 @@ impl Cluster {
                 data_dir: None,
                 module_dir: None,
             };
+            if let Some((p, machine)) = image {
+                config.machine = machine;
+                config.kernel = p.kernel;
+                config.initrd = p.initrd;
+                config.cmdline = p.cmdline;
+                config.disks = p.disks;
+                config.image = Some(p.devices);
+            }
             // Recorded before it starts: no QEMU of ours runs unrecorded.
             let qemu_log = dir.join("qemu.log");
             crate::record::save(&self.run, self, &[crate::record::VmRecord::pending(&config, &qemu_log, address, &disk)])?;
@@ -391,6 +418,31 @@ impl Member {
             }
         }
     }
+}
+
+/// Fails if the guests' RAM does not fit in the host's available memory or
+/// in /dev/shm, where it lives (checked before anything starts).
+fn check_memory(spec: &ClusterSpec) -> Result<(), AgentError> {
+    let need_mib: u64 = spec.vm.iter().map(|v| v.memory_mib).sum();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let available_mib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib / 1024);
+    // SAFETY: statvfs fills the struct we pass; the path is a valid C string.
+    let shm_mib = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        (libc::statvfs(c"/dev/shm".as_ptr(), &mut st) == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64 >> 20)
+    };
+    for (what, have) in [("available memory (MemAvailable)", available_mib), ("free space in /dev/shm", shm_mib)] {
+        if let Some(have) = have {
+            if need_mib > have {
+                return Err(AgentError::NotEnoughMemory { need_mib, have_mib: have, what });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The file of a block node's `filename`: QEMU names an image opened with

@@ -77,6 +77,30 @@ pub enum AgentError {
     /// The switch failed.
     #[error("switch: {0}")]
     Switch(#[from] vmcsnap_switch::SwitchError),
+    /// A VM's image is missing or is not a disk image.
+    #[error("image {}: {why}", path.display())]
+    BadImage {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The guests' RAM does not fit on this host.
+    #[error("the spec asks for {need_mib} MiB of guest RAM but the host has {have_mib} MiB of {what}; give the VMs less memory_mib or stop something")]
+    NotEnoughMemory {
+        /// Sum of the VMs' memory_mib.
+        need_mib: u64,
+        /// What the host has.
+        have_mib: u64,
+        /// Which limit.
+        what: &'static str,
+    },
+    /// Building or finding an image failed.
+    #[error(transparent)]
+    Image(#[from] vmcsnap_guest::image::ImageError),
+    /// The cloud-init seed could not be made.
+    #[error("cloud-init seed: {0}")]
+    CloudInit(#[from] crate::cloud_init::CloudInitError),
     /// The host's interface on the cluster network failed.
     #[error("host access: {0}")]
     HostNet(#[from] vmcsnap_hostnet::HostNetError),

@@ -27,6 +27,7 @@ pub mod disk_chain;
 pub mod fault;
 pub mod handover;
 pub mod host_port;
+pub mod image_vm;
 pub mod intent;
 mod error;
 pub mod paths;

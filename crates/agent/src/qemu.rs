@@ -324,7 +324,9 @@ impl QemuConfig {
             if self.image.is_some() {
                 // /dev/disk/by-id/virtio-<node> in the guest.
                 dev.push_str(&format!(",serial={}", d.node));
-                if i == 0 && self.machine == Machine::Q35 {
+                // Firmware boot starts from the root disk; with -kernel the
+                // linuxboot option ROM holds bootindex 0 (QEMU refuses both).
+                if i == 0 && self.machine == Machine::Q35 && self.kernel.is_none() {
                     dev.push_str(",bootindex=0");
                 }
             }
@@ -451,6 +453,15 @@ mod tests {
     /// `flag`'s value (the argument after the n-th occurrence of it).
     fn values<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
         args.windows(2).filter(|w| w[0] == flag).map(|w| w[1].as_str()).collect()
+    }
+
+    #[test]
+    fn q35_direct_boot_leaves_bootindex_to_the_kernel() {
+        // QEMU refuses bootindex=0 on a disk when -kernel's option ROM has it.
+        let c = QemuConfig { kernel: Some("/k".into()), ..image_cfg() };
+        let args = strings(&c);
+        assert!(args.iter().all(|a| !a.contains("bootindex")), "{args:?}");
+        assert_eq!(values(&args, "-kernel"), ["/k"]);
     }
 
     #[test]

@@ -51,9 +51,13 @@ impl Vm {
         let log = File::create(&qemu_log).map_err(AgentError::io("creating", &qemu_log))?;
         let log2 = log.try_clone().map_err(AgentError::io("opening", &qemu_log))?;
         if !config.incoming {
-            // A fresh boot starts a fresh console log; a restarted QEMU
-            // (warm/saved restart) appends to the one it continues.
+            // A fresh boot starts a fresh console log (and events log: the
+            // ready marker of an earlier boot must not count); a restarted
+            // QEMU (warm/saved restart) appends to the ones it continues.
             let _ = std::fs::remove_file(&config.console_log);
+            if let Some(i) = &config.image {
+                let _ = std::fs::remove_file(&i.events_log);
+            }
         }
         let mut cmd = Command::new(qemu);
         if let Some(d) = &config.module_dir {
@@ -141,7 +145,11 @@ impl Vm {
             return Ok(true);
         }
         let start = self.scan_offset.saturating_sub(marker.len() as u64);
-        let text = read_from(&self.config.console_log, start).unwrap_or_default();
+        // The lab guest prints the marker on its console; an image VM
+        // writes it to its events port (a serial getty may reset the
+        // console line while the marker is written).
+        let file = self.config.image.as_ref().map_or(&self.config.console_log, |i| &i.events_log);
+        let text = read_from(file, start).unwrap_or_default();
         if text.contains(marker) {
             self.boot_ms = Some(self.started.elapsed().as_millis() as u64);
             return Ok(true);

@@ -402,8 +402,15 @@ fn start_and_feed(
     let mut config = saved.qemu.clone();
     config.ram_file = run.shm_path(cluster_name, &name);
     let _ = std::fs::remove_file(&config.ram_file);
-    config.kernel = Some(assets.kernel.clone());
-    config.initrd = Some(assets.initrd.clone());
+    if let Some(dev) = config.image.as_mut() {
+        // An image VM keeps its own kernel (if any) and the seed and
+        // workload its snapshot froze; its ports move to the new directory.
+        dev.qga_socket = dir.join("qga.sock");
+        dev.events_log = dir.join("events.log");
+    } else {
+        config.kernel = Some(assets.kernel.clone());
+        config.initrd = Some(assets.initrd.clone());
+    }
     config.console_log = dir.join("console.log");
     config.qmp_socket = dir.join("qmp.sock");
     config.port_socket = dir.join("port.sock");

@@ -264,6 +264,13 @@ pub fn snapshot(
     let mut copts = CaptureOptions::new(opts.mode.capture_mode(), vm.name.clone());
     copts.qemu_version = format!("{}.{}.{}", v.major, v.minor, v.micro);
     copts.vm_config = opts.vm_config.clone();
+    // An image VM's seed and workload files live in its directory, which
+    // `down` or a restore replaces: the snapshot keeps its own copies.
+    if let Err(e) = freeze_aux_files(&mut copts.vm_config, &disks_dir) {
+        let _ = std::fs::remove_dir_all(&disks_dir);
+        let _ = std::fs::remove_file(&overlay);
+        return Err(e);
+    }
     copts.progress_interval_bytes = 32 << 20;
     let mut extra = std::collections::BTreeMap::new();
     extra.insert("overlay".to_string(), json!(overlay));
@@ -509,6 +516,33 @@ fn run_mode(
     ctx.t.downtime_ms = ctx.t.resume_us.saturating_sub(ctx.t.stop_us) as f64 / 1000.0;
     Ok(())
 }
+/// Copies (hard links where it can) the files an image VM's QEMU reads at
+/// start besides its writable disks, the cloud-init seed and the workload
+/// script, into `dir`, and points the recorded QEMU configuration there.
+fn freeze_aux_files(vm_config: &mut Value, dir: &Path) -> Result<(), AgentError> {
+    let Ok(mut q) = serde_json::from_value::<crate::qemu::QemuConfig>(vm_config["qemu"].clone()) else { return Ok(()) };
+    if q.image.is_none() {
+        return Ok(());
+    }
+    let keep = |p: &Path| -> Result<PathBuf, AgentError> {
+        let to = dir.join(p.file_name().unwrap_or_default());
+        if std::fs::hard_link(p, &to).is_err() {
+            std::fs::copy(p, &to).map_err(AgentError::io("copying into the snapshot", p))?;
+        }
+        Ok(to)
+    };
+    for d in q.disks.iter_mut().filter(|d| d.read_only) {
+        d.path = keep(&d.path)?;
+    }
+    if let Some(dev) = q.image.as_mut() {
+        if let Some(w) = dev.workload_file.as_mut() {
+            *w = keep(w)?;
+        }
+    }
+    vm_config["qemu"] = serde_json::to_value(&q).expect("config serialises");
+    Ok(())
+}
+
 /// How `value` (a mode) is named in JSON and on the command line.
 pub(crate) fn serde_name(value: impl Serialize) -> String {
     serde_json::to_value(value).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()

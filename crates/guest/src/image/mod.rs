@@ -168,6 +168,23 @@ fn built_in(dir: &Path, recipe: &ImageRecipe, key: &str) -> Option<BuiltImage> {
     complete.then_some(b)
 }
 
+/// The newest complete image in the cache named `name` (built with
+/// `vmcsnap image build NAME --packages ...`), whatever its packages.
+pub fn find_image(cache_root: &Path, name: &str) -> Result<Option<BuiltImage>, ImageError> {
+    let mut found: Vec<(std::time::SystemTime, BuiltImage)> = list_images(cache_root)?
+        .into_iter()
+        .filter(|i| i.name == name)
+        .filter_map(|i| {
+            let recipe = ImageRecipe { name: i.name.clone(), ..ImageRecipe::base() };
+            let b = built_in(&i.dir, &recipe, &i.key)?;
+            let t = fs::metadata(i.dir.join("complete")).and_then(|m| m.modified()).ok()?;
+            Some((t, b))
+        })
+        .collect();
+    found.sort_by_key(|(t, _)| *t);
+    Ok(found.pop().map(|(_, b)| b))
+}
+
 /// Returns the image of `recipe`, building it first if it is not cached.
 ///
 /// A build takes about 35 s to a few minutes (mmdebstrap downloads and
