@@ -80,6 +80,7 @@ static void usage(void)
             "  -s BYTES     value size, 24..4096 (default 32)\n"
             "  -t SECS      reconnect when no reply came for SECS (default 10)\n"
             "  -d SECS      stop after SECS, verify every key, exit 1 on any error\n"
+            "  -V SECS      every SECS, read back every key written so far (full check)\n"
             "  -K           also write status lines to /dev/kmsg\n");
     exit(2);
 }
@@ -309,12 +310,12 @@ static void check_get(struct key_state *k, uint64_t i, enum reply r, const char 
 
 int main(int argc, char **argv)
 {
-    uint64_t nkeys = 10000, rate = 0, interval = 1, write_pct = 50, timeout = 10, duration = 0,
+    uint64_t nkeys = 10000, rate = 0, interval = 1, write_pct = 50, timeout = 10, duration = 0, sweep_every = 0,
              vb = 32;
     int opt;
 
     line_buffered();
-    while ((opt = getopt(argc, argv, "k:r:i:w:P:s:t:d:Kh")) != -1) {
+    while ((opt = getopt(argc, argv, "k:r:i:w:P:s:t:d:V:Kh")) != -1) {
         switch (opt) {
         case 'k':
             if (parse_u64(optarg, &nkeys) != 0 || nkeys == 0 || nkeys > 100000000)
@@ -350,6 +351,10 @@ int main(int argc, char **argv)
             if (parse_u64(optarg, &duration) != 0 || duration == 0)
                 usage();
             break;
+        case 'V':
+            if (parse_u64(optarg, &sweep_every) != 0 || sweep_every == 0 || sweep_every > 86400)
+                usage();
+            break;
         case 'K':
             kmsg_fd = open("/dev/kmsg", O_WRONLY | O_CLOEXEC);
             break;
@@ -382,8 +387,9 @@ int main(int argc, char **argv)
     int64_t end = duration ? t0 + (int64_t)duration * 1000 : INT64_MAX, backoff = 100;
     struct conn c = { .fd = -1 };
     char val[MAX_VALUE + 1], reply[MAX_VALUE + 1], keyname[MAX_PREFIX + 24];
-    int verifying = 0;
-    uint64_t verify_next = 0;
+    int verifying = 0, sweeping = 0;
+    uint64_t verify_next = 0, sweep_errors = 0;
+    int64_t next_sweep = sweep_every ? t0 + (int64_t)sweep_every * 1000 : INT64_MAX;
 
     for (;;) {
         int64_t now = now_ms();
@@ -402,6 +408,28 @@ int main(int argc, char **argv)
             say("redisload: verification incomplete after %" PRIu64 " s (server unreachable?)\n",
                 2 * timeout);
             return 1;
+        }
+        if (!verifying && !sweeping && now >= next_sweep) {
+            /* A full check: every key written so far is read back (at full
+             * speed), then the load goes on. */
+            sweeping = 1;
+            verify_next = 0;
+            sweep_errors = st.errors;
+        }
+        if (sweeping) {
+            while (verify_next < nkeys && keys[verify_next].state == NONE &&
+                   keys[verify_next].ndoubt == 0)
+                verify_next++;
+            if (verify_next == nkeys) {
+                uint64_t checked = 0;
+                for (uint64_t j = 0; j < nkeys; j++)
+                    checked += keys[j].state != NONE || keys[j].ndoubt != 0;
+                say("redisload: t=%" PRId64 " full-check keys=%" PRIu64 " errors=%" PRIu64 "\n",
+                    (now - t0) / 1000, checked, st.errors - sweep_errors);
+                sweeping = 0;
+                next_sweep = now_ms() + (int64_t)sweep_every * 1000;
+                continue;
+            }
         }
         if (verifying) {
             while (verify_next < nkeys && keys[verify_next].state == NONE &&
@@ -432,7 +460,7 @@ int main(int argc, char **argv)
             say("redisload: t=%" PRId64 " conn=%" PRIu64 " connected\n", (now_ms() - t0) / 1000,
                 st.conn);
         }
-        if (rate > 0 && !verifying) {
+        if (rate > 0 && !verifying && !sweeping) {
             int64_t due = t0 + (int64_t)(ops * 1000 / rate);
             if (due > now) {
                 int64_t wait = due < next_status ? due - now : next_status - now;
@@ -441,9 +469,9 @@ int main(int argc, char **argv)
             }
         }
 
-        uint64_t i = verifying ? verify_next : rng_next(&rng) % nkeys;
+        uint64_t i = verifying || sweeping ? verify_next : rng_next(&rng) % nkeys;
         struct key_state *k = &keys[i];
-        int is_set = !verifying && ((rng_next(&rng) >> 11) % 100 < write_pct ||
+        int is_set = !verifying && !sweeping && ((rng_next(&rng) >> 11) % 100 < write_pct ||
                                     (k->state == NONE && k->ndoubt == 0));
         snprintf(keyname, sizeof keyname, "%s:%" PRIu64, prefix, i);
         const char *why = NULL;
@@ -493,7 +521,7 @@ int main(int argc, char **argv)
         } else {
             st.gets++;
             check_get(k, i, r, reply, rlen);
-            if (verifying)
+            if (verifying || sweeping)
                 verify_next++;
         }
     }

@@ -203,8 +203,12 @@ fn dispatch(
             if let Some(c) = cluster {
                 return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()));
             }
-            let spec = ClusterSpec::from_toml_str(&spec_toml, vmcsnap_guest::MIN_MEMORY_MIB)
+            let mut spec = ClusterSpec::from_toml_str(&spec_toml, vmcsnap_guest::MIN_MEMORY_MIB)
                 .map_err(|source| AgentError::Spec { path: spec_path.clone(), source })?;
+            // Paths in a spec (images, kernels, keys) are relative to it.
+            if let Some(dir) = spec_path.parent().filter(|d| d.is_absolute()) {
+                spec.resolve_relative_paths(dir);
+            }
             log(format!("up {} from {}", spec.cluster.name, spec_path.display()));
             let c = Cluster::up(run, spec, progress)?;
             let result = to_json(&c.up_result());

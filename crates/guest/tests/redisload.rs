@@ -222,6 +222,42 @@ fn a_changed_value_is_reported_with_what_was_found() {
     assert_eq!(field(&last_status(&out), "errors"), 1, "{out}");
 }
 
+/// The `full-check` lines of an output: (keys, errors).
+fn full_checks(out: &str) -> Vec<(u64, u64)> {
+    out.lines()
+        .filter(|l| l.contains(" full-check "))
+        .map(|l| {
+            let f = |k: &str| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix(k)?.parse::<u64>().ok())
+                    .unwrap()
+            };
+            (f("keys="), f("errors="))
+        })
+        .collect()
+}
+
+#[test]
+fn full_checks_read_back_every_key_and_count_what_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_redisload(dir.path());
+    let redis = Redis::start();
+    let child = run(&bin, redis.port, &["-k", "200", "-r", "400", "-V", "1", "-d", "4"]);
+    wait_for_status(redis.port, &redis);
+    std::thread::sleep(Duration::from_millis(1500));
+    // Written keys go missing behind its back: the next full check sees them.
+    assert_eq!(redis.cli(&["FLUSHALL"]).trim(), "OK");
+    let o = child.wait_with_output().unwrap();
+    let out = text(&o);
+    let checks = full_checks(&out);
+    assert!(checks.len() >= 2, "a full check every second:
+{out}");
+    assert!(checks[0].0 > 0 && checks[0].1 == 0, "clean before the flush: {checks:?}
+{out}");
+    assert!(checks.iter().any(|c| c.1 > 0), "the flush was seen by a full check: {checks:?}
+{out}");
+}
+
 /// A fake server answering every request with `reply`.
 fn fake_server(reply: &'static [u8]) -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -129,3 +129,50 @@ fn cluster_restore_bad_input_is_named() {
     let out = env.vmcsnap(&["snapshot", "--cluster"]);
     assert!(!out.status.success());
 }
+
+/// A spec with one image VM whose image is `image` (a path in the spec).
+fn image_spec(image: &str, extra: &str) -> String {
+    format!("[cluster]\nname = 'c'\naccel = 'tcg'\n{extra}\n[[vm]]\nname = 'a'\nmemory_mib = 256\ncloud_init = false\nimage = '{image}'\n")
+}
+
+#[test]
+fn an_image_that_does_not_exist_is_named() {
+    let _l = cluster_lock();
+    let env = Env::new();
+    let err = expect_error(&env, &image_spec("/nonexistent/debian.qcow2", ""), "/nonexistent/debian.qcow2");
+    assert!(err.contains("cannot read"), "{err}");
+}
+
+#[test]
+fn a_file_that_is_not_a_disk_image_is_named() {
+    let _l = cluster_lock();
+    let env = Env::new();
+    let notes = env.run_dir().join("notes.txt");
+    std::fs::write(&notes, "not a disk\n".repeat(500)).unwrap();
+    let err = expect_error(&env, &image_spec(notes.to_str().unwrap(), ""), "notes.txt");
+    assert!(err.contains("not a disk image"), "{err}");
+}
+
+#[test]
+fn an_image_that_does_not_boot_fails_up_by_the_boot_timeout() {
+    let _l = cluster_lock();
+    let env = Env::new();
+    // A disk with a partition table and nothing to boot: SeaBIOS finds no
+    // bootable device, and no ready marker ever comes.
+    let disk = env.run_dir().join("blank.raw");
+    let mut bytes = vec![0u8; 4 << 20];
+    bytes[510] = 0x55;
+    bytes[511] = 0xaa;
+    std::fs::write(&disk, bytes).unwrap();
+    let err = expect_error(&env, &image_spec(disk.to_str().unwrap(), "boot_timeout_s = 8"), "did not reach its ready marker within 8 s");
+    assert!(err.contains("\"a\""), "{err}");
+    assert!(disk.exists(), "the user's image is never removed");
+}
+
+#[test]
+fn more_guest_memory_than_the_host_has_is_refused_before_anything_starts() {
+    let _l = cluster_lock();
+    let env = Env::new();
+    let err = expect_error(&env, "[cluster]\nname = 'c'\n[[vm]]\nname = 'a'\nmemory_mib = 900000\n", "MiB of guest RAM");
+    assert!(err.contains("900000"), "{err}");
+}
