@@ -1,10 +1,13 @@
 # vmcsnap: the two commands of the README, and their parts.
 VMCSNAP := target/release/vmcsnap
 
-.PHONY: demo test deps build guest clean-run
+.PHONY: demo demo-redis test deps build guest clean-run
 
 demo: guest
 	scripts/demo.sh
+
+demo-redis: guest
+	scripts/demo-redis.sh
 
 test: guest
 	cargo test --release --workspace 2>&1
