@@ -36,6 +36,7 @@ pub mod record;
 pub mod rejuvenate;
 pub mod relay;
 pub mod restore;
+pub mod restore_journal;
 pub mod sampler;
 pub mod server;
 pub mod snapshot;

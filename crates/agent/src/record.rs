@@ -105,6 +105,12 @@ impl VmRecord {
     }
 }
 
+/// Whether `run` holds VMs or work that an agent must take over (its agent
+/// died): recorded VMs, or a restore that did not finish.
+pub fn needs_agent(run: &RunDir) -> bool {
+    run.root().join(RECORD_FILE).exists() || run.root().join(crate::restore_journal::JOURNAL_FILE).exists()
+}
+
 /// Writes the record of `cluster` plus `pending` VMs about to start.
 pub fn save(run: &RunDir, cluster: &Cluster, pending: &[VmRecord]) -> Result<(), AgentError> {
     let mut vms: Vec<VmRecord> = cluster.members.iter().map(VmRecord::of).collect();

@@ -52,7 +52,9 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         None => {
             let listener = bind_control(run)?;
             // VMs of an agent that died: adopt them before serving anyone.
-            let cluster = crate::record::adopt(run)?;
+            let mut cluster = crate::record::adopt(run)?;
+            // ... and finish a restore it left half-done.
+            crate::restore_journal::redo(run, &mut cluster);
             (listener, cluster, opts.exit_when_idle, 0)
         }
     };

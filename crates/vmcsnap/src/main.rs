@@ -316,10 +316,10 @@ fn request(sock: &Path, req: &Request) -> Result<serde_json::Value> {
     match call(sock, req, None, &mut |m| eprintln!("  {m}")) {
         Err(e) if matches!(e, vmcsnap_control::ControlError::NoAgent { .. }) => {
             let run_dir = RunDir::new(sock.parent().unwrap_or(Path::new(".")));
-            if !run_dir.root().join(vmcsnap_agent::record::RECORD_FILE).exists() {
+            if !vmcsnap_agent::record::needs_agent(&run_dir) {
                 return Err(e.into());
             }
-            eprintln!("  no agent answers but VMs are recorded in {}: starting an agent to adopt them", run_dir.root().display());
+            eprintln!("  no agent answers but {} records VMs or an unfinished restore: starting an agent to take them over", run_dir.root().display());
             launch::ensure_agent(&run_dir, true)?;
             Ok(call(sock, req, None, &mut |m| eprintln!("  {m}"))?)
         }

@@ -1,5 +1,5 @@
-//! `kill -9` of the agent at random points of `up`, `snapshot` and
-//! `rejuvenate`: afterwards no VM is lost, none stays paused, `status`
+//! `kill -9` of the agent at random points of `up`, `snapshot`,
+//! `rejuvenate`, `restore` and `restore --cluster`: afterwards no VM is lost, none stays paused, `status`
 //! (which starts a new agent that adopts the VMs) shows every one, their
 //! TCP connections carry on through the new agent's switch, and the next
 //! operation on them works. Also: a VM the operator paused is snapshotted
@@ -96,8 +96,9 @@ fn vm_states(env: &Env) -> Vec<(String, String, u64)> {
 /// Every VM of the spec is there, its QEMU alive and its guest running.
 fn assert_all_running(env: &Env, what: &str) {
     let states = vm_states(env);
-    let names: Vec<&str> = states.iter().map(|s| s.0.as_str()).collect();
-    assert_eq!(names, ["srv", "cli"], "{what}: a VM was lost: {states:?}");
+    let mut names: Vec<&str> = states.iter().map(|s| s.0.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["cli", "srv"], "{what}: a VM was lost: {states:?}");
     for (name, state, pid) in &states {
         assert_eq!(state, "running", "{what}: VM {name} is {state}");
         assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "{what}: VM {name}'s QEMU {pid} is gone");
@@ -170,6 +171,28 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
         env.ok(op);
         assert_all_running(&env, &format!("{what}, then again"));
     }
+
+    // Restores killed mid-way are redone by the next agent: the VM runs, at
+    // the snapshot's point (so its workload may open new connections).
+    env.ok(&["snapshot", "cli", "--mode", "hot", "--name", "cli-snap"]);
+    for (round, mode) in ["workingset", "eager", "lazy"].iter().enumerate() {
+        env.ok(&["stop", "cli"]);
+        let delay = rng.below_ms([300, 700, 1500][round]);
+        let killed = kill_agent_during(&env, &["restore", "cli-snap", "--mode", mode], delay);
+        let what = format!("restore {mode} killed after {delay:?} ({})", if killed { "mid-way" } else { "already done" });
+        eprintln!("{what}");
+        assert_all_running(&env, &what);
+        env.wait_console("cli", &what, Duration::from_secs(90), |c| last_field(c, "pingpong:", "total").unwrap_or(0) >= 20);
+    }
+    // A cluster restore killed mid-way: redone whole.
+    env.ok(&["snapshot", "--cluster", "--name", "all"]);
+    env.ok(&["down"]);
+    let delay = rng.below_ms(2500);
+    let killed = kill_agent_during(&env, &["restore", "--cluster", "all"], delay);
+    let what = format!("cluster restore killed after {delay:?} ({})", if killed { "mid-way" } else { "already done" });
+    eprintln!("{what}");
+    assert_all_running(&env, &what);
+    env.wait_console("cli", &what, Duration::from_secs(90), |c| last_field(c, "pingpong:", "total").unwrap_or(0) >= 20);
 
     // A VM the operator paused (through its own QMP socket, while no agent
     // holds it): adopted paused, snapshotted as it is, and still paused.

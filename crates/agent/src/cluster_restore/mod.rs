@@ -108,6 +108,19 @@ pub fn restore_cluster(
     opts: Options,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ClusterRestoreReport, AgentError> {
+    // The journal (see `restore_journal`) is begun once the plan is known,
+    // and ended here whatever happened.
+    let r = restore_cluster_journaled(cluster, run, opts, progress);
+    crate::restore_journal::end(run);
+    r
+}
+
+fn restore_cluster_journaled(
+    cluster: &mut Option<Cluster>,
+    run: &RunDir,
+    opts: Options,
+    progress: &mut dyn FnMut(&str),
+) -> Result<ClusterRestoreReport, AgentError> {
     let t0 = Instant::now();
     let start_unix_us = crate::snapshot::unix_us();
     if let Some(c) = cluster.as_ref() {
@@ -120,6 +133,10 @@ pub fn restore_cluster(
     let m = check_cluster_committed(&dir)
         .map_err(|e| AgentError::BadRequest(format!("cluster snapshot {:?}: {e} (see `vmcsnap snapshots`)", opts.snapshot)))?;
     let plan = plan(&m, &dir, opts.mode)?;
+    crate::restore_journal::begin(
+        run,
+        &crate::restore_journal::Restoring::Cluster { snapshot: opts.snapshot.clone(), vms: plan.vms.iter().map(|v| v.name.clone()).collect() },
+    )?;
     if let Some(RestoreFault { vm, .. }) = &opts.fault {
         if !plan.vms.iter().any(|v| &v.name == vm) {
             return Err(AgentError::BadRequest(format!(

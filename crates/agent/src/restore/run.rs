@@ -240,7 +240,17 @@ pub fn restore(
         *cluster = Some(Cluster::empty(run, spec, saved.qemu.accel)?);
     }
     let c = cluster.as_mut().expect("set above");
+    // Should the agent die before this restore ends, the next one redoes it.
+    if let Err(e) = crate::restore_journal::begin(run, &crate::restore_journal::Restoring::Vm { snapshot: opts.snapshot.clone(), vm: name.clone() }) {
+        if created {
+            if let Some(mut c) = cluster.take() {
+                c.teardown();
+            }
+        }
+        return Err(e);
+    }
     let result = restore_into(&c.switch.clone(), &c.spec.cluster.name.clone(), run, &opts, &dir, progress);
+    crate::restore_journal::end(run);
     match result {
         Ok((member, report)) => {
             if !c.spec.vm.iter().any(|v| v.name == name) {

@@ -1,0 +1,160 @@
+//! Restores an agent did not finish, redone by the next one.
+//!
+//! A restore's guest depends on the agent until every page is loaded: the
+//! agent is its QEMU's postcopy source. Before a restore starts a QEMU the
+//! agent writes `<run-dir>/restoring.json` (atomically); when the restore
+//! has ended, successfully or not, it removes the file. An agent that
+//! starts and finds the file (its predecessor died mid-restore, e.g. by
+//! `kill -9`) redoes the restore before serving anyone:
+//!
+//! 1. every QEMU of the VMs being restored is killed: one still waiting for
+//!    its state exits by itself when its source dies, but one already
+//!    running in postcopy would wait forever for its missing pages;
+//! 2. those VMs leave the adopted cluster (a cluster restore: the whole
+//!    cluster, which the restore had created);
+//! 3. the restore runs again, `eager` (`eager-rl` for a cluster: every page
+//!    loaded before any guest starts, so the agent is needed only briefly),
+//!    from the same snapshot.
+//!
+//! The guests come back at the snapshot's point, as the interrupted restore
+//! would have brought them; a guest that had started before the crash
+//! loses what it did since (at most the restore's own duration). QEMU 7.2's
+//! postcopy recovery (`migrate-recover`) would let a new agent resume the
+//! page feed instead; vmcsnap does not implement it yet.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::Cluster;
+use crate::{log, AgentError, RunDir};
+
+/// The journal's file name in the run directory.
+pub const JOURNAL_FILE: &str = "restoring.json";
+
+/// A restore in progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Restoring {
+    /// One VM from a VM snapshot.
+    Vm {
+        /// The snapshot.
+        snapshot: String,
+        /// The VM it restores.
+        vm: String,
+    },
+    /// A whole cluster from a cluster snapshot.
+    Cluster {
+        /// The cluster snapshot.
+        snapshot: String,
+        /// Its VMs.
+        vms: Vec<String>,
+    },
+}
+
+/// Records `r` before the restore starts any QEMU.
+pub fn begin(run: &RunDir, r: &Restoring) -> Result<(), AgentError> {
+    crate::record::write_atomic(&run.root().join(JOURNAL_FILE), &serde_json::to_vec(r).expect("journal serialises"))
+}
+
+/// The restore has ended (whatever its outcome).
+pub fn end(run: &RunDir) {
+    let _ = std::fs::remove_file(run.root().join(JOURNAL_FILE));
+}
+
+fn read(run: &RunDir) -> Option<Restoring> {
+    let bytes = std::fs::read(run.root().join(JOURNAL_FILE)).ok()?;
+    match serde_json::from_slice(&bytes) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            log(format!("{JOURNAL_FILE}: unreadable ({e}); nothing to redo"));
+            end(run);
+            None
+        }
+    }
+}
+
+/// Kills the QEMU of `vm` in `run`, whether the cluster knows it or not.
+fn kill_qemu(run: &RunDir, cluster: &mut Option<Cluster>, vm: &str) {
+    if let Some(c) = cluster.as_mut() {
+        if c.member_mut(vm).is_ok() {
+            let _ = c.stop_vm(vm);
+        }
+    }
+    let sock = run.vm_dir(vm).join("qmp.sock");
+    while let Some(pid) = crate::record::find_qemu(None, &sock) {
+        log(format!("VM {vm}: killing QEMU pid {pid} of an interrupted restore"));
+        crate::handover::kill_and_reap(pid);
+    }
+}
+
+/// Redoes a restore the previous agent did not finish (see the module
+/// documentation). Errors are logged: the agent serves on regardless.
+pub fn redo(run: &RunDir, cluster: &mut Option<Cluster>) {
+    let Some(r) = read(run) else { return };
+    log(format!("redoing a restore the previous agent did not finish: {r:?}"));
+    let mut progress = |m: &str| log(format!("redo: {m}"));
+    let result = match &r {
+        Restoring::Vm { snapshot, vm } => {
+            kill_qemu(run, cluster, vm);
+            let opts = crate::restore::Options {
+                snapshot: snapshot.clone(),
+                mode: vmcsnap_workingset::Mode::Eager,
+                wss: crate::restore::WssChoice::Auto,
+                paused: false,
+                trace: false,
+                no_background: false,
+                priorities: true,
+                start_quiet: std::time::Duration::ZERO,
+                cluster: None,
+            };
+            crate::restore::restore(cluster, run, opts, &mut progress).map(|_| ())
+        }
+        Restoring::Cluster { snapshot, vms } => {
+            for vm in vms {
+                kill_qemu(run, cluster, vm);
+            }
+            if let Some(mut c) = cluster.take() {
+                c.teardown();
+            }
+            let opts = crate::cluster_restore::Options {
+                snapshot: snapshot.clone(),
+                mode: crate::cluster_restore::Mode::EagerRl,
+                priorities: true,
+                start_quiet: crate::restore::CLUSTER_START_QUIET,
+                fault: None,
+            };
+            crate::cluster_restore::restore_cluster(cluster, run, opts, &mut progress).map(|_| ())
+        }
+    };
+    match result {
+        Ok(()) => log(format!("redone: {r:?}")),
+        Err(e) => log(format!("redoing {r:?} failed: {e}")),
+    }
+    end(run);
+    match cluster {
+        Some(c) => {
+            if let Err(e) = c.persist() {
+                log(format!("cannot write the VM record: {e}"));
+            }
+        }
+        None => crate::record::clear(run),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_journal_round_trips_and_ends() {
+        let d = tempfile::tempdir().unwrap();
+        let run = RunDir::new(d.path());
+        let r = Restoring::Cluster { snapshot: "s".into(), vms: vec!["a".into(), "b".into()] };
+        begin(&run, &r).unwrap();
+        assert_eq!(read(&run), Some(r));
+        end(&run);
+        assert_eq!(read(&run), None);
+        std::fs::write(d.path().join(JOURNAL_FILE), b"{").unwrap();
+        assert_eq!(read(&run), None, "an unreadable journal is dropped");
+        assert!(!d.path().join(JOURNAL_FILE).exists());
+    }
+}
