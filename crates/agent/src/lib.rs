@@ -25,6 +25,7 @@ pub mod cluster_restore;
 pub mod cluster_snapshot;
 pub mod disk_chain;
 pub mod fault;
+pub mod guest_counters;
 pub mod handover;
 pub mod host_port;
 pub mod image_vm;

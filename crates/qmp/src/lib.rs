@@ -10,6 +10,11 @@
 //! events in a queue ([`QmpClient::take_events`], [`QmpClient::wait_event`])
 //! so no event is lost while waiting for a reply: vmcsnap measures pauses
 //! from the `STOP`/`RESUME` event timestamps.
+//!
+//! [`ga`] is the client of QMP's sibling inside the guest, the QEMU Guest
+//! Agent (same JSON, no greeting, a delimiter to resynchronise).
+
+pub mod ga;
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, ErrorKind, Write};

@@ -11,6 +11,7 @@ use vmcsnap_image::cluster::ClusterManifest;
 use super::{Mode, Plan};
 use crate::cluster::Member;
 use crate::cluster_snapshot::{GuestView, TcpCounters, TcpGrowth};
+use crate::guest_counters;
 use crate::restore;
 
 /// How long to wait for the restored guests' console stat lines (one per
@@ -21,6 +22,9 @@ const GUEST_STAT_WAIT: Duration = Duration::from_millis(3500);
 /// line from one of four guests within 3.5 s), so that every guest's
 /// counters are measured.
 const GUEST_FIRST_STAT_WAIT: Duration = Duration::from_secs(20);
+/// How long after its first reading an image VM's guest agent is read
+/// again (the time three stat lines of a lab guest take).
+const GUEST_AGENT_LATER: Duration = Duration::from_secs(3);
 
 /// One restored VM. Times are ms since the cluster restore request.
 #[derive(Debug, Clone, Serialize)]
@@ -149,20 +153,35 @@ pub fn build(
     let rel = |us: u64| us.saturating_sub(start_unix_us) as f64 / 1000.0;
     // The guests' retransmission counters: first stat line after the
     // restore vs one a few seconds later.
+    // Image VMs print no stat lines: their guest agents are read now and
+    // again once the lab guests' wait is over (and at least
+    // GUEST_AGENT_LATER after the first reading).
+    let configs: Vec<&crate::qemu::QemuConfig> = restored.iter().map(|r| &r.0.vm.config).collect();
+    let agents: Vec<&crate::qemu::QemuConfig> = configs.iter().copied().filter(|c| guest_counters::from_agent(c)).collect();
+    let agents_first = guest_counters::guest_counters_all(&agents);
     let t = Instant::now();
-    let views: Vec<GuestView> = loop {
+    let mut views: Vec<GuestView> = loop {
         let v: Vec<GuestView> = restored
             .iter()
             .map(|r| crate::cluster_snapshot::parse_console(&crate::cluster_snapshot::console_text(&r.0.vm.config.console_log)))
             .collect();
+        let lab = || v.iter().zip(&configs).filter(|(_, c)| !guest_counters::from_agent(c)).map(|(g, _)| g);
         let waited = t.elapsed();
-        let enough = v.iter().all(|g| g.stat_lines >= 3);
-        let some = v.iter().all(|g| g.stat_lines >= 1);
+        let enough = lab().all(|g| g.stat_lines >= 3) && (agents.is_empty() || waited >= GUEST_AGENT_LATER);
+        let some = lab().all(|g| g.stat_lines >= 1);
         if enough || (some && waited > GUEST_STAT_WAIT) || waited > GUEST_FIRST_STAT_WAIT {
             break v;
         }
         std::thread::sleep(Duration::from_millis(200));
     };
+    let agents_later = guest_counters::guest_counters_all(&agents);
+    let mut readings = agents_first.into_iter().zip(agents_later);
+    for (view, c) in views.iter_mut().zip(&configs) {
+        if guest_counters::from_agent(c) {
+            let (first, later) = readings.next().expect("one reading per image VM");
+            *view = guest_counters::agent_view(first, later);
+        }
+    }
     let mut vms: Vec<VmRestoreReport> = Vec::new();
     for ((member, rep, started, replayed), view) in restored.iter().zip(views) {
         let name = member.vm.name.clone();

@@ -40,7 +40,7 @@ use vmcsnap_coord::snapshot::{
 use vmcsnap_coord::transport::InProcessNetwork;
 use vmcsnap_switch::PortId;
 
-pub use metrics::{console_text, parse_console, Backoff, GuestView, PairBackoff, TcpCounters, TcpGrowth};
+pub use metrics::{console_text, parse_console, tcp_now, Backoff, GuestView, PairBackoff, TcpCounters, TcpGrowth};
 pub use report::{ClusterReport, VmReport};
 
 use crate::cluster::Cluster;
@@ -113,7 +113,7 @@ pub fn snapshot_cluster(
     for n in &names {
         configs.push(vm_config(c, n)?);
     }
-    let before: Vec<report::GuestBefore> = c.members.iter().map(|m| report::GuestBefore::read(&m.vm.config.console_log)).collect();
+    let before = report::GuestBefore::read_all(c.members.iter().map(|m| &m.vm.config).collect());
 
     let epoch = start_unix_us / 1000;
     let (trig_tx, trig_rx) = mpsc::channel();

@@ -17,6 +17,8 @@ use super::metrics::{self, Backoff, Moments, TcpCounters};
 use super::peer::VmOutcome;
 use super::ProtocolStats;
 use crate::cluster::Cluster;
+use crate::guest_counters;
+use crate::qemu::QemuConfig;
 use crate::snapshot::Mode;
 use crate::AgentError;
 
@@ -32,12 +34,37 @@ pub struct GuestBefore {
     path: PathBuf,
     offset: u64,
     tcp: TcpCounters,
+    /// An image VM: its counters come from its guest agent, not from
+    /// console stat lines (see [`crate::guest_counters`]).
+    agent: Option<QemuConfig>,
 }
 
 impl GuestBefore {
-    /// Reads where the console is and the guest's TCP counters.
-    pub fn read(console: &Path) -> GuestBefore {
-        GuestBefore { path: console.to_path_buf(), offset: metrics::console_offset(console), tcp: metrics::tcp_now(console) }
+    /// Reads where each VM's console is and its guest's TCP counters (all
+    /// VMs at once: guest agents may take a while).
+    pub fn read_all(configs: Vec<&QemuConfig>) -> Vec<GuestBefore> {
+        let counters = guest_counters::guest_counters_all(&configs);
+        configs
+            .into_iter()
+            .zip(counters)
+            .map(|(c, tcp)| GuestBefore {
+                path: c.console_log.clone(),
+                offset: metrics::console_offset(&c.console_log),
+                tcp: tcp.unwrap_or_default(),
+                agent: guest_counters::from_agent(c).then(|| c.clone()),
+            })
+            .collect()
+    }
+
+    /// The counters after the snapshot: the view's (the lab guest's last
+    /// stat line, or else the ones before: no line, no retransmission seen);
+    /// an image VM's guest agent reading, unknown if it did not answer.
+    fn tcp_after(&self, view: &metrics::GuestView) -> TcpCounters {
+        if self.agent.is_some() || view.stat_lines > 0 {
+            view.tcp
+        } else {
+            self.tcp
+        }
     }
 }
 
@@ -201,14 +228,24 @@ pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentErr
     // The console has no host timestamps: count its stat lines (one per
     // second since the snapshot started), and want one more than elapsed.
     let min_lines = after_us.saturating_sub(f.start_unix_us) / 1_000_000 + 2;
-    let views = loop {
+    let mut views = loop {
         let views: Vec<metrics::GuestView> =
             f.before.iter().map(|b| metrics::parse_console(&metrics::console_since(&b.path, b.offset))).collect();
-        if views.iter().all(|v| v.stat_lines >= min_lines) || Instant::now() > wait_until {
+        let waiting = views.iter().zip(&f.before).any(|(v, b)| b.agent.is_none() && v.stat_lines < min_lines);
+        if !waiting || Instant::now() > wait_until {
             break views;
         }
         std::thread::sleep(Duration::from_millis(100));
     };
+    // Image VMs: their guest agents' reading now, after completion.
+    let agents: Vec<&QemuConfig> = f.before.iter().filter_map(|b| b.agent.as_ref()).collect();
+    let mut after = guest_counters::guest_counters_all(&agents).into_iter();
+    for (view, b) in views.iter_mut().zip(&f.before) {
+        if b.agent.is_some() {
+            let tcp = after.next().flatten();
+            *view = guest_counters::agent_view(tcp, tcp);
+        }
+    }
 
     let rel = |us: u64| us.saturating_sub(f.start_unix_us) as f64 / 1000.0;
     let mut vms = Vec::new();
@@ -233,9 +270,9 @@ pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentErr
             unsettled: prep.unsettled,
             frames_drained_at_cut: cut.frames_drained,
             retrans_before: b.tcp.retrans,
-            retrans_after: view.tcp.retrans.or(b.tcp.retrans),
+            retrans_after: b.tcp_after(view).retrans,
             tcp_before: b.tcp,
-            tcp_after: if view.stat_lines > 0 { view.tcp } else { b.tcp },
+            tcp_after: b.tcp_after(view),
             pingpong_max_gap_ms: view.pingpong_max_gap_ms,
             pages_stored: r.pages_stored,
             path: f.final_dir.join("vms").join(&v.vm),
@@ -304,4 +341,34 @@ pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentErr
         switch: st,
         protocol: f.protocol.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn before(agent: bool) -> GuestBefore {
+        let tcp = TcpCounters { retrans: Some(5), ..TcpCounters::default() };
+        let config: Option<QemuConfig> = agent.then(|| {
+            serde_json::from_value(serde_json::json!({
+                "name": "a", "accel": "tcg", "memory_mib": 64, "vcpus": 1, "ram_file": "/r", "kernel": "/k",
+                "console_log": "/c.log", "qmp_socket": "/q", "disks": [], "port_socket": "/p",
+                "mac": "52:54:00:00:00:01", "incoming": false,
+                "image": {"qga_socket": "/qga.sock", "events_log": "/e.log"}
+            }))
+            .unwrap()
+        });
+        GuestBefore { path: "/c.log".into(), offset: 0, tcp, agent: config }
+    }
+
+    #[test]
+    fn counters_after_are_unknown_when_an_image_vms_agent_did_not_answer() {
+        let silent = crate::guest_counters::agent_view(None, None);
+        // The lab guest without a new stat line: nothing retransmitted seen.
+        assert_eq!(before(false).tcp_after(&silent).retrans, Some(5));
+        // An image VM whose agent did not answer: unknown, not "unchanged".
+        assert_eq!(before(true).tcp_after(&silent).retrans, None);
+        let read = TcpCounters { retrans: Some(8), ..TcpCounters::default() };
+        assert_eq!(before(true).tcp_after(&crate::guest_counters::agent_view(Some(read), Some(read))).retrans, Some(8));
+    }
 }
