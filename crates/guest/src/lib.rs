@@ -55,6 +55,32 @@ pub const STAT_PREFIX: &str = "vmcsnap-stat";
 /// workloads (pingpong, kvserver, kvload) gives 128.
 pub const MIN_MEMORY_MIB: u64 = 128;
 
+/// A build's workspace: bash, a temporary directory in `cache_root` (gone
+/// when dropped) and its `src/` holding `files` (path, contents,
+/// executable), for the guest assets' and the images' build scripts.
+pub(crate) fn build_workspace<'a>(
+    cache_root: &Path,
+    prefix: &str,
+    files: impl Iterator<Item = (&'a str, &'a str, bool)>,
+) -> Result<(PathBuf, tempfile::TempDir, PathBuf), GuestError> {
+    let bash = find_tool("bash").ok_or(GuestError::ToolMissing { tool: "bash", package: "bash" })?;
+    let work = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(cache_root)
+        .map_err(io_err(format!("cannot create a temporary directory in {}", cache_root.display())))?;
+    let src = work.path().join("src");
+    for (path, contents, executable) in files {
+        let p = src.join(path);
+        fs::create_dir_all(p.parent().expect("embedded paths have a parent"))
+            .map_err(io_err(format!("cannot create {}", src.display())))?;
+        fs::write(&p, contents).map_err(io_err(format!("cannot write {}", p.display())))?;
+        let mode = if executable { 0o755 } else { 0o644 };
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode))
+            .map_err(io_err(format!("cannot chmod {}", p.display())))?;
+    }
+    Ok((bash, work, src))
+}
+
 /// Longest kernel command line the x86 boot protocol accepts (bytes).
 pub const MAX_CMDLINE_LEN: usize = 2047;
 
@@ -296,27 +322,11 @@ pub fn ensure_assets(
         )))?;
     }
 
-    let bash = find_tool("bash").ok_or(GuestError::ToolMissing {
-        tool: "bash",
-        package: "bash",
-    })?;
-    let work = tempfile::Builder::new()
-        .prefix(&format!(".guest-{key}-"))
-        .tempdir_in(cache_root)
-        .map_err(io_err(format!(
-            "cannot create a temporary directory in {}",
-            cache_root.display()
-        )))?;
-    let src = work.path().join("src");
-    for e in EMBEDDED {
-        let p = src.join(e.path);
-        fs::create_dir_all(p.parent().expect("embedded paths have a parent"))
-            .map_err(io_err(format!("cannot create {}", src.display())))?;
-        fs::write(&p, e.contents).map_err(io_err(format!("cannot write {}", p.display())))?;
-        let mode = if e.executable { 0o755 } else { 0o644 };
-        fs::set_permissions(&p, fs::Permissions::from_mode(mode))
-            .map_err(io_err(format!("cannot chmod {}", p.display())))?;
-    }
+    let (bash, work, src) = build_workspace(
+        cache_root,
+        &format!(".guest-{key}-"),
+        EMBEDDED.iter().map(|e| (e.path, e.contents, e.executable)),
+    )?;
     let out = work.path().join("out");
 
     progress(&format!(

@@ -37,7 +37,6 @@ pub mod mirror;
 mod recipe;
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -45,7 +44,7 @@ use std::time::Instant;
 pub use cache::{list_images, CachedImage};
 pub use recipe::{ImageRecipe, BUILTIN_RECIPES, DEFAULT_SIZE_MIB, IMAGE_PROGRAMS};
 
-use crate::{find_tool, run_streaming, FileLock, GuestError};
+use crate::{run_streaming, FileLock, GuestError};
 
 /// Name of the virtio-serial port the guest announces readiness on
 /// (`-device virtserialport,chardev=ev,name=org.vmcsnap.events`).
@@ -229,28 +228,11 @@ pub fn ensure_image(
         cache::remove_unless_mounted(&final_dir)?;
     }
     let mirror = mirror::debian_mirror()?;
-    let bash = find_tool("bash").ok_or(GuestError::ToolMissing {
-        tool: "bash",
-        package: "bash",
-    })?;
-
-    let work = tempfile::Builder::new()
-        .prefix(&format!(".image-{name}-{key}-"))
-        .tempdir_in(cache_root)
-        .map_err(io_err(format!(
-            "cannot create a temporary directory in {}",
-            cache_root.display()
-        )))?;
-    let src = work.path().join("src");
-    for (path, contents) in EMBEDDED {
-        let p = src.join(path);
-        fs::create_dir_all(p.parent().expect("embedded paths have a parent"))
-            .map_err(io_err(format!("cannot create {}", src.display())))?;
-        fs::write(&p, contents).map_err(io_err(format!("cannot write {}", p.display())))?;
-        let mode = if path.ends_with(".sh") { 0o755 } else { 0o644 };
-        fs::set_permissions(&p, fs::Permissions::from_mode(mode))
-            .map_err(io_err(format!("cannot chmod {}", p.display())))?;
-    }
+    let (bash, work, src) = crate::build_workspace(
+        cache_root,
+        &format!(".image-{name}-{key}-"),
+        EMBEDDED.iter().map(|(path, contents)| (*path, *contents, path.ends_with(".sh"))),
+    )?;
     let out = work.path().join("out");
     progress(&format!(
         "image {name}: building (key {key}, mirror {mirror}) into {}",
