@@ -1,28 +1,21 @@
 #!/usr/bin/env python3
-"""Benchmark: the Redis cluster of examples/redis.toml (a primary, a replica and a redisload client on
-Debian images, q35, TCG here): snapshot pauses, cluster snapshot backoff, restore latency, warm
-rejuvenation and boot, side by side in one run.
-
-One cluster is booted (`up --json`: boot_ms per VM, ready = systemd reached multi-user and Redis
-answered), then the bench waits for the replica's link to the primary and for redisload's status
-lines. Then REPS times: one hot cluster snapshot (HotSnap's backoff and pauses), and per VM:
-  * stop-copy snapshot, then QEMU's own stop-copy of the VM into a file (stop, `migrate exec:cat`,
-    cont through the VM's second QMP socket; its pause is recorded as qemu_stopcopy_pause_ms);
+"""Benchmark: the Redis cluster of examples/redis.toml (primary, replica, redisload client; Debian
+images, q35): snapshot pauses, cluster snapshot backoff, restore latency, warm rejuvenation and boot,
+side by side in one run. Boots the cluster (`up --json`: boot_ms per VM), waits for the replica's
+link and redisload's status lines, then REPS times: a hot cluster snapshot, and per VM:
+  * stop-copy snapshot; QEMU's own stop-copy of the VM into a file (stop, `migrate exec:cat`, cont,
+    through its second QMP socket: kind qemu-stop-copy);
   * hot snapshot H; `stop VM` + `restore H --mode workingset`, then the same with --mode eager
-    (learned restore records removed first, so both see the snapshot alone);
-  * qemu-eager: a fresh QEMU with the VM's command line (its sockets, files and RAM moved aside, disk
-    on an overlay of H's frozen disk), `-incoming defer`, `migrate-incoming exec:cat FILE`, `cont`:
-    QEMU start -> RESUME, as in bench/restore.py;
+    (learned records removed first); qemu-eager: a fresh QEMU with the VM's command line (sockets,
+    files, RAM moved aside, disk on an overlay of H's frozen disk), `-incoming defer`,
+    `migrate-incoming exec:cat FILE`, `cont`: QEMU start -> RESUME (as bench/restore.py);
   * `rejuvenate --vm VM --mode warm`.
-Snapshots are deleted once measured. The page cache is kept warm (the snapshots were just written)
-for all three restores alike. Restoring a VM rolls it back to H: redisload reports the writes
-acknowledged after H as lost (REDISLOAD-CORRUPTION); that is the restore's semantics, not a bug,
-and the counts are recorded. A failed measurement records its error and the bench carries on.
-Goals (issue text): hot pause <= 1/50 of stop-copy's; workingset latency <= 0.1x QEMU's eager;
-warm restart <= 300 ms.
-
-Writes bench/results/redis.json (raw rows, medians, ratios, goals) and redis.png, prints a markdown table.
-Usage: bench/redis.py [--reps 3] [--out DIR] [--replot] [--spec examples/redis.toml] [--keep]
+The page cache stays warm for all three restores alike. A restore rolls the VM back to H, so
+redisload reports the writes acknowledged after H as lost (REDISLOAD-CORRUPTION; counted, expected).
+A failed measurement records its error; the bench carries on.
+Goals (issue): hot pause <= 1/50 stop-copy's; workingset <= 0.1x QEMU eager; warm restart <= 300 ms.
+Writes OUT/redis.json (rows, medians, ratios, goals) and OUT/redis.png; prints a markdown table.
+Usage: bench/redis.py [--reps 3] [--out bench/results] [--replot] [--spec F] [--bin F] [--keep]
 Needs target/release/vmcsnap (make build), matplotlib (apt-get install python3-matplotlib).
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile, time
@@ -58,15 +51,12 @@ def wait_for(what, pred, limit=600):
     raise benchlib.Failed(f"timed out after {limit} s waiting for {what}")
 
 
-def pid_of(run_dir, vm):
-    return next(v["pid"] for v in run(run_dir, "status", "--json")["vms"] if v["name"] == vm)
-
-
-def running(run_dir, vm):
+def vm_info(run_dir, vm):
+    """The VM's entry in `status --json`, or {} (also when status fails)."""
     try:
-        return any(v["name"] == vm and v["state"] == "running" for v in run(run_dir, "status", "--json")["vms"])
+        return next((v for v in run(run_dir, "status", "--json")["vms"] if v["name"] == vm), {})
     except benchlib.Failed:
-        return False
+        return {}
 
 
 def clean(x):
@@ -81,8 +71,9 @@ def clean(x):
 
 
 def drop_snapshot(run_dir, name):
+    """Deletes a snapshot's memory image. Its frozen disk (snapshots/.disks/NAME, hard links) stays:
+    a VM restored from it runs on an overlay whose backing file is that path."""
     shutil.rmtree(os.path.join(run_dir, "snapshots", name), ignore_errors=True)
-    shutil.rmtree(os.path.join(run_dir, "snapshots", ".disks", name), ignore_errors=True)
 
 
 def qemu_dump(run_dir, vm, out_file):
@@ -109,8 +100,7 @@ def anchor_args(cmdline, work, frozen_disk):
     on an overlay of the snapshot's frozen disk, `-incoming` replaced by `-incoming defer`."""
     overlay = os.path.join(work, "anchor.qcow2")
     for f in ("anchor.qcow2", "anchor-qmp.sock", "anchor-net.sock", "anchor-qga.sock"):
-        if os.path.exists(os.path.join(work, f)):
-            os.remove(os.path.join(work, f))
+        os.path.exists(os.path.join(work, f)) and os.remove(os.path.join(work, f))
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", frozen_disk, overlay], check=True)
 
     def sub(a, key, value):
@@ -152,10 +142,7 @@ def qemu_eager(cmdline, work, frozen_disk, dump):
     try:
         q = Qmp(f"{work}/anchor-qmp.sock")
         q.cmd("migrate-incoming", {"uri": f"exec:cat {dump}"})
-        while True:
-            st = q.cmd("query-migrate").get("status")
-            if st == "completed":
-                break
+        while (st := q.cmd("query-migrate").get("status")) != "completed":
             if st in ("failed", "cancelled"):
                 raise benchlib.Failed(f"qemu-eager: {st}: {open(work + '/anchor-qemu.log').read()[-500:]}")
             time.sleep(0.005)
@@ -182,8 +169,7 @@ def measure(rows, kind, vm, rep, fn):
         print(f"  rep {rep} {vm:<8} {kind:<16} FAILED: {err_text(e)}", file=sys.stderr)
         return None
     rows.append({"kind": kind, "vm": vm, "rep": rep, **r})
-    shown = r.get("value_ms")
-    print(f"  rep {rep} {vm:<8} {kind:<16} {shown:9.1f} ms" if shown is not None else f"  rep {rep} {kind}", file=sys.stderr)
+    print(f"  rep {rep} {vm:<8} {kind:<16} " + (f"{r['value_ms']:9.1f} ms" if "value_ms" in r else str(r)), file=sys.stderr)
     return r
 
 
@@ -209,9 +195,9 @@ def one_vm(run_dir, vm, rep, rows, work):
     dump = os.path.join(work, f"{vm}.mig")
     cmdline = None
     try:
-        pid = pid_of(run_dir, vm)
+        pid = vm_info(run_dir, vm)["pid"]
         cmdline = [c.decode() for c in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[:-1]]
-    except (benchlib.Failed, OSError, StopIteration) as e:
+    except (KeyError, OSError) as e:
         rows.append({"kind": "qemu-stop-copy", "vm": vm, "rep": rep, "error": f"command line: {err_text(e)}"})
     if cmdline:
         measure(rows, "qemu-stop-copy", vm, rep, lambda: {"value_ms": qemu_dump(run_dir, vm, dump)})
@@ -221,7 +207,7 @@ def one_vm(run_dir, vm, rep, rows, work):
     if h is not None:
         for mode in ("workingset", "eager"):
             got = measure(rows, mode, vm, rep, lambda: restore_vm(run_dir, vm, hot, mode))
-            if got is None and not running(run_dir, vm):
+            if got is None and vm_info(run_dir, vm).get("state") != "running":
                 measure(rows, "recover", vm, rep, lambda: restore_vm(run_dir, vm, hot, "eager", stop=False))
         if cmdline and os.path.exists(dump):
             measure(rows, "qemu-eager", vm, rep, lambda: {
@@ -277,9 +263,7 @@ def summarize(res):
         e["goals"] = {"hot_pause_le_1/50_stop_copy": e["hot_over_stop_copy"] <= GOAL_PAUSE_RATIO,
                       "workingset_le_0.1x_qemu_eager": e["workingset_over_qemu_eager"] <= GOAL_RESTORE_RATIO,
                       "warm_le_300ms": e["warm"] <= GOAL_WARM_MS}
-        e["ok"] = {k: f"{sum(1 for r in rows if r['kind'] == k and 'error' not in r and v in (None, r['vm']))}/"
-                      f"{sum(1 for r in rows if r['kind'] == k and v in (None, r['vm']))}"
-                   for k in ("hot", "stop-copy", "qemu-stop-copy", "workingset", "eager", "qemu-eager", "warm")}
+        e["failed"] = sum(1 for r in rows if "error" in r and v in (None, r["vm"]))
         s[vm] = e
     cl = [r for r in rows if r["kind"] == "cluster" and "error" not in r]
     s["cluster"] = {k: med([r[k] for r in cl]) for k in ("backoff_avg_ms", "backoff_max_ms", "downtime_avg_ms",
@@ -304,6 +288,7 @@ def table(res):
     c = s["cluster"]
     out.append(f"\nHot cluster snapshot ({c['ok']} ok): backoff avg {f(c['backoff_avg_ms'])} ms, max {f(c['backoff_max_ms'])} ms; "
                f"per-VM pause avg {f(c['downtime_avg_ms'])} ms, max {f(c['downtime_max_ms'])} ms; duration {f(c['duration_ms'], 0)} ms.")
+    out.append("(all: medians over every VM's runs; its boot is the slowest VM's.)")
     g = s["all"]["goals"]
     out.append("Goals (medians over all VMs): " + "; ".join(f"{k}: {'met' if ok else 'NOT met'}" for k, ok in g.items()))
     errs = [r for r in res["rows"] if "error" in r]
@@ -325,10 +310,9 @@ def plot(res, path):
         for j, k in enumerate(kinds):
             a.bar([i + j * w for i in range(len(vms))], [s[v][k] for v in vms], w, label=k)
         a.set_xticks([i + 0.4 - w / 2 for i in range(len(vms))], vms)
-        if log:
-            a.set_yscale("log")
         if goal:
             a.axhline(goal, color="gray", ls=":", lw=1, label=f"goal {goal:.0f} ms")
+        a.set_yscale("log") if log else a.set_ylim(0, max(a.get_ylim()[1], 1.15 * (goal or 0)))
         a.set_title(title, fontsize=10)
         a.set_ylabel("ms (median)")
         a.legend(fontsize=7)
@@ -355,11 +339,13 @@ def plot(res, path):
 
 
 def main():
+    global VMCSNAP
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--spec", default=os.path.join(ROOT, "examples", "redis.toml"))
     ap.add_argument("--replot", action="store_true", help="re-summarize and re-plot OUT/redis.json, measure nothing")
+    ap.add_argument("--bin", default=VMCSNAP, help="the vmcsnap binary (copied into the run directory)")
     ap.add_argument("--keep", action="store_true", help="leave the run directory (after `down`) for inspection")
     a = ap.parse_args()
     jpath, ppath = os.path.join(a.out, "redis.json"), os.path.join(a.out, "redis.png")
@@ -367,21 +353,27 @@ def main():
         res = json.load(open(jpath))
         summarize(res)
     else:
-        if not os.access(VMCSNAP, os.X_OK):
-            raise SystemExit(f"{VMCSNAP} missing: run `make build` first")
+        if not os.access(a.bin, os.X_OK):
+            raise SystemExit(f"{a.bin} missing: run `make build` first")
         os.makedirs(a.out, exist_ok=True)
         run_dir = tempfile.mkdtemp(prefix="vmcsnap-bench-redis-", dir="/tmp")
+        # A private copy of the binary: the agent execs itself (/proc/self/exe) for every snapshot's
+        # capture, which fails once a rebuild has replaced target/release/vmcsnap mid-run.
+        built = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(os.path.getmtime(a.bin)))
+        VMCSNAP = shutil.copy2(a.bin, os.path.join(run_dir, "vmcsnap"))
         work = os.path.join(run_dir, "anchor")
         os.makedirs(work)
         res = {"bench": "redis", "command": " ".join(sys.argv), "started": time.time(), "reps": a.reps,
-               "spec": os.path.relpath(a.spec, ROOT), "run_dir": run_dir, "rows": [], "cold_cache": False}
+               "spec": os.path.relpath(a.spec, ROOT), "run_dir": run_dir, "rows": [], "cold_cache": False,
+               "binary": {"path": a.bin, "built": built}, "git_head": subprocess.run(
+                   ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()}
         try:
             t = time.time()
             res["up"] = run(run_dir, "up", a.spec, "--json")
             ips = {v["name"]: v["ip"].split("/")[0] for v in res["up"]["vms"]}
             print(f"up in {time.time() - t:.0f} s: " + ", ".join(f"{v['name']} {v['boot_ms']} ms" for v in res["up"]["vms"]),
                   file=sys.stderr)
-            replica = next(n for n in ips if n == "replica")
+            replica = "replica"
             t_rep = wait_for("the replica's link", lambda: "master_link_status:up" in run(
                 run_dir, "exec", "--", "redis-cli", "-h", ips[replica], "info", "replication"))
             t_load = wait_for("redisload's status lines", lambda: sum(
@@ -394,20 +386,23 @@ def main():
                     one_vm(run_dir, vm, rep, res["rows"], work)
                 with open(jpath, "w") as f:
                     json.dump(res, f, indent=1)
-            res["redisload_end"] = redisload_state(run_dir, "client")
-            res["replication_end"] = [l for l in run(run_dir, "exec", "--", "redis-cli", "-h", ips[replica], "info",
-                                                     "replication").splitlines() if l.startswith("master_link_status")]
+            measure(res["rows"], "end-state", "all", a.reps, lambda: {**redisload_state(run_dir, "client"), "replica":
+                    [l for l in run(run_dir, "exec", "--", "redis-cli", "-h", ips[replica], "info", "replication").splitlines()
+                     if l.startswith("master_link_status")]})
         except (benchlib.Failed, StopIteration, KeyError) as e:
             res["error"] = err_text(e)
             print(f"FAILED: {res['error']}", file=sys.stderr)
         finally:
+            try:
+                res["agent_failures"] = [l[:400] for l in open(os.path.join(run_dir, "agent.log")) if "request failed" in l]
+            except OSError:
+                pass
             down = subprocess.run([VMCSNAP, "--run-dir", run_dir, "down"], capture_output=True, text=True)
             res["down"] = down.returncode == 0 or down.stderr[-300:]
             if not a.keep:
                 shutil.rmtree(run_dir, ignore_errors=True)
         res["finished"] = time.time()
-        if "up" not in res:
-            res["up"] = {"vms": []}
+        res.setdefault("up", {"vms": []})
         summarize(res)
     with open(jpath, "w") as f:
         json.dump(clean(res), f, indent=1)
