@@ -458,7 +458,10 @@ fn run_mode(
     set_caps(vm, mode == Mode::Hot, mode == Mode::Precopy)?;
     take_events(vm)?;
     // QEMU writes to a relay it owns, not to our socket: see `relay`.
-    let exe = std::env::current_exe().map_err(AgentError::io("finding the vmcsnap executable", "/proc/self/exe"))?;
+    // The agent's own image, by its /proc link: it stays valid while the
+    // agent runs even if the file was replaced or deleted since (a rebuild
+    // or a package upgrade; `current_exe` would name a "(deleted)" path).
+    let exe = PathBuf::from(format!("/proc/{}/exe", std::process::id()));
     let uri = json!({ "uri": crate::relay::exec_uri(&exe, sock) });
     hooks.ready()?;
     match mode {
