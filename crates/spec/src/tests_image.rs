@@ -23,7 +23,7 @@ fn image_kind(s: &ClusterSpec) -> crate::ImageGuest<'_> {
 }
 
 #[test]
-fn example_specs_parse_unchanged_as_lab_vms() {
+fn example_specs_parse_the_lab_ones_unchanged_and_redis_as_image_vms() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
     let mut n = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
@@ -31,11 +31,19 @@ fn example_specs_parse_unchanged_as_lab_vms() {
         if path.extension().is_some_and(|e| e == "toml") {
             let s = parse(&std::fs::read_to_string(&path).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert_eq!(s.cluster.host_access, HostAccess::Netns);
-            assert!(s.vm.iter().all(|v| v.kind() == GuestKind::Lab && !v.is_image()), "{}", path.display());
+            if path.file_name().is_some_and(|f| f == "redis.toml") {
+                for v in &s.vm {
+                    let GuestKind::Image(g) = v.kind() else { panic!("{}: not an image VM", v.name) };
+                    assert_eq!(g.source, ImageSource::Recipe("redis"), "{}", v.name);
+                    assert!(!g.cloud_init, "{}", v.name);
+                }
+            } else {
+                assert!(s.vm.iter().all(|v| v.kind() == GuestKind::Lab && !v.is_image()), "{}", path.display());
+            }
             n += 1;
         }
     }
-    assert!(n >= 2, "found {n} example specs");
+    assert!(n >= 3, "found {n} example specs");
 }
 
 #[test]
