@@ -143,10 +143,19 @@ fn redis_on_debian_images_survives_rejuvenation_snapshots_and_restores() {
     // A hot cluster snapshot under load; the cluster destroyed; restored.
     let snap = env.json(&["snapshot", "--cluster", "--name", "rc", "--json"]);
     assert_eq!(snap["vms"].as_array().map(Vec::len), Some(3), "{snap}");
+    // Guest facts of image VMs come from qemu-guest-agent (the lab guest's
+    // come from its console): known, not guessed.
+    for v in snap["vms"].as_array().unwrap() {
+        assert!(v["retrans_before"].is_u64() && v["retrans_after"].is_u64(), "TCP counters unknown: {v}");
+    }
     let at_cut = load(&env).unwrap();
     env.ok(&["down"]);
     let restored = env.json(&["restore", "--cluster", "rc", "--json"]);
     assert_eq!(restored["vms"].as_array().map(Vec::len), Some(3), "{restored}");
+    for v in restored["vms"].as_array().unwrap() {
+        assert!(v["retrans_later"].is_u64(), "TCP counters unknown after the restore: {v}");
+        assert_eq!(v["lost_segments"], 0, "{v}");
+    }
     assert_running(&env, "after the cluster restore");
     wait_until("the replica's link after the restore", Duration::from_secs(120), || replica_link_up(&env));
     assert_eq!(
