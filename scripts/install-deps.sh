@@ -5,9 +5,10 @@
 # graphviz: the PNG of `inspect --rdg --dot FILE`; genisoimage: the cloud-init
 # NoCloud seed of image VMs (and isoinfo, its tests); mmdebstrap: `image
 # build`; redis-server, redis-tools: the test of the guest program redisload
-# and `vmcsnap exec -- redis-cli` against the Redis example cluster.
+# and `vmcsnap exec -- redis-cli` against the Redis example cluster;
+# openssh-client: the cloud-init test logs in with the key its seed gave.
 set -euo pipefail
-pkgs=(qemu-system-x86 qemu-utils busybox-static cpio e2fsprogs gcc libc6-dev binutils lz4 make graphviz genisoimage mmdebstrap redis-server redis-tools)
+pkgs=(qemu-system-x86 qemu-utils busybox-static cpio e2fsprogs gcc libc6-dev binutils lz4 make graphviz genisoimage mmdebstrap redis-server redis-tools openssh-client)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
