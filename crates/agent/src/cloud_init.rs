@@ -18,6 +18,19 @@ use std::process::Command;
 
 use thiserror::Error;
 
+/// `write_files` entry of the user-data: a per-boot script writing
+/// `VMCSNAP-READY <hostname>` to the virtio port `org.vmcsnap.events` (the
+/// marker `up` waits for; see `crates/guest/src/image`), if the port exists.
+const READY_SCRIPT: &str = "write_files:
+  - path: /var/lib/cloud/scripts/per-boot/vmcsnap-ready
+    permissions: '0755'
+    content: |
+      #!/bin/sh
+      port=/dev/virtio-ports/org.vmcsnap.events
+      [ -e \"$port\" ] && echo \"VMCSNAP-READY $(hostname)\" > \"$port\"
+      exit 0
+";
+
 /// The volume label NoCloud looks for.
 pub const SEED_LABEL: &str = "cidata";
 
@@ -102,6 +115,10 @@ impl SeedConfig {
                 s.push_str(&format!("  - {}\n", q(k)));
             }
         }
+        // The ready marker on vmcsnap's events port, at the end of every
+        // boot (cloud-init's per-boot scripts run in its final stage), so a
+        // cloud image without vmcsnap's own ready unit is seen ready too.
+        s.push_str(READY_SCRIPT);
         s
     }
 
@@ -215,6 +232,13 @@ mod tests {
         let mut none = seed();
         none.ssh_authorized_keys.clear();
         assert!(!none.user_data().contains("ssh_authorized_keys"));
+        // The ready marker's per-boot script: a literal block of valid sh.
+        let block = u.split("    content: |\n").nth(1).expect("a content block");
+        let script: String = block.lines().map(|l| l.strip_prefix("      ").unwrap_or_else(|| panic!("indented: {l:?}"))).map(|l| format!("{l}\n")).collect();
+        assert!(script.starts_with("#!/bin/sh\n") && script.contains("VMCSNAP-READY $(hostname)"), "{script}");
+        assert!(u.contains("/var/lib/cloud/scripts/per-boot/vmcsnap-ready"), "{u}");
+        let out = Command::new("sh").arg("-n").arg("-c").arg(&script).output().unwrap();
+        assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
     fn isoinfo(args: &[&str]) -> String {

@@ -1,7 +1,8 @@
 //! A VM with a cloud-init NoCloud seed (`cloud_init = true`): an image with
 //! cloud-init (`vmcsnap image build cloud --packages cloud-init`) finds the
-//! seed vmcsnap made, takes its hostname and the spec's SSH key, and the
-//! host logs in through the cluster's network namespace.
+//! seed vmcsnap made, takes its hostname and the spec's SSH key, runs the
+//! seed's ready-marker script, and the host logs in through the cluster's
+//! network namespace.
 
 mod common;
 
@@ -33,12 +34,21 @@ ssh_authorized_keys = "key.pub"
     let key = key.to_str().unwrap();
     let out = env.vmcsnap(&[
         "exec", "--", "ssh", "-i", key, "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
-        "-o", "ConnectTimeout=60", "root@10.77.0.2", "hostname; cat /run/cloud-init/result.json",
+        "-o", "ConnectTimeout=60", "root@10.77.0.2", "hostname; cloud-init status --wait >/dev/null; cat /run/cloud-init/result.json",
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "ssh with the spec's key failed: {}{text}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(text.lines().next(), Some("cloudy"), "{text}");
     assert!(text.contains("DataSourceNoCloud"), "cloud-init did not take vmcsnap's seed: {text}");
+    // The seed's per-boot script writes the ready marker too (so that a
+    // cloud image without vmcsnap's own ready unit is seen ready): this
+    // image has both, so the events port gets two.
+    let events = env.run_dir().join("cluster/cloudy/events.log");
+    let t = std::time::Instant::now();
+    while std::fs::read_to_string(&events).unwrap_or_default().matches("VMCSNAP-READY cloudy").count() < 2 {
+        assert!(t.elapsed() < std::time::Duration::from_secs(180), "no marker from cloud-init's per-boot script: {:?}", std::fs::read_to_string(&events));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
     env.ok(&["down"]);
     env.assert_clean();
 }
