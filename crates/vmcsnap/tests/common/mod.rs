@@ -188,6 +188,9 @@ impl Drop for Env {
         for f in self.shm_files() {
             let _ = std::fs::remove_file(f);
         }
+        // A test that failed before `down` must not leave the cluster's
+        // network namespace behind either.
+        let _ = vmcsnap_hostnet::destroy_netns(&vmcsnap_hostnet::netns_name(&vmcsnap_agent::RunDir::new(self.run_dir()).tag()));
     }
 }
 
