@@ -86,7 +86,8 @@ impl VmSpec {
             if self.cmdline.is_some() {
                 return Err(SpecError::NeedsKernel { vm: vm(), field: "cmdline" });
             }
-            if self.machine == Some(Machine::Microvm) {
+            // A recipe image boots with its own kernel (it has no bootloader).
+            if self.machine == Some(Machine::Microvm) && self.image_recipe.is_none() {
                 return Err(SpecError::MicrovmNeedsKernel(vm()));
             }
         }

@@ -253,3 +253,14 @@ fn the_documented_image_example_parses() {
     assert!(s.vm.iter().all(|v| v.is_image()));
     assert_eq!(image_kind(&s).machine, Machine::Q35);
 }
+
+#[test]
+fn a_recipe_image_boots_on_microvm_with_its_own_kernel() {
+    // Recipe images boot directly with the kernel the recipe built, so
+    // microvm needs no `kernel` for them (it does for a user's image).
+    let s = vm("image_recipe = 'redis'\nmachine = 'microvm'").unwrap();
+    let g = image_kind(&s);
+    assert_eq!((g.machine, g.boot), (Machine::Microvm, Boot::Firmware));
+    let e = vm("image = '/x.qcow2'\nmachine = 'microvm'").unwrap_err().to_string();
+    assert!(e.contains("microvm needs kernel"), "{e}");
+}
