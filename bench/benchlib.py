@@ -1,5 +1,5 @@
 """Helpers shared by the benchmarks in bench/ (not a benchmark itself)."""
-import json, statistics, subprocess, sys
+import json, statistics, subprocess, sys, time
 
 
 class Failed(Exception):
@@ -62,3 +62,21 @@ def pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def qemu_load_and_start(q, dump, t0, log_path):
+    """QEMU's own eager restore, timed: `q` (a QMP client of a QEMU started
+    with -incoming defer at time `t0`) loads `dump` and is resumed. Returns
+    request-to-RESUME and request-to-loaded in ms."""
+    q.cmd("migrate-incoming", {"uri": f"exec:cat {dump}"})
+    while (st := q.cmd("query-migrate").get("status")) != "completed":
+        if st in ("failed", "cancelled"):
+            raise Failed(f"qemu-eager: {st}: {open(log_path).read()[-500:]}")
+        time.sleep(0.005)
+    loaded = time.time()
+    q.cmd("cont")
+    ev = q.wait_event("RESUME")
+    ts = ev["timestamp"]["seconds"] + ev["timestamp"]["microseconds"] / 1e6
+    q.cmd("quit")
+    return {"restore_latency_ms": (ts - t0) * 1000, "full_load_ms": (loaded - t0) * 1000}
+

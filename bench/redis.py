@@ -141,17 +141,7 @@ def qemu_eager(cmdline, work, frozen_disk, dump):
     p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(f"{work}/anchor-qemu.log", "w"))
     try:
         q = Qmp(f"{work}/anchor-qmp.sock")
-        q.cmd("migrate-incoming", {"uri": f"exec:cat {dump}"})
-        while (st := q.cmd("query-migrate").get("status")) != "completed":
-            if st in ("failed", "cancelled"):
-                raise benchlib.Failed(f"qemu-eager: {st}: {open(work + '/anchor-qemu.log').read()[-500:]}")
-            time.sleep(0.005)
-        loaded = time.time()
-        q.cmd("cont")
-        ev = q.wait_event("RESUME")
-        ts = ev["timestamp"]["seconds"] + ev["timestamp"]["microseconds"] / 1e6
-        q.cmd("quit")
-        return {"restore_latency_ms": (ts - t0) * 1000, "full_load_ms": (loaded - t0) * 1000}
+        return benchlib.qemu_load_and_start(q, dump, t0, f"{work}/anchor-qemu.log")
     finally:
         p.kill()
         p.wait()
