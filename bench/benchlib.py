@@ -80,3 +80,18 @@ def qemu_load_and_start(q, dump, t0, log_path):
     q.cmd("quit")
     return {"restore_latency_ms": (ts - t0) * 1000, "full_load_ms": (loaded - t0) * 1000}
 
+
+def qemu_stop_copy(q, out_file, poll=0.02):
+    """QEMU's own stop-copy of a VM into `out_file` through QMP client `q`
+    (stop, migrate to the file, cont); returns the guest's pause in ms."""
+    t0 = time.time()
+    q.cmd("stop")
+    q.cmd("migrate", {"uri": f"exec:cat > {out_file}"})
+    while q.cmd("query-migrate").get("status") not in ("completed", "failed", "cancelled"):
+        time.sleep(poll)
+    status = q.cmd("query-migrate")["status"]
+    q.cmd("cont")
+    if status != "completed":
+        raise Failed(f"QEMU dump: {status}")
+    return (time.time() - t0) * 1000
+

@@ -80,16 +80,7 @@ def qemu_dump(run_dir, vm, out_file):
     """QEMU's own stop-copy of VM into a file, through its second QMP socket; returns its pause in ms."""
     q = Qmp(os.path.join(run_dir, "cluster", vm, "sample.sock"))
     try:
-        t0 = time.time()
-        q.cmd("stop")
-        q.cmd("migrate", {"uri": f"exec:cat > {out_file}"})
-        while q.cmd("query-migrate").get("status") not in ("completed", "failed", "cancelled"):
-            time.sleep(0.02)
-        status = q.cmd("query-migrate")["status"]
-        q.cmd("cont")
-        if status != "completed":
-            raise benchlib.Failed(f"QEMU dump: {status}")
-        return (time.time() - t0) * 1000
+        return benchlib.qemu_stop_copy(q, out_file)
     finally:
         q.close()
 

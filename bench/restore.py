@@ -105,14 +105,7 @@ def qemu_dump(run_dir, out_file):
     """QEMU's own snapshot of vm0 (stop-copy into a file), through the sampler's QMP socket."""
     q = Qmp(os.path.join(run_dir, "cluster", "vm0", "sample.sock"))
     try:
-        q.cmd("stop")
-        q.cmd("migrate", {"uri": f"exec:cat > {out_file}"})
-        while q.cmd("query-migrate").get("status") not in ("completed", "failed", "cancelled"):
-            time.sleep(0.05)
-        status = q.cmd("query-migrate")["status"]
-        q.cmd("cont")
-        if status != "completed":
-            raise benchlib.Failed(f"QEMU dump: {status}")
+        benchlib.qemu_stop_copy(q, out_file, poll=0.05)
     finally:
         q.close()
 

@@ -24,7 +24,8 @@ pub struct Chain {
     pub files: Vec<PathBuf>,
 }
 
-fn qemu_img(qemu_img: &Path, args: &[&std::ffi::OsStr]) -> Result<Vec<u8>, AgentError> {
+/// Runs `qemu-img ARGS`; its stdout, or an error with its stderr.
+pub(crate) fn qemu_img(qemu_img: &Path, args: &[&std::ffi::OsStr]) -> Result<Vec<u8>, AgentError> {
     let out = Command::new(qemu_img).args(args).output().map_err(AgentError::io("running", qemu_img))?;
     if !out.status.success() {
         return Err(AgentError::BadRequest(format!(

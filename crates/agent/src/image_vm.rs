@@ -93,27 +93,15 @@ fn looks_like_a_disk(path: &Path) -> bool {
     mbr || gpt || ext
 }
 
-fn qemu_img(args: &[&std::ffi::OsStr], what: &Path) -> Result<(), AgentError> {
-    let bin = crate::qemu::find_qemu_img()?;
-    let out = Command::new(&bin).args(args).output().map_err(AgentError::io("running qemu-img for", what))?;
-    if !out.status.success() {
-        return Err(AgentError::BadRequest(format!(
-            "qemu-img {}: {}",
-            args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(())
+fn qemu_img(args: &[&std::ffi::OsStr]) -> Result<(), AgentError> {
+    crate::disk_chain::qemu_img(&crate::qemu::find_qemu_img()?, args).map(drop)
 }
 
 /// A qcow2 overlay at `overlay` of `base` (absolute path) in `format`.
 fn overlay_of(base: &Path, format: DiskFormat, overlay: &Path) -> Result<(), AgentError> {
     let base = std::fs::canonicalize(base).map_err(AgentError::io("resolving", base))?;
     let _ = std::fs::remove_file(overlay);
-    qemu_img(
-        &["create".as_ref(), "-q".as_ref(), "-f".as_ref(), "qcow2".as_ref(), "-F".as_ref(), format.driver().as_ref(), "-b".as_ref(), base.as_os_str(), overlay.as_os_str()],
-        overlay,
-    )
+    qemu_img(&["create".as_ref(), "-q".as_ref(), "-f".as_ref(), "qcow2".as_ref(), "-F".as_ref(), format.driver().as_ref(), "-b".as_ref(), base.as_os_str(), overlay.as_os_str()])
 }
 
 /// Checks the image of a VM without creating anything (the checks `up`
@@ -192,7 +180,7 @@ pub fn prepare(
             ExtraDisk::Empty { size_mib } => {
                 let _ = std::fs::remove_file(&file);
                 let size = format!("{size_mib}M");
-                qemu_img(&["create".as_ref(), "-q".as_ref(), "-f".as_ref(), "qcow2".as_ref(), file.as_os_str(), size.as_ref()], &file)?;
+                qemu_img(&["create".as_ref(), "-q".as_ref(), "-f".as_ref(), "qcow2".as_ref(), file.as_os_str(), size.as_ref()])?;
             }
         }
         disks.push(DiskConfig::qcow2(&node, &file));
@@ -248,7 +236,7 @@ mod tests {
     fn qcow2_and_raw_disks_are_recognised() {
         let d = tempfile::tempdir().unwrap();
         let q = d.path().join("a.qcow2");
-        qemu_img(&["create".as_ref(), "-q".as_ref(), "-f".as_ref(), "qcow2".as_ref(), q.as_os_str(), "16M".as_ref()], &q).unwrap();
+        qemu_img(&["create".as_ref(), "-q".as_ref(), "-f".as_ref(), "qcow2".as_ref(), q.as_os_str(), "16M".as_ref()]).unwrap();
         assert_eq!(detect_format(&q, None).unwrap(), DiskFormat::Qcow2);
         let e = detect_format(&q, Some(DiskFormat::Raw)).unwrap_err().to_string();
         assert!(e.contains("spec says raw"), "{e}");

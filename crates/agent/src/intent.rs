@@ -67,15 +67,6 @@ pub fn get(config: &QemuConfig) -> Option<Intent> {
     Some(serde_json::from_slice(&bytes).unwrap_or(Intent::Resume))
 }
 
-/// Runs `work` with `intent` recorded, and removes the record after it,
-/// whatever the outcome (the work's own error handling resumes the VM).
-pub fn during<T>(config: &QemuConfig, intent: Intent, work: impl FnOnce() -> T) -> Result<T, AgentError> {
-    set(config, &intent)?;
-    let r = work();
-    clear(config);
-    Ok(r)
-}
-
 /// Migration states in which QEMU still moves data.
 const ACTIVE: &[&str] = &["setup", "active", "device", "wait-unplug", "pre-switchover", "cancelling", "postcopy-active"];
 
@@ -183,7 +174,5 @@ mod tests {
         assert_eq!(get(&c), None);
         std::fs::write(d.path().join(INTENT_FILE), b"garbage").unwrap();
         assert_eq!(get(&c), Some(Intent::Resume), "an unreadable intent is read as resume");
-        assert_eq!(during(&c, Intent::Boot, || get(&c)).unwrap(), Some(Intent::Boot));
-        assert_eq!(get(&c), None);
     }
 }

@@ -80,7 +80,10 @@ fn kill_qemu(run: &RunDir, cluster: &mut Option<Cluster>, vm: &str) {
         }
     }
     let sock = run.vm_dir(vm).join("qmp.sock");
-    while let Some(pid) = crate::record::find_qemu(None, &sock) {
+    // kill_and_reap waits for each; a QEMU that survives SIGKILL (stuck in
+    // the kernel) is not waited for forever.
+    for _ in 0..3 {
+        let Some(pid) = crate::record::find_qemu(None, &sock) else { break };
         log(format!("VM {vm}: killing QEMU pid {pid} of an interrupted restore"));
         crate::handover::kill_and_reap(pid);
     }
