@@ -5,8 +5,13 @@
 //!   agent.sock                     control socket, mode 0600
 //!   agent.log                      the agent's log (when started by the CLI)
 //!   agent.pid
+//!   vms.json                       the durable record of the VMs (crate::record)
+//!   restoring.json                 a restore in progress (crate::restore_journal)
 //!   cluster/<vm>/qmp.sock          QMP of the VM's QEMU
-//!   cluster/<vm>/port.sock         the VM's switch port (QEMU connects here)
+//!   cluster/<vm>/port.sock         the VM's NIC (QEMU listens, the switch dials)
+//!   cluster/<vm>/intent.json       work in progress on the VM (crate::intent)
+//!   cluster/<vm>/events.log, qga.sock, root.qcow2, seed.iso   an image VM's (crate::image_vm)
+//!   cluster/host.sock              the host interface's relay (crate::host_port)
 //!   cluster/<vm>/console.log       serial console
 //!   cluster/<vm>/qemu.log          QEMU's own stdout/stderr
 //!   cluster/<vm>/data.qcow2        the VM's data disk
