@@ -130,7 +130,19 @@ impl QmpClient {
             timeout,
             partial: Vec::new(),
         };
-        let greeting = client.read_message(timeout, "the QMP greeting")?;
+        // An event can come before the greeting: QEMU flushes output it had
+        // buffered for a client that went away (seen after an agent was
+        // killed) to the next one that connects. Such events are queued.
+        let deadline = Instant::now() + timeout;
+        let greeting = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let msg = client.read_message(left, "the QMP greeting")?;
+            if msg.get("event").is_some() && msg.get("QMP").is_none() {
+                client.queue_event(msg)?;
+                continue;
+            }
+            break msg;
+        };
         let v = greeting
             .pointer("/QMP/version/qemu")
             .ok_or_else(|| QmpError::Protocol(format!("expected a QMP greeting, got {greeting}")))?;

@@ -40,6 +40,31 @@ fn reply(cmd: &Value, body: Value) -> String {
     v.to_string()
 }
 
+/// Regression: after an agent was killed, QEMU sent the next client an event
+/// it had buffered for the old one before the greeting, and connect failed.
+#[test]
+fn an_event_before_the_greeting_is_queued_not_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qmp.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut w = stream.try_clone().unwrap();
+        writeln!(w, r#"{{"event": "NETDEV_STREAM_DISCONNECTED", "data": {{"netdev-id": "net0"}}, "timestamp": {{"seconds": 1, "microseconds": 2}}}}"#).unwrap();
+        writeln!(w, "{GREETING}").unwrap();
+        for line in BufReader::new(stream).lines() {
+            let Ok(line) = line else { break };
+            let cmd: Value = serde_json::from_str(&line).unwrap();
+            writeln!(w, "{}", reply(&cmd, json!({"return": {}}))).unwrap();
+        }
+    });
+    let mut q = QmpClient::connect(&path, Duration::from_secs(5)).unwrap();
+    assert_eq!(q.version().to_string(), "7.2.0");
+    let events = q.take_events().unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].name, "NETDEV_STREAM_DISCONNECTED");
+}
+
 #[test]
 fn negotiates_and_reads_version() {
     let (_d, p) = fake_qemu(|c| vec![reply(c, json!({"return": {}}))]);
