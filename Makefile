@@ -1,7 +1,7 @@
 # vmcsnap: the two commands of the README, and their parts.
 VMCSNAP := target/release/vmcsnap
 
-.PHONY: demo demo-redis test deps build guest clean-run
+.PHONY: demo demo-redis test lint deps build guest clean-run
 
 demo: guest
 	scripts/demo.sh
@@ -9,8 +9,14 @@ demo: guest
 demo-redis: guest
 	scripts/demo-redis.sh
 
-test: guest
+test: lint guest
 	cargo test --release --workspace 2>&1
+
+# Guard rails: a clippy warning, an unformatted file or an unsafe block
+# without a SAFETY comment (workspace lints in Cargo.toml) fails the tests.
+lint: deps
+	cargo fmt --all --check
+	cargo clippy --release --workspace --all-targets -- -D warnings
 
 deps:
 	scripts/install-deps.sh

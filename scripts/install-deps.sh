@@ -23,3 +23,9 @@ if ! command -v cargo >/dev/null; then
     echo "cargo not found: install Rust (rustup) first" >&2
     exit 1
 fi
+# `make lint` (part of `make test`) needs clippy and rustfmt.
+for c in clippy rustfmt; do
+    if ! cargo "${c/rustfmt/fmt}" --version >/dev/null 2>&1; then
+        rustup component add "$c"
+    fi
+done

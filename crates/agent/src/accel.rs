@@ -61,12 +61,18 @@ pub fn resolve(requested: Accel) -> Result<(Resolved, Option<String>), AgentErro
 }
 
 /// [`resolve`] with the host's paths given (for tests).
-pub fn resolve_on(requested: Accel, sys_module: &Path, dev_kvm: &Path) -> Result<(Resolved, Option<String>), AgentError> {
+pub fn resolve_on(
+    requested: Accel,
+    sys_module: &Path,
+    dev_kvm: &Path,
+) -> Result<(Resolved, Option<String>), AgentError> {
     match (requested, kvm_problem(sys_module, dev_kvm)) {
         (Accel::Tcg, _) => Ok((Resolved::Tcg, None)),
         (Accel::Kvm, None) | (Accel::Auto, None) => Ok((Resolved::Kvm, None)),
         (Accel::Kvm, Some(why)) => Err(AgentError::KvmUnusable(why)),
-        (Accel::Auto, Some(why)) => Ok((Resolved::Tcg, Some(format!("accel auto: {why}; using TCG")))),
+        (Accel::Auto, Some(why)) => {
+            Ok((Resolved::Tcg, Some(format!("accel auto: {why}; using TCG"))))
+        }
     }
 }
 
@@ -92,10 +98,16 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let kvm = d.path().join("kvm");
         std::fs::write(&kvm, b"").unwrap();
-        assert_eq!(resolve_on(Accel::Auto, d.path(), &kvm).unwrap().0, Resolved::Kvm);
+        assert_eq!(
+            resolve_on(Accel::Auto, d.path(), &kvm).unwrap().0,
+            Resolved::Kvm
+        );
         let (r, note) = resolve_on(Accel::Auto, d.path(), &d.path().join("none")).unwrap();
         assert_eq!(r, Resolved::Tcg);
         assert!(note.is_some());
-        assert_eq!(resolve_on(Accel::Tcg, d.path(), &kvm).unwrap(), (Resolved::Tcg, None));
+        assert_eq!(
+            resolve_on(Accel::Tcg, d.path(), &kvm).unwrap(),
+            (Resolved::Tcg, None)
+        );
     }
 }

@@ -56,7 +56,9 @@ pub struct Measured {
 pub fn measured_from_log(text: &str) -> Measured {
     let mut m = Measured::default();
     for line in text.lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
         let downs: Vec<f64> = v["reports"]
             .as_array()
             .into_iter()
@@ -95,19 +97,34 @@ mod tests {
     #[test]
     fn reproduces_the_papers_example() {
         let a = |k, d| availability(k, d, 34.0, 28.0 * DAY, 7.0 * DAY);
-        assert!((a(Kind::Warm, 43.0) - 0.99993).abs() < 0.5e-5, "{}", a(Kind::Warm, 43.0));
-        assert!((a(Kind::Cold, 243.0) - 0.99986).abs() < 0.5e-5, "{}", a(Kind::Cold, 243.0));
+        assert!(
+            (a(Kind::Warm, 43.0) - 0.99993).abs() < 0.5e-5,
+            "{}",
+            a(Kind::Warm, 43.0)
+        );
+        assert!(
+            (a(Kind::Cold, 243.0) - 0.99986).abs() < 0.5e-5,
+            "{}",
+            a(Kind::Cold, 243.0)
+        );
         // The paper prints 0.99977; equation gives 0.999764 (rounding in the paper).
-        assert!((a(Kind::Saved, 434.0) - 0.99977).abs() < 1.0e-5, "{}", a(Kind::Saved, 434.0));
+        assert!(
+            (a(Kind::Saved, 434.0) - 0.99977).abs() < 1.0e-5,
+            "{}",
+            a(Kind::Saved, 434.0)
+        );
     }
 
     #[test]
     fn log_gives_latest_batch_per_mode_and_median_cold_reboot() {
         let log = concat!(
-            r#"{"mode":"warm","n":1,"reports":[{"downtime_ms":500.0}]}"#, "\n",
-            r#"{"mode":"warm","n":2,"reports":[{"downtime_ms":100.0},{"downtime_ms":120.0}]}"#, "\n",
+            r#"{"mode":"warm","n":1,"reports":[{"downtime_ms":500.0}]}"#,
+            "\n",
+            r#"{"mode":"warm","n":2,"reports":[{"downtime_ms":100.0},{"downtime_ms":120.0}]}"#,
+            "\n",
             "garbage\n",
-            r#"{"mode":"cold","n":3,"reports":[{"downtime_ms":7000.0},{"downtime_ms":5000.0},{"downtime_ms":9000.0}]}"#, "\n",
+            r#"{"mode":"cold","n":3,"reports":[{"downtime_ms":7000.0},{"downtime_ms":5000.0},{"downtime_ms":9000.0}]}"#,
+            "\n",
         );
         let m = measured_from_log(log);
         assert_eq!(m.warm, Some((2, 0.12)));
@@ -123,6 +140,9 @@ mod tests {
         let s = availability(Kind::Saved, 5.0, 30.0, t_vmm, t_os);
         assert!(w > s && w < 1.0);
         // Cold counts only whole OS rejuvenations: with T_os > T_vmm, none.
-        assert_eq!(availability(Kind::Cold, 10.0, 30.0, DAY, 2.0 * DAY), 1.0 - 10.0 / DAY);
+        assert_eq!(
+            availability(Kind::Cold, 10.0, 30.0, DAY, 2.0 * DAY),
+            1.0 - 10.0 / DAY
+        );
     }
 }

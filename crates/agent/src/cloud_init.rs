@@ -65,8 +65,15 @@ pub enum CloudInitError {
     NoKeys(PathBuf),
 }
 
-fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> CloudInitError + 'a {
-    move |source| CloudInitError::Io { what, path: path.to_path_buf(), source }
+fn io<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> CloudInitError + 'a {
+    move |source| CloudInitError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// One NIC of the VM.
@@ -98,7 +105,11 @@ fn q(s: &str) -> String {
 impl SeedConfig {
     /// The `meta-data` file.
     pub fn meta_data(&self) -> String {
-        format!("instance-id: {}\nlocal-hostname: {}\n", q(&self.instance_id), q(&self.hostname))
+        format!(
+            "instance-id: {}\nlocal-hostname: {}\n",
+            q(&self.instance_id),
+            q(&self.hostname)
+        )
     }
 
     /// The `user-data` file (`#cloud-config`). `disable_root: false` lets
@@ -126,9 +137,15 @@ impl SeedConfig {
     pub fn network_config(&self) -> String {
         let mut s = String::from("version: 2\nethernets:\n");
         for (i, nic) in self.nics.iter().enumerate() {
-            s.push_str(&format!("  nic{i}:\n    match:\n      macaddress: {}\n", q(&nic.mac.to_ascii_lowercase())));
+            s.push_str(&format!(
+                "  nic{i}:\n    match:\n      macaddress: {}\n",
+                q(&nic.mac.to_ascii_lowercase())
+            ));
             match &nic.address {
-                Some(a) => s.push_str(&format!("    dhcp4: false\n    addresses:\n      - {}\n", q(a))),
+                Some(a) => s.push_str(&format!(
+                    "    dhcp4: false\n    addresses:\n      - {}\n",
+                    q(a)
+                )),
                 None => s.push_str("    dhcp4: true\n"),
             }
         }
@@ -206,10 +223,19 @@ mod tests {
         SeedConfig {
             instance_id: "vmcsnap-demo-alpha".into(),
             hostname: "alpha".into(),
-            ssh_authorized_keys: vec!["ssh-ed25519 AAAAC3Nza me@host".into(), "ssh-rsa AAAAB3 \"quoted\": x".into()],
+            ssh_authorized_keys: vec![
+                "ssh-ed25519 AAAAC3Nza me@host".into(),
+                "ssh-rsa AAAAB3 \"quoted\": x".into(),
+            ],
             nics: vec![
-                SeedNic { mac: "52:54:00:77:00:02".into(), address: None },
-                SeedNic { mac: "52:54:00:77:00:AB".into(), address: Some("10.77.0.3/24".into()) },
+                SeedNic {
+                    mac: "52:54:00:77:00:02".into(),
+                    address: None,
+                },
+                SeedNic {
+                    mac: "52:54:00:77:00:AB".into(),
+                    address: Some("10.77.0.3/24".into()),
+                },
             ],
         }
     }
@@ -217,7 +243,10 @@ mod tests {
     #[test]
     fn files_say_what_nocloud_needs() {
         let s = seed();
-        assert_eq!(s.meta_data(), "instance-id: \"vmcsnap-demo-alpha\"\nlocal-hostname: \"alpha\"\n");
+        assert_eq!(
+            s.meta_data(),
+            "instance-id: \"vmcsnap-demo-alpha\"\nlocal-hostname: \"alpha\"\n"
+        );
         let u = s.user_data();
         assert!(u.starts_with("#cloud-config\n"), "{u}");
         assert!(u.contains("hostname: \"alpha\"\n"));
@@ -234,16 +263,45 @@ mod tests {
         assert!(!none.user_data().contains("ssh_authorized_keys"));
         // The ready marker's per-boot script: a literal block of valid sh.
         let block = u.split("    content: |\n").nth(1).expect("a content block");
-        let script: String = block.lines().map(|l| l.strip_prefix("      ").unwrap_or_else(|| panic!("indented: {l:?}"))).map(|l| format!("{l}\n")).collect();
-        assert!(script.starts_with("#!/bin/sh\n") && script.contains("VMCSNAP-READY $(hostname)"), "{script}");
-        assert!(u.contains("/var/lib/cloud/scripts/per-boot/vmcsnap-ready"), "{u}");
-        let out = Command::new("sh").arg("-n").arg("-c").arg(&script).output().unwrap();
-        assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+        let script: String = block
+            .lines()
+            .map(|l| {
+                l.strip_prefix("      ")
+                    .unwrap_or_else(|| panic!("indented: {l:?}"))
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(
+            script.starts_with("#!/bin/sh\n") && script.contains("VMCSNAP-READY $(hostname)"),
+            "{script}"
+        );
+        assert!(
+            u.contains("/var/lib/cloud/scripts/per-boot/vmcsnap-ready"),
+            "{u}"
+        );
+        let out = Command::new("sh")
+            .arg("-n")
+            .arg("-c")
+            .arg(&script)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     fn isoinfo(args: &[&str]) -> String {
-        let out = Command::new("isoinfo").args(args).output().expect("isoinfo (package genisoimage) is installed");
-        assert!(out.status.success(), "isoinfo {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("isoinfo")
+            .args(args)
+            .output()
+            .expect("isoinfo (package genisoimage) is installed");
+        assert!(
+            out.status.success(),
+            "isoinfo {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     }
 
@@ -256,14 +314,26 @@ mod tests {
         assert!(!d.path().join("seed,1.iso.d").exists(), "staging removed");
         let iso = out.to_str().unwrap();
         let header = isoinfo(&["-d", "-i", iso]);
-        assert!(header.lines().any(|l| l.trim() == "Volume id: cidata"), "{header}");
+        assert!(
+            header.lines().any(|l| l.trim() == "Volume id: cidata"),
+            "{header}"
+        );
         let listing = isoinfo(&["-R", "-f", "-i", iso]);
         let mut names: Vec<&str> = listing.lines().collect();
         names.sort();
         assert_eq!(names, ["/meta-data", "/network-config", "/user-data"]);
-        assert_eq!(isoinfo(&["-R", "-x", "/user-data", "-i", iso]), s.user_data());
-        assert_eq!(isoinfo(&["-R", "-x", "/meta-data", "-i", iso]), s.meta_data());
-        assert_eq!(isoinfo(&["-R", "-x", "/network-config", "-i", iso]), s.network_config());
+        assert_eq!(
+            isoinfo(&["-R", "-x", "/user-data", "-i", iso]),
+            s.user_data()
+        );
+        assert_eq!(
+            isoinfo(&["-R", "-x", "/meta-data", "-i", iso]),
+            s.meta_data()
+        );
+        assert_eq!(
+            isoinfo(&["-R", "-x", "/network-config", "-i", iso]),
+            s.network_config()
+        );
         // Building again replaces the image.
         let mut t = seed();
         t.hostname = "beta".into();
@@ -284,13 +354,19 @@ mod tests {
     #[test]
     fn keys_files_skip_comments_and_junk_and_must_hold_a_key() {
         let text = "# mine\n\nssh-ed25519 AAAA me@host\n  ssh-rsa BBBB  \nnot-a-key\n";
-        assert_eq!(parse_keys(text), ["ssh-ed25519 AAAA me@host", "ssh-rsa BBBB"]);
+        assert_eq!(
+            parse_keys(text),
+            ["ssh-ed25519 AAAA me@host", "ssh-rsa BBBB"]
+        );
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("keys.pub");
         std::fs::write(&p, "# nothing\n\n").unwrap();
         assert!(matches!(read_keys_file(&p), Err(CloudInitError::NoKeys(_))));
         std::fs::write(&p, text).unwrap();
         assert_eq!(read_keys_file(&p).unwrap().len(), 2);
-        assert!(matches!(read_keys_file(&d.path().join("none")), Err(CloudInitError::Io { .. })));
+        assert!(matches!(
+            read_keys_file(&d.path().join("none")),
+            Err(CloudInitError::Io { .. })
+        ));
     }
 }

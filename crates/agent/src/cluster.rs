@@ -46,7 +46,11 @@ pub struct Cluster {
 
 impl Cluster {
     /// Boots every VM of `spec` and returns once all are ready.
-    pub fn up(run: &RunDir, spec: ClusterSpec, progress: &mut dyn FnMut(&str)) -> Result<Cluster, AgentError> {
+    pub fn up(
+        run: &RunDir,
+        spec: ClusterSpec,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Cluster, AgentError> {
         let qemu_bin = qemu::find_qemu()?;
         qemu::find_qemu_img()?;
         let (accel, note) = accel::resolve(spec.cluster.accel)?;
@@ -58,7 +62,8 @@ impl Cluster {
         check_memory(&spec)?;
         for vm in &spec.vm {
             if let vmcsnap_spec::GuestKind::Image(g) = vm.kind() {
-                crate::image_vm::check(&g).map_err(|e| AgentError::BadRequest(format!("VM {}: {e}", vm.name)))?;
+                crate::image_vm::check(&g)
+                    .map_err(|e| AgentError::BadRequest(format!("VM {}: {e}", vm.name)))?;
             }
         }
         let assets = vmcsnap_guest::ensure_assets(&vmcsnap_guest::default_cache_root(), progress)?;
@@ -87,15 +92,19 @@ impl Cluster {
             std::fs::create_dir_all(&dir).map_err(AgentError::io("creating", &dir))?;
             let image = match vm_spec.kind() {
                 vmcsnap_spec::GuestKind::Lab => None,
-                vmcsnap_spec::GuestKind::Image(g) => {
-                    Some((crate::image_vm::prepare(&spec, vm_spec, &g, &address, &dir, progress)?, g.machine))
-                }
+                vmcsnap_spec::GuestKind::Image(g) => Some((
+                    crate::image_vm::prepare(&spec, vm_spec, &g, &address, &dir, progress)?,
+                    g.machine,
+                )),
             };
             let disk = match &image {
                 Some((p, _)) => p.disks[0].path.clone(),
                 None => {
                     let disk = dir.join("data.qcow2");
-                    progress(&format!("{}: creating {} MiB data disk", vm_spec.name, vm_spec.disk_mib));
+                    progress(&format!(
+                        "{}: creating {} MiB data disk",
+                        vm_spec.name, vm_spec.disk_mib
+                    ));
                     vmcsnap_guest::make_data_disk(&disk, vm_spec.disk_mib, &vm_spec.name)?;
                     disk
                 }
@@ -104,10 +113,12 @@ impl Cluster {
             let port = plug(&self.switch, &vm_spec.name, &port_socket, &address)?;
             let ram_file = self.run.shm_path(&spec.cluster.name, &vm_spec.name);
             let _ = std::fs::remove_file(&ram_file);
-            let workload = spec.expand_workload(&vm_spec.name).map_err(|source| AgentError::Spec {
-                path: "spec".into(),
-                source,
-            })?;
+            let workload =
+                spec.expand_workload(&vm_spec.name)
+                    .map_err(|source| AgentError::Spec {
+                        path: "spec".into(),
+                        source,
+                    })?;
             let mut config = QemuConfig {
                 name: vm_spec.name.clone(),
                 accel: self.accel,
@@ -118,7 +129,11 @@ impl Cluster {
                 cpu: None,
                 kernel: Some(assets.kernel.clone()),
                 initrd: Some(assets.initrd.clone()),
-                cmdline: vmcsnap_guest::try_kernel_cmdline(&vm_spec.name, &address.cidr(), &workload)?,
+                cmdline: vmcsnap_guest::try_kernel_cmdline(
+                    &vm_spec.name,
+                    &address.cidr(),
+                    &workload,
+                )?,
                 console_log: dir.join("console.log"),
                 qmp_socket: dir.join("qmp.sock"),
                 disks: vec![qemu::DiskConfig::qcow2(qemu::DISK_NODE, disk.clone())],
@@ -140,13 +155,33 @@ impl Cluster {
             }
             // Recorded before it starts: no QEMU of ours runs unrecorded.
             let qemu_log = dir.join("qemu.log");
-            crate::record::save(&self.run, self, &[crate::record::VmRecord::pending(&config, &qemu_log, address, &disk)])?;
+            crate::record::save(
+                &self.run,
+                self,
+                &[crate::record::VmRecord::pending(
+                    &config, &qemu_log, address, &disk,
+                )],
+            )?;
             let vm = Vm::spawn(qemu_bin, config, qemu_log)?;
-            log(format!("VM {}: started QEMU pid {} ({})", vm.name, vm.pid, self.accel.name()));
-            self.members.push(Member { vm, address, port, disk });
+            log(format!(
+                "VM {}: started QEMU pid {} ({})",
+                vm.name,
+                vm.pid,
+                self.accel.name()
+            ));
+            self.members.push(Member {
+                vm,
+                address,
+                port,
+                disk,
+            });
             self.persist()?;
         }
-        progress(&format!("booting {} VMs ({})", self.members.len(), self.accel.name()));
+        progress(&format!(
+            "booting {} VMs ({})",
+            self.members.len(),
+            self.accel.name()
+        ));
         let timeout = Duration::from_secs(spec.cluster.boot_timeout_s);
         let deadline = Instant::now() + timeout;
         loop {
@@ -167,7 +202,11 @@ impl Cluster {
                 break;
             }
             if Instant::now() >= deadline {
-                let m = self.members.iter().find(|m| m.vm.boot_ms.is_none()).expect("one is waiting");
+                let m = self
+                    .members
+                    .iter()
+                    .find(|m| m.vm.boot_ms.is_none())
+                    .expect("one is waiting");
                 return Err(AgentError::BootTimeout {
                     vm: m.vm.name.clone(),
                     secs: timeout.as_secs(),
@@ -190,12 +229,16 @@ impl Cluster {
         // agent died and whose record is gone).
         let stray = crate::record::qemus_using(&cluster_dir);
         if !stray.is_empty() {
-            return Err(AgentError::StrayQemu { dir: cluster_dir, pids: stray });
+            return Err(AgentError::StrayQemu {
+                dir: cluster_dir,
+                pids: stray,
+            });
         }
         if cluster_dir.exists() {
             // Left over from an earlier cluster of this run directory: only
             // logs remain there after a clean `down`.
-            std::fs::remove_dir_all(&cluster_dir).map_err(AgentError::io("removing", &cluster_dir))?;
+            std::fs::remove_dir_all(&cluster_dir)
+                .map_err(AgentError::io("removing", &cluster_dir))?;
         }
         let switch = Switch::start_with(switch_config())?;
         let host = match crate::host_port::start(run, spec.cluster.host_access, &switch) {
@@ -205,19 +248,38 @@ impl Cluster {
                 return Err(e);
             }
         };
-        Ok(Cluster { spec, accel, members: Vec::new(), switch, host, run: run.clone() })
+        Ok(Cluster {
+            spec,
+            accel,
+            members: Vec::new(),
+            switch,
+            host,
+            run: run.clone(),
+        })
     }
 
     /// A cluster whose VMs a new agent adopts ([`crate::record::adopt`]):
     /// a fresh switch, and nothing in the cluster directory is touched.
-    pub fn adopted(run: &RunDir, spec: ClusterSpec, accel: Resolved) -> Result<Cluster, AgentError> {
+    pub fn adopted(
+        run: &RunDir,
+        spec: ClusterSpec,
+        accel: Resolved,
+    ) -> Result<Cluster, AgentError> {
         let switch = Switch::start_with(switch_config())?;
         // The relay died with the old agent; the namespace is still there.
-        let host = crate::host_port::start(run, spec.cluster.host_access, &switch).unwrap_or_else(|e| {
-            log(format!("the host interface cannot be started again: {e}"));
-            None
-        });
-        Ok(Cluster { spec, accel, members: Vec::new(), switch, host, run: run.clone() })
+        let host =
+            crate::host_port::start(run, spec.cluster.host_access, &switch).unwrap_or_else(|e| {
+                log(format!("the host interface cannot be started again: {e}"));
+                None
+            });
+        Ok(Cluster {
+            spec,
+            accel,
+            members: Vec::new(),
+            switch,
+            host,
+            run: run.clone(),
+        })
     }
 
     /// Writes the durable record of the cluster's VMs (see [`crate::record`]).
@@ -229,7 +291,11 @@ impl Cluster {
     /// disk overlays and logs stay in its directory. The rest of the
     /// cluster runs on.
     pub fn stop_vm(&mut self, vm: &str) -> Result<(), AgentError> {
-        let i = self.members.iter().position(|m| m.vm.name == vm).ok_or_else(|| AgentError::NoSuchVm(vm.to_string()))?;
+        let i = self
+            .members
+            .iter()
+            .position(|m| m.vm.name == vm)
+            .ok_or_else(|| AgentError::NoSuchVm(vm.to_string()))?;
         let mut m = self.members.remove(i);
         m.vm.shutdown();
         if let Err(e) = self.switch.remove_port(m.port) {
@@ -250,13 +316,36 @@ impl Cluster {
         host: Option<crate::host_port::HostPort>,
         run: RunDir,
     ) -> Cluster {
-        Cluster { spec, accel, members, switch, host, run }
+        Cluster {
+            spec,
+            accel,
+            members,
+            switch,
+            host,
+            run,
+        }
     }
 
     /// Takes a cluster apart without stopping anything (for an agent restart).
     #[allow(clippy::type_complexity)]
-    pub fn into_parts(self) -> (ClusterSpec, Resolved, Vec<Member>, SwitchHandle, Option<crate::host_port::HostPort>, RunDir) {
-        (self.spec, self.accel, self.members, self.switch, self.host, self.run)
+    pub fn into_parts(
+        self,
+    ) -> (
+        ClusterSpec,
+        Resolved,
+        Vec<Member>,
+        SwitchHandle,
+        Option<crate::host_port::HostPort>,
+        RunDir,
+    ) {
+        (
+            self.spec,
+            self.accel,
+            self.members,
+            self.switch,
+            self.host,
+            self.run,
+        )
     }
 
     /// What `up` reports.
@@ -294,7 +383,10 @@ impl Cluster {
                 port: m.vm.name.clone(),
             })
             .collect();
-        let switch = self.switch.stats().map(|s| serde_json::to_value(s).expect("stats serialise"));
+        let switch = self
+            .switch
+            .stats()
+            .map(|s| serde_json::to_value(s).expect("stats serialise"));
         StatusResult {
             cluster: Some(self.spec.cluster.name.clone()),
             accel: Some(self.accel.name().to_string()),
@@ -306,7 +398,10 @@ impl Cluster {
 
     /// The member named `vm`.
     pub fn member_mut(&mut self, vm: &str) -> Result<&mut Member, AgentError> {
-        self.members.iter_mut().find(|m| m.vm.name == vm).ok_or_else(|| AgentError::NoSuchVm(vm.to_string()))
+        self.members
+            .iter_mut()
+            .find(|m| m.vm.name == vm)
+            .ok_or_else(|| AgentError::NoSuchVm(vm.to_string()))
     }
 
     /// Restarts the QEMU of `vm` (or of every VM, in parallel) in `mode`.
@@ -323,9 +418,15 @@ impl Cluster {
             self.member_mut(name)?;
         }
         let switch = self.switch.clone();
-        let selected: Vec<&mut Member> =
-            self.members.iter_mut().filter(|m| vm.is_none_or(|n| m.vm.name == n)).collect();
-        progress(&format!("rejuvenating {} VM(s), mode {mode:?}", selected.len()));
+        let selected: Vec<&mut Member> = self
+            .members
+            .iter_mut()
+            .filter(|m| vm.is_none_or(|n| m.vm.name == n))
+            .collect();
+        progress(&format!(
+            "rejuvenating {} VM(s), mode {mode:?}",
+            selected.len()
+        ));
         let results: Vec<Result<crate::rejuvenate::Report, AgentError>> = std::thread::scope(|s| {
             let handles: Vec<_> = selected
                 .into_iter()
@@ -334,7 +435,10 @@ impl Cluster {
                     s.spawn(move || crate::rejuvenate::rejuvenate(m, &switch, &qemu_bin, mode))
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().expect("rejuvenate thread panicked")).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rejuvenate thread panicked"))
+                .collect()
         });
         let mut reports = Vec::new();
         let mut errors = Vec::new();
@@ -360,7 +464,13 @@ impl Cluster {
         for m in &mut self.members {
             m.vm.shutdown();
         }
-        crate::host_port::stop(&self.run, self.spec.cluster.host_access, self.host.take(), &self.switch, true);
+        crate::host_port::stop(
+            &self.run,
+            self.spec.cluster.host_access,
+            self.host.take(),
+            &self.switch,
+            true,
+        );
         self.switch.stop();
         for m in &self.members {
             m.vm.config.remove_runtime_files();
@@ -390,7 +500,9 @@ impl Member {
         if self.vm.exited().is_some() {
             return;
         }
-        let Ok(blocks) = self.vm.execute("query-block", serde_json::Value::Null) else { return };
+        let Ok(blocks) = self.vm.execute("query-block", serde_json::Value::Null) else {
+            return;
+        };
         let chains: Vec<Vec<PathBuf>> = blocks
             .as_array()
             .into_iter()
@@ -408,9 +520,16 @@ impl Member {
             .collect();
         let name = self.vm.name.clone();
         for d in self.vm.config.disks.iter_mut().filter(|d| !d.read_only) {
-            let Some(chain) = chains.iter().find(|c| c.contains(&d.path)) else { continue };
+            let Some(chain) = chains.iter().find(|c| c.contains(&d.path)) else {
+                continue;
+            };
             if chain[0] != d.path {
-                log(format!("VM {name}: disk {} is written to {} now (recorded: {})", d.node, chain[0].display(), d.path.display()));
+                log(format!(
+                    "VM {name}: disk {} is written to {} now (recorded: {})",
+                    d.node,
+                    chain[0].display(),
+                    d.path.display()
+                ));
                 if self.disk == d.path {
                     self.disk = chain[0].clone();
                 }
@@ -433,12 +552,20 @@ fn check_memory(spec: &ClusterSpec) -> Result<(), AgentError> {
     // SAFETY: statvfs fills the struct we pass; the path is a valid C string.
     let shm_mib = unsafe {
         let mut st: libc::statvfs = std::mem::zeroed();
-        (libc::statvfs(c"/dev/shm".as_ptr(), &mut st) == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64 >> 20)
+        (libc::statvfs(c"/dev/shm".as_ptr(), &mut st) == 0)
+            .then(|| (st.f_bavail as u64 * st.f_frsize as u64) >> 20)
     };
-    for (what, have) in [("available memory (MemAvailable)", available_mib), ("free space in /dev/shm", shm_mib)] {
+    for (what, have) in [
+        ("available memory (MemAvailable)", available_mib),
+        ("free space in /dev/shm", shm_mib),
+    ] {
         if let Some(have) = have {
             if need_mib > have {
-                return Err(AgentError::NotEnoughMemory { need_mib, have_mib: have, what });
+                return Err(AgentError::NotEnoughMemory {
+                    need_mib,
+                    have_mib: have,
+                    what,
+                });
             }
         }
     }
@@ -462,7 +589,11 @@ fn plain_filename(name: &str) -> PathBuf {
 fn last_lines(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     let start = lines.len().saturating_sub(n);
-    lines[start..].iter().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n")
+    lines[start..]
+        .iter()
+        .map(|l| format!("    {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The environment variable naming a directory to capture every VM's
@@ -473,29 +604,47 @@ pub const PCAP_DIR_ENV: &str = "VMCSNAP_PCAP_DIR";
 /// environment, which the CLI's on-demand agent inherits), every frame of
 /// every VM goes to `<dir>/<vm>.pcapng` as well.
 pub fn switch_config() -> SwitchConfig {
-    let capture_dir = std::env::var_os(PCAP_DIR_ENV).filter(|d| !d.is_empty()).map(PathBuf::from).and_then(|d| {
-        match std::fs::create_dir_all(&d) {
+    let capture_dir = std::env::var_os(PCAP_DIR_ENV)
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .and_then(|d| match std::fs::create_dir_all(&d) {
             Ok(()) => {
-                log(format!("capturing every VM's traffic into {} ({PCAP_DIR_ENV})", d.display()));
+                log(format!(
+                    "capturing every VM's traffic into {} ({PCAP_DIR_ENV})",
+                    d.display()
+                ));
                 Some(d)
             }
             Err(e) => {
-                log(format!("{PCAP_DIR_ENV}={}: cannot create it, not capturing: {e}", d.display()));
+                log(format!(
+                    "{PCAP_DIR_ENV}={}: cannot create it, not capturing: {e}",
+                    d.display()
+                ));
                 None
             }
-        }
-    });
+        });
     // The switch answers DHCP for the cluster subnet (stock images ask for
     // their address); the lab guest's static address is the same one.
     let dhcp = vmcsnap_switch::DhcpConfig::default();
-    SwitchConfig { capture_dir, dhcp: Some(dhcp), ..SwitchConfig::default() }
+    SwitchConfig {
+        capture_dir,
+        dhcp: Some(dhcp),
+        ..SwitchConfig::default()
+    }
 }
 
 /// Plugs a VM into the switch: a port that dials the VM's NIC socket
 /// (QEMU listens there), and the VM's DHCP lease on it.
-pub fn plug(switch: &SwitchHandle, vm: &str, socket: &std::path::Path, address: &VmAddress) -> Result<PortId, AgentError> {
+pub fn plug(
+    switch: &SwitchHandle,
+    vm: &str,
+    socket: &std::path::Path,
+    address: &VmAddress,
+) -> Result<PortId, AgentError> {
     let port = switch.add_port(vm, socket)?;
-    if let Err(e) = switch.set_dhcp_lease(port, vmcsnap_switch::MacAddr(address.mac), address.ip, vm) {
+    if let Err(e) =
+        switch.set_dhcp_lease(port, vmcsnap_switch::MacAddr(address.mac), address.ip, vm)
+    {
         let _ = switch.remove_port(port);
         return Err(e.into());
     }

@@ -26,11 +26,17 @@ pub struct Chain {
 
 /// Runs `qemu-img ARGS`; its stdout, or an error with its stderr.
 pub(crate) fn qemu_img(qemu_img: &Path, args: &[&std::ffi::OsStr]) -> Result<Vec<u8>, AgentError> {
-    let out = Command::new(qemu_img).args(args).output().map_err(AgentError::io("running", qemu_img))?;
+    let out = Command::new(qemu_img)
+        .args(args)
+        .output()
+        .map_err(AgentError::io("running", qemu_img))?;
     if !out.status.success() {
         return Err(AgentError::BadRequest(format!(
             "qemu-img {}: {}",
-            args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "),
+            args.iter()
+                .map(|a| a.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
@@ -41,17 +47,35 @@ pub(crate) fn qemu_img(qemu_img: &Path, args: &[&std::ffi::OsStr]) -> Result<Vec
 pub fn chain(qemu_img_bin: &Path, top: &Path) -> Result<Chain, AgentError> {
     let out = qemu_img(
         qemu_img_bin,
-        &["info".as_ref(), "-U".as_ref(), "--backing-chain".as_ref(), "--output=json".as_ref(), top.as_os_str()],
+        &[
+            "info".as_ref(),
+            "-U".as_ref(),
+            "--backing-chain".as_ref(),
+            "--output=json".as_ref(),
+            top.as_os_str(),
+        ],
     )?;
     let v: serde_json::Value = serde_json::from_slice(&out)
         .map_err(|e| AgentError::BadRequest(format!("qemu-img info {}: {e}", top.display())))?;
     let items = v.as_array().cloned().unwrap_or_default();
-    let files: Vec<PathBuf> = items.iter().filter_map(|i| i["filename"].as_str().map(PathBuf::from)).collect();
-    let virtual_size = items.first().and_then(|i| i["virtual-size"].as_u64()).unwrap_or(0);
+    let files: Vec<PathBuf> = items
+        .iter()
+        .filter_map(|i| i["filename"].as_str().map(PathBuf::from))
+        .collect();
+    let virtual_size = items
+        .first()
+        .and_then(|i| i["virtual-size"].as_u64())
+        .unwrap_or(0);
     if files.is_empty() || virtual_size == 0 {
-        return Err(AgentError::BadRequest(format!("qemu-img info {}: no disk chain in {v}", top.display())));
+        return Err(AgentError::BadRequest(format!(
+            "qemu-img info {}: no disk chain in {v}",
+            top.display()
+        )));
     }
-    Ok(Chain { virtual_size, files })
+    Ok(Chain {
+        virtual_size,
+        files,
+    })
 }
 
 /// Hard-links every file of `chain` into `dir` under its own name; returns
@@ -59,10 +83,13 @@ pub fn chain(qemu_img_bin: &Path, top: &Path) -> Result<Chain, AgentError> {
 pub fn freeze(chain: &Chain, dir: &Path) -> Result<PathBuf, AgentError> {
     let mut top = None;
     for f in &chain.files {
-        let name = f.file_name().ok_or_else(|| AgentError::BadRequest(format!("disk {} has no file name", f.display())))?;
+        let name = f.file_name().ok_or_else(|| {
+            AgentError::BadRequest(format!("disk {} has no file name", f.display()))
+        })?;
         let link = dir.join(name);
         if !link.exists() {
-            std::fs::hard_link(f, &link).map_err(AgentError::io("hard-linking the disk to", &link))?;
+            std::fs::hard_link(f, &link)
+                .map_err(AgentError::io("hard-linking the disk to", &link))?;
         }
         top.get_or_insert(link);
     }
@@ -71,8 +98,15 @@ pub fn freeze(chain: &Chain, dir: &Path) -> Result<PathBuf, AgentError> {
 
 /// Creates `overlay` (qcow2, `size` bytes) on top of `backing`, which must
 /// be in the same directory, naming it by file name only.
-pub fn create_overlay(qemu_img_bin: &Path, backing: &Path, size: u64, overlay: &Path) -> Result<(), AgentError> {
-    let name = backing.file_name().ok_or_else(|| AgentError::BadRequest(format!("disk {} has no file name", backing.display())))?;
+pub fn create_overlay(
+    qemu_img_bin: &Path,
+    backing: &Path,
+    size: u64,
+    overlay: &Path,
+) -> Result<(), AgentError> {
+    let name = backing.file_name().ok_or_else(|| {
+        AgentError::BadRequest(format!("disk {} has no file name", backing.display()))
+    })?;
     let size = size.to_string();
     qemu_img(
         qemu_img_bin,

@@ -16,7 +16,9 @@ pub enum AgentError {
         source: vmcsnap_spec::SpecError,
     },
     /// A required program is missing.
-    #[error("{program} not found: install the Debian package {package} (apt-get install {package})")]
+    #[error(
+        "{program} not found: install the Debian package {package} (apt-get install {package})"
+    )]
     MissingProgram {
         /// The program.
         program: String,
@@ -62,7 +64,9 @@ pub enum AgentError {
         output: String,
     },
     /// The guest never printed its ready marker.
-    #[error("VM {vm:?} did not reach its ready marker within {secs} s; last console lines:\n{console}")]
+    #[error(
+        "VM {vm:?} did not reach its ready marker within {secs} s; last console lines:\n{console}"
+    )]
     BootTimeout {
         /// The VM.
         vm: String,
@@ -180,7 +184,10 @@ pub enum AgentError {
 
 impl AgentError {
     /// Wraps an I/O error with the path it concerns.
-    pub fn io(what: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> AgentError {
+    pub fn io(
+        what: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> AgentError {
         let path = path.into();
         move |source| AgentError::Io { what, path, source }
     }

@@ -55,7 +55,9 @@ impl std::str::FromStr for Fault {
     type Err = BadFault;
 
     fn from_str(s: &str) -> Result<Fault, BadFault> {
-        let bad = || BadFault { value: s.to_string() };
+        let bad = || BadFault {
+            value: s.to_string(),
+        };
         let (kind, n) = s.split_once('=').ok_or_else(bad)?;
         let n: u64 = n.trim().parse().map_err(|_| bad())?;
         match kind.trim() {
@@ -100,11 +102,20 @@ impl std::str::FromStr for RestoreFault {
         let kind = match s.split_once('=') {
             Some(("cohort-fail-when-peers-loaded", _)) => WhenPeersLoaded::CohortFails,
             Some(("qemu-killed-when-peers-loaded", _)) => WhenPeersLoaded::QemuKilled,
-            _ => return Err(BadRestoreFault { value: s.to_string() }),
+            _ => {
+                return Err(BadRestoreFault {
+                    value: s.to_string(),
+                })
+            }
         };
         match s.split_once('=').map(|(_, vm)| vm.trim()) {
-            Some(vm) if !vm.is_empty() => Ok(RestoreFault { vm: vm.to_string(), kind }),
-            _ => Err(BadRestoreFault { value: s.to_string() }),
+            Some(vm) if !vm.is_empty() => Ok(RestoreFault {
+                vm: vm.to_string(),
+                kind,
+            }),
+            _ => Err(BadRestoreFault {
+                value: s.to_string(),
+            }),
         }
     }
 }
@@ -119,7 +130,12 @@ pub struct FaultyReader<R> {
 
 impl<R: Read> FaultyReader<R> {
     pub fn new(inner: R, fault: Option<Fault>, abort: Arc<AtomicBool>) -> Self {
-        FaultyReader { inner, fault, read: 0, abort }
+        FaultyReader {
+            inner,
+            fault,
+            read: 0,
+            abort,
+        }
     }
 }
 
@@ -135,7 +151,9 @@ impl<R: Read> Read for FaultyReader<R> {
                     std::thread::sleep(Duration::from_millis(10));
                 }
             }
-            return Err(Error::other(format!("injected fault: the capture failed after {limit} bytes of the stream")));
+            return Err(Error::other(format!(
+                "injected fault: the capture failed after {limit} bytes of the stream"
+            )));
         }
         let room = (limit - self.read).min(buf.len() as u64) as usize;
         let n = self.inner.read(&mut buf[..room])?;
@@ -150,28 +168,66 @@ mod tests {
 
     #[test]
     fn parses_the_documented_faults_and_refuses_the_rest() {
-        assert_eq!("capture-error-after=4096".parse::<Fault>().unwrap(), Fault::CaptureErrorAfter(4096));
-        assert_eq!("capture-stall-after=0".parse::<Fault>().unwrap(), Fault::CaptureStallAfter(0));
-        assert_eq!("commit-stall-deadline=3".parse::<Fault>().unwrap(), Fault::CommitStall(3));
-        for bad in ["capture-error-after", "capture-error-after=x", "disk-full=1", ""] {
+        assert_eq!(
+            "capture-error-after=4096".parse::<Fault>().unwrap(),
+            Fault::CaptureErrorAfter(4096)
+        );
+        assert_eq!(
+            "capture-stall-after=0".parse::<Fault>().unwrap(),
+            Fault::CaptureStallAfter(0)
+        );
+        assert_eq!(
+            "commit-stall-deadline=3".parse::<Fault>().unwrap(),
+            Fault::CommitStall(3)
+        );
+        for bad in [
+            "capture-error-after",
+            "capture-error-after=x",
+            "disk-full=1",
+            "",
+        ] {
             let e = bad.parse::<Fault>().unwrap_err().to_string();
-            assert!(e.contains("not a fault") && e.contains("capture-error-after=BYTES"), "{bad}: {e}");
+            assert!(
+                e.contains("not a fault") && e.contains("capture-error-after=BYTES"),
+                "{bad}: {e}"
+            );
         }
     }
 
     #[test]
     fn parses_the_documented_restore_faults_and_refuses_the_rest() {
         assert_eq!(
-            "cohort-fail-when-peers-loaded=r1".parse::<RestoreFault>().unwrap(),
-            RestoreFault { vm: "r1".into(), kind: WhenPeersLoaded::CohortFails }
+            "cohort-fail-when-peers-loaded=r1"
+                .parse::<RestoreFault>()
+                .unwrap(),
+            RestoreFault {
+                vm: "r1".into(),
+                kind: WhenPeersLoaded::CohortFails
+            }
         );
         assert_eq!(
-            "qemu-killed-when-peers-loaded= r2 ".parse::<RestoreFault>().unwrap(),
-            RestoreFault { vm: "r2".into(), kind: WhenPeersLoaded::QemuKilled }
+            "qemu-killed-when-peers-loaded= r2 "
+                .parse::<RestoreFault>()
+                .unwrap(),
+            RestoreFault {
+                vm: "r2".into(),
+                kind: WhenPeersLoaded::QemuKilled
+            }
         );
-        for bad in ["cohort-fail-when-peers-loaded", "cohort-fail-when-peers-loaded=", "qemu-killed-when-peers-loaded= ", "capture-error-after=1", ""] {
+        for bad in [
+            "cohort-fail-when-peers-loaded",
+            "cohort-fail-when-peers-loaded=",
+            "qemu-killed-when-peers-loaded= ",
+            "capture-error-after=1",
+            "",
+        ] {
             let e = bad.parse::<RestoreFault>().unwrap_err().to_string();
-            assert!(e.contains("not a fault") && e.contains("cohort-fail-when-peers-loaded=VM") && e.contains("qemu-killed-when-peers-loaded=VM"), "{bad}: {e}");
+            assert!(
+                e.contains("not a fault")
+                    && e.contains("cohort-fail-when-peers-loaded=VM")
+                    && e.contains("qemu-killed-when-peers-loaded=VM"),
+                "{bad}: {e}"
+            );
         }
     }
 
@@ -196,9 +252,16 @@ mod tests {
         let t = std::time::Instant::now();
         let stalled = std::thread::spawn(move || r.read(&mut buf).map_err(|e| e.to_string()));
         std::thread::sleep(Duration::from_millis(100));
-        assert!(!stalled.is_finished(), "a stalled read returned before the abort");
+        assert!(
+            !stalled.is_finished(),
+            "a stalled read returned before the abort"
+        );
         abort.store(true, Ordering::SeqCst);
-        assert!(stalled.join().unwrap().unwrap_err().contains("injected fault"));
+        assert!(stalled
+            .join()
+            .unwrap()
+            .unwrap_err()
+            .contains("injected fault"));
         assert!(t.elapsed() >= Duration::from_millis(100));
     }
 

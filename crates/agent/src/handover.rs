@@ -92,7 +92,14 @@ pub fn exec_restart(
             let f = match switch.freeze() {
                 Ok(f) => f,
                 Err(e) => {
-                    *cluster = Some(Cluster::from_parts(spec, accel, members, switch, host, run.clone()));
+                    *cluster = Some(Cluster::from_parts(
+                        spec,
+                        accel,
+                        members,
+                        switch,
+                        host,
+                        run.clone(),
+                    ));
                     return e.into();
                 }
             };
@@ -100,7 +107,12 @@ pub fn exec_restart(
                 .into_iter()
                 .map(|m| MemberState {
                     pid: m.vm.pid,
-                    started_unix_ms: m.vm.started_at.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
+                    started_unix_ms: m
+                        .vm
+                        .started_at
+                        .duration_since(UNIX_EPOCH)
+                        .map(|d| d.as_millis() as u64)
+                        .unwrap_or(0),
                     boot_ms: m.vm.boot_ms,
                     qemu_log: m.vm.qemu_log.clone(),
                     config: m.vm.config.clone(),
@@ -110,29 +122,54 @@ pub fn exec_restart(
                 })
                 .collect();
             drop(host);
-            let st = ClusterState { spec, accel, members, switch: f.state().clone(), host_port };
+            let st = ClusterState {
+                spec,
+                accel,
+                members,
+                switch: f.state().clone(),
+                host_port,
+            };
             frozen = Some(f);
             Some(st)
         }
     };
-    let h = Handover { version: HANDOVER_VERSION, control_fd: listener.as_raw_fd(), exit_when_idle, generation, cluster: state };
+    let h = Handover {
+        version: HANDOVER_VERSION,
+        control_fd: listener.as_raw_fd(),
+        exit_when_idle,
+        generation,
+        cluster: state,
+    };
     let path = run.root().join("handover.json");
     let err = (|| -> Result<(), AgentError> {
         if let Some(f) = &frozen {
             f.keep_across_exec()?;
         }
-        set_cloexec(listener.as_raw_fd(), false).map_err(AgentError::io("keeping the control socket across exec", run.agent_socket()))?;
-        std::fs::write(&path, serde_json::to_vec(&h).expect("handover serialises")).map_err(AgentError::io("writing", &path))?;
-        log(format!("agent restart: exec {} (generation {})", exe.display(), generation + 1));
+        set_cloexec(listener.as_raw_fd(), false).map_err(AgentError::io(
+            "keeping the control socket across exec",
+            run.agent_socket(),
+        ))?;
+        std::fs::write(&path, serde_json::to_vec(&h).expect("handover serialises"))
+            .map_err(AgentError::io("writing", &path))?;
+        log(format!(
+            "agent restart: exec {} (generation {})",
+            exe.display(),
+            generation + 1
+        ));
         let mut cmd = std::process::Command::new(exe);
-        cmd.arg("--run-dir").arg(run.root()).args(["agent", "run", "--resume"]).arg(&path);
+        cmd.arg("--run-dir")
+            .arg(run.root())
+            .args(["agent", "run", "--resume"])
+            .arg(&path);
         use std::os::unix::process::CommandExt;
         // Only returns on failure.
         Err(AgentError::io("executing", exe)(cmd.exec()))
     })()
     .unwrap_err();
     // The exec failed: carry on in this image.
-    log(format!("agent restart failed, continuing in the old image: {err}"));
+    log(format!(
+        "agent restart failed, continuing in the old image: {err}"
+    ));
     let _ = set_cloexec(listener.as_raw_fd(), true);
     let _ = std::fs::remove_file(&path);
     if let (Some(f), Some(st)) = (frozen, h.cluster) {
@@ -140,7 +177,14 @@ pub fn exec_restart(
             Ok(switch) => {
                 let members = st.members.into_iter().map(adopt).collect();
                 let host = relay_again(run, &st.spec, st.host_port);
-                *cluster = Some(Cluster::from_parts(st.spec, st.accel, members, switch, host, run.clone()));
+                *cluster = Some(Cluster::from_parts(
+                    st.spec,
+                    st.accel,
+                    members,
+                    switch,
+                    host,
+                    run.clone(),
+                ));
             }
             Err(e) => log(format!("cannot resume the switch: {e}")),
         }
@@ -151,11 +195,15 @@ pub fn exec_restart(
 /// In the new image: reads the handover file and rebuilds the listener, the
 /// switch and the cluster. Returns the listener, cluster, `exit_when_idle`
 /// and generation.
-pub fn resume(run: &RunDir, path: &Path) -> Result<(UnixListener, Option<Cluster>, bool, u64), AgentError> {
+pub fn resume(
+    run: &RunDir,
+    path: &Path,
+) -> Result<(UnixListener, Option<Cluster>, bool, u64), AgentError> {
     let text = std::fs::read(path).map_err(AgentError::io("reading", path))?;
     let _ = std::fs::remove_file(path);
-    let h: Handover = serde_json::from_slice(&text)
-        .map_err(|e| AgentError::BadRequest(format!("{}: not a handover file: {e}", path.display())))?;
+    let h: Handover = serde_json::from_slice(&text).map_err(|e| {
+        AgentError::BadRequest(format!("{}: not a handover file: {e}", path.display()))
+    })?;
     if h.version != HANDOVER_VERSION {
         return Err(AgentError::BadRequest(format!(
             "{}: handover version {} but this agent speaks {HANDOVER_VERSION}; restart with the same vmcsnap version",
@@ -168,7 +216,10 @@ pub fn resume(run: &RunDir, path: &Path) -> Result<(UnixListener, Option<Cluster
     // socket bound to our control socket path; it was handed over by the
     // previous image of this process and nothing else in this image owns it.
     let listener = unsafe { UnixListener::from_raw_fd(h.control_fd) };
-    set_cloexec(h.control_fd, true).map_err(AgentError::io("restoring close-on-exec on", run.agent_socket()))?;
+    set_cloexec(h.control_fd, true).map_err(AgentError::io(
+        "restoring close-on-exec on",
+        run.agent_socket(),
+    ))?;
     let cluster = match h.cluster {
         None => None,
         Some(st) => {
@@ -176,18 +227,37 @@ pub fn resume(run: &RunDir, path: &Path) -> Result<(UnixListener, Option<Cluster
             let members: Vec<Member> = st.members.into_iter().map(adopt).collect();
             // DHCP leases are not part of the frozen switch: register them again.
             for m in &members {
-                if let Err(e) = switch.set_dhcp_lease(m.port, vmcsnap_switch::MacAddr(m.address.mac), m.address.ip, &m.vm.name) {
-                    log(format!("VM {}: registering its DHCP lease again: {e}", m.vm.name));
+                if let Err(e) = switch.set_dhcp_lease(
+                    m.port,
+                    vmcsnap_switch::MacAddr(m.address.mac),
+                    m.address.ip,
+                    &m.vm.name,
+                ) {
+                    log(format!(
+                        "VM {}: registering its DHCP lease again: {e}",
+                        m.vm.name
+                    ));
                 }
             }
             let host = relay_again(run, &st.spec, st.host_port);
-            Some(Cluster::from_parts(st.spec, st.accel, members, switch, host, run.clone()))
+            Some(Cluster::from_parts(
+                st.spec,
+                st.accel,
+                members,
+                switch,
+                host,
+                run.clone(),
+            ))
         }
     };
     Ok((listener, cluster, h.exit_when_idle, h.generation + 1))
 }
 
-fn relay_again(run: &RunDir, spec: &ClusterSpec, port: Option<PortId>) -> Option<crate::host_port::HostPort> {
+fn relay_again(
+    run: &RunDir,
+    spec: &ClusterSpec,
+    port: Option<PortId>,
+) -> Option<crate::host_port::HostPort> {
     let port = port?;
     crate::host_port::restart_relay(run, spec.cluster.host_access, port).unwrap_or_else(|e| {
         log(format!("the host interface cannot be started again: {e}"));
@@ -197,11 +267,17 @@ fn relay_again(run: &RunDir, spec: &ClusterSpec, port: Option<PortId>) -> Option
 
 fn adopt(m: MemberState) -> Member {
     let started_at = UNIX_EPOCH + Duration::from_millis(m.started_unix_ms);
-    Member { vm: Vm::adopt(m.config, m.pid, started_at, m.boot_ms, m.qemu_log), address: m.address, port: m.port, disk: m.disk }
+    Member {
+        vm: Vm::adopt(m.config, m.pid, started_at, m.boot_ms, m.qemu_log),
+        address: m.address,
+        port: m.port,
+        disk: m.disk,
+    }
 }
 
 fn check_listener(fd: RawFd, expect: &Path) -> Result<(), AgentError> {
-    let bad = |why: String| AgentError::BadRequest(format!("inherited control socket fd {fd}: {why}"));
+    let bad =
+        |why: String| AgentError::BadRequest(format!("inherited control socket fd {fd}: {why}"));
     // SAFETY: fcntl(F_GETFD) only reads the descriptor's flags.
     if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
         return Err(bad("not open".into()));
@@ -210,10 +286,15 @@ fn check_listener(fd: RawFd, expect: &Path) -> Result<(), AgentError> {
     // this function and does not close it.
     let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
     let sock = socket2::SockRef::from(&borrowed);
-    let addr = sock.local_addr().map_err(|e| bad(format!("not a socket ({e})")))?;
+    let addr = sock
+        .local_addr()
+        .map_err(|e| bad(format!("not a socket ({e})")))?;
     match addr.as_pathname() {
         Some(p) if p == expect => Ok(()),
-        other => Err(bad(format!("bound to {other:?}, expected {}", expect.display()))),
+        other => Err(bad(format!(
+            "bound to {other:?}, expected {}",
+            expect.display()
+        ))),
     }
 }
 
@@ -225,7 +306,11 @@ fn set_cloexec(fd: RawFd, on: bool) -> std::io::Result<()> {
         if flags < 0 {
             return Err(std::io::Error::last_os_error());
         }
-        let new = if on { flags | libc::FD_CLOEXEC } else { flags & !libc::FD_CLOEXEC };
+        let new = if on {
+            flags | libc::FD_CLOEXEC
+        } else {
+            flags & !libc::FD_CLOEXEC
+        };
         if libc::fcntl(fd, libc::F_SETFD, new) < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -267,5 +352,7 @@ pub(crate) fn kill_and_reap(pid: u32) {
 
 /// Milliseconds since the epoch (for `ping`).
 pub fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }

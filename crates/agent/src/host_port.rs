@@ -46,9 +46,16 @@ fn config(run: &RunDir, choice: Choice) -> Option<HostAccessConfig> {
 }
 
 /// Starts the host interface the spec asks for and plugs it into `switch`.
-pub fn start(run: &RunDir, choice: Choice, switch: &SwitchHandle) -> Result<Option<HostPort>, AgentError> {
-    let Some(cfg) = config(run, choice) else { return Ok(None) };
-    std::fs::create_dir_all(run.cluster_dir()).map_err(AgentError::io("creating", run.cluster_dir()))?;
+pub fn start(
+    run: &RunDir,
+    choice: Choice,
+    switch: &SwitchHandle,
+) -> Result<Option<HostPort>, AgentError> {
+    let Some(cfg) = config(run, choice) else {
+        return Ok(None);
+    };
+    std::fs::create_dir_all(run.cluster_dir())
+        .map_err(AgentError::io("creating", run.cluster_dir()))?;
     let socket = cfg.socket_path.clone();
     let access = HostAccess::start(cfg)?;
     let port = match switch.add_port(HOST_PORT, &socket) {
@@ -58,20 +65,38 @@ pub fn start(run: &RunDir, choice: Choice, switch: &SwitchHandle) -> Result<Opti
             return Err(e.into());
         }
     };
-    log(format!("host interface {} on the cluster network ({choice:?})", vmcsnap_hostnet::HOST_ADDRESS));
+    log(format!(
+        "host interface {} on the cluster network ({choice:?})",
+        vmcsnap_hostnet::HOST_ADDRESS
+    ));
     Ok(Some(HostPort { access, port }))
 }
 
 /// Starts the relay again for a switch that already has the host port
 /// (an exec handover keeps the port, not the relay thread).
-pub fn restart_relay(run: &RunDir, choice: Choice, port: PortId) -> Result<Option<HostPort>, AgentError> {
-    let Some(cfg) = config(run, choice) else { return Ok(None) };
-    Ok(Some(HostPort { access: HostAccess::start(cfg)?, port }))
+pub fn restart_relay(
+    run: &RunDir,
+    choice: Choice,
+    port: PortId,
+) -> Result<Option<HostPort>, AgentError> {
+    let Some(cfg) = config(run, choice) else {
+        return Ok(None);
+    };
+    Ok(Some(HostPort {
+        access: HostAccess::start(cfg)?,
+        port,
+    }))
 }
 
 /// Stops the relay and removes the interface; with `destroy`, the
 /// namespace too (`down`).
-pub fn stop(run: &RunDir, choice: Choice, host: Option<HostPort>, switch: &SwitchHandle, destroy: bool) {
+pub fn stop(
+    run: &RunDir,
+    choice: Choice,
+    host: Option<HostPort>,
+    switch: &SwitchHandle,
+    destroy: bool,
+) {
     if let Some(h) = host {
         let _ = switch.remove_port(h.port);
         if let Err(e) = h.access.stop() {

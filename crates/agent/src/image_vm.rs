@@ -19,7 +19,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use vmcsnap_spec::{Boot, ClusterSpec, DiskFormat, ExtraDisk, ImageGuest, ImageSource, SshKeys, VmAddress, VmSpec};
+use vmcsnap_spec::{
+    Boot, ClusterSpec, DiskFormat, ExtraDisk, ImageGuest, ImageSource, SshKeys, VmAddress, VmSpec,
+};
 
 use crate::qemu::{DiskConfig, ImageDevices};
 use crate::AgentError;
@@ -41,7 +43,10 @@ pub struct Prepared {
 
 /// The format of a disk image file, or why it is not one.
 pub fn detect_format(path: &Path, declared: Option<DiskFormat>) -> Result<DiskFormat, AgentError> {
-    let bad = |why: String| AgentError::BadImage { path: path.to_path_buf(), why };
+    let bad = |why: String| AgentError::BadImage {
+        path: path.to_path_buf(),
+        why,
+    };
     let meta = std::fs::metadata(path).map_err(|e| bad(format!("cannot read it ({e})")))?;
     if !meta.is_file() {
         return Err(bad("it is not a file".into()));
@@ -53,10 +58,13 @@ pub fn detect_format(path: &Path, declared: Option<DiskFormat>) -> Result<DiskFo
         .output()
         .map_err(AgentError::io("running qemu-img info on", path))?;
     if !out.status.success() {
-        return Err(bad(format!("qemu-img cannot open it: {}", String::from_utf8_lossy(&out.stderr).trim())));
+        return Err(bad(format!(
+            "qemu-img cannot open it: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
     }
-    let info: serde_json::Value =
-        serde_json::from_slice(&out.stdout).map_err(|e| bad(format!("qemu-img info said something unreadable: {e}")))?;
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| bad(format!("qemu-img info said something unreadable: {e}")))?;
     let found = match info["format"].as_str() {
         Some("qcow2") => DiskFormat::Qcow2,
         Some("raw") => {
@@ -72,7 +80,11 @@ pub fn detect_format(path: &Path, declared: Option<DiskFormat>) -> Result<DiskFo
     };
     if let Some(d) = declared {
         if d != found {
-            return Err(bad(format!("the spec says {} but the file is {}", d.driver(), found.driver())));
+            return Err(bad(format!(
+                "the spec says {} but the file is {}",
+                d.driver(),
+                found.driver()
+            )));
         }
     }
     Ok(found)
@@ -82,7 +94,9 @@ pub fn detect_format(path: &Path, declared: Option<DiskFormat>) -> Result<DiskFo
 fn looks_like_a_disk(path: &Path) -> bool {
     use std::io::Read;
     let mut head = vec![0u8; 2048];
-    let Ok(mut f) = std::fs::File::open(path) else { return false };
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return false;
+    };
     let n = f.read(&mut head).unwrap_or(0);
     if n < 1082 {
         return false;
@@ -101,7 +115,17 @@ fn qemu_img(args: &[&std::ffi::OsStr]) -> Result<(), AgentError> {
 fn overlay_of(base: &Path, format: DiskFormat, overlay: &Path) -> Result<(), AgentError> {
     let base = std::fs::canonicalize(base).map_err(AgentError::io("resolving", base))?;
     let _ = std::fs::remove_file(overlay);
-    qemu_img(&["create".as_ref(), "-q".as_ref(), "-f".as_ref(), "qcow2".as_ref(), "-F".as_ref(), format.driver().as_ref(), "-b".as_ref(), base.as_os_str(), overlay.as_os_str()])
+    qemu_img(&[
+        "create".as_ref(),
+        "-q".as_ref(),
+        "-f".as_ref(),
+        "qcow2".as_ref(),
+        "-F".as_ref(),
+        format.driver().as_ref(),
+        "-b".as_ref(),
+        base.as_os_str(),
+        overlay.as_os_str(),
+    ])
 }
 
 /// Checks the image of a VM without creating anything (the checks `up`
@@ -118,7 +142,10 @@ pub fn check(g: &ImageGuest<'_>) -> Result<(), AgentError> {
     if let Boot::Direct { kernel, initrd, .. } = g.boot {
         for p in std::iter::once(kernel).chain(initrd) {
             if !p.is_file() {
-                return Err(AgentError::BadImage { path: p.to_path_buf(), why: "no such file (kernel/initrd of the spec)".into() });
+                return Err(AgentError::BadImage {
+                    path: p.to_path_buf(),
+                    why: "no such file (kernel/initrd of the spec)".into(),
+                });
             }
         }
     }
@@ -127,7 +154,10 @@ pub fn check(g: &ImageGuest<'_>) -> Result<(), AgentError> {
 
 /// The root disk of a recipe image: the cached build, built first if it
 /// is a built-in recipe that is not cached yet.
-fn recipe_image(name: &str, progress: &mut dyn FnMut(&str)) -> Result<vmcsnap_guest::image::BuiltImage, AgentError> {
+fn recipe_image(
+    name: &str,
+    progress: &mut dyn FnMut(&str),
+) -> Result<vmcsnap_guest::image::BuiltImage, AgentError> {
     use vmcsnap_guest::image::{ensure_image, find_image, ImageRecipe};
     let cache = vmcsnap_guest::default_cache_root();
     if let Some(r) = ImageRecipe::builtin(name) {
@@ -154,7 +184,12 @@ pub fn prepare(
     match g.source {
         ImageSource::Path { path, format } => {
             let format = detect_format(path, format)?;
-            progress(&format!("{}: overlay of {} ({})", vm.name, path.display(), format.driver()));
+            progress(&format!(
+                "{}: overlay of {} ({})",
+                vm.name,
+                path.display(),
+                format.driver()
+            ));
             overlay_of(path, format, &root)?;
         }
         ImageSource::Recipe(name) => {
@@ -166,7 +201,12 @@ pub fn prepare(
             cmdline = format!("{} systemd.hostname={}", built.cmdline, vm.name);
         }
     }
-    if let Boot::Direct { kernel: k, initrd: i, cmdline: c } = g.boot {
+    if let Boot::Direct {
+        kernel: k,
+        initrd: i,
+        cmdline: c,
+    } = g.boot
+    {
         kernel = Some(k.to_path_buf());
         initrd = i.map(Path::to_path_buf);
         cmdline = c.unwrap_or_default().to_string();
@@ -176,11 +216,20 @@ pub fn prepare(
         let node = crate::qemu::extra_disk_node(i);
         let file = dir.join(format!("{node}.qcow2"));
         match d {
-            ExtraDisk::Image { path, format } => overlay_of(path, detect_format(path, *format)?, &file)?,
+            ExtraDisk::Image { path, format } => {
+                overlay_of(path, detect_format(path, *format)?, &file)?
+            }
             ExtraDisk::Empty { size_mib } => {
                 let _ = std::fs::remove_file(&file);
                 let size = format!("{size_mib}M");
-                qemu_img(&["create".as_ref(), "-q".as_ref(), "-f".as_ref(), "qcow2".as_ref(), file.as_os_str(), size.as_ref()])?;
+                qemu_img(&[
+                    "create".as_ref(),
+                    "-q".as_ref(),
+                    "-f".as_ref(),
+                    "qcow2".as_ref(),
+                    file.as_os_str(),
+                    size.as_ref(),
+                ])?;
             }
         }
         disks.push(DiskConfig::qcow2(&node, &file));
@@ -197,13 +246,21 @@ pub fn prepare(
             instance_id: format!("vmcsnap-{}-{}", spec.cluster.name, vm.name),
             hostname: vm.name.clone(),
             ssh_authorized_keys: keys,
-            nics: vec![crate::cloud_init::SeedNic { mac: address.mac_string(), address: None }],
+            nics: vec![crate::cloud_init::SeedNic {
+                mac: address.mac_string(),
+                address: None,
+            }],
         };
         let iso = dir.join("seed.iso");
         seed.build(&iso)?;
         disks.push(DiskConfig::read_only_raw(crate::qemu::SEED_NODE, &iso));
     }
-    let workload = spec.expand_workload(&vm.name).map_err(|source| AgentError::Spec { path: "spec".into(), source })?;
+    let workload = spec
+        .expand_workload(&vm.name)
+        .map_err(|source| AgentError::Spec {
+            path: "spec".into(),
+            source,
+        })?;
     let workload_file = if workload.trim().is_empty() {
         None
     } else {
@@ -211,8 +268,18 @@ pub fn prepare(
         std::fs::write(&f, workload).map_err(AgentError::io("writing", &f))?;
         Some(f)
     };
-    let devices = ImageDevices { qga_socket: dir.join("qga.sock"), events_log: dir.join("events.log"), workload_file };
-    Ok(Prepared { disks, kernel, initrd, cmdline, devices })
+    let devices = ImageDevices {
+        qga_socket: dir.join("qga.sock"),
+        events_log: dir.join("events.log"),
+        workload_file,
+    };
+    Ok(Prepared {
+        disks,
+        kernel,
+        initrd,
+        cmdline,
+        devices,
+    })
 }
 
 #[cfg(test)]
@@ -225,9 +292,17 @@ mod tests {
         let text = d.path().join("notes.txt");
         std::fs::write(&text, "hello\n".repeat(1000)).unwrap();
         let e = detect_format(&text, None).unwrap_err().to_string();
-        assert!(e.contains("notes.txt") && e.contains("not a disk image"), "{e}");
-        let e = detect_format(&d.path().join("missing.qcow2"), None).unwrap_err().to_string();
-        assert!(e.contains("missing.qcow2") && e.contains("cannot read"), "{e}");
+        assert!(
+            e.contains("notes.txt") && e.contains("not a disk image"),
+            "{e}"
+        );
+        let e = detect_format(&d.path().join("missing.qcow2"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("missing.qcow2") && e.contains("cannot read"),
+            "{e}"
+        );
         let e = detect_format(d.path(), None).unwrap_err().to_string();
         assert!(e.contains("not a file"), "{e}");
     }
@@ -236,9 +311,19 @@ mod tests {
     fn qcow2_and_raw_disks_are_recognised() {
         let d = tempfile::tempdir().unwrap();
         let q = d.path().join("a.qcow2");
-        qemu_img(&["create".as_ref(), "-q".as_ref(), "-f".as_ref(), "qcow2".as_ref(), q.as_os_str(), "16M".as_ref()]).unwrap();
+        qemu_img(&[
+            "create".as_ref(),
+            "-q".as_ref(),
+            "-f".as_ref(),
+            "qcow2".as_ref(),
+            q.as_os_str(),
+            "16M".as_ref(),
+        ])
+        .unwrap();
         assert_eq!(detect_format(&q, None).unwrap(), DiskFormat::Qcow2);
-        let e = detect_format(&q, Some(DiskFormat::Raw)).unwrap_err().to_string();
+        let e = detect_format(&q, Some(DiskFormat::Raw))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("spec says raw"), "{e}");
         let r = d.path().join("a.raw");
         let mut bytes = vec![0u8; 1 << 20];

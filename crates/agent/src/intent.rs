@@ -52,7 +52,10 @@ fn path(config: &QemuConfig) -> PathBuf {
 
 /// Records `intent` for the VM of `config`, durably, before the work starts.
 pub fn set(config: &QemuConfig, intent: &Intent) -> Result<(), AgentError> {
-    crate::record::write_atomic(&path(config), &serde_json::to_vec(intent).expect("intent serialises"))
+    crate::record::write_atomic(
+        &path(config),
+        &serde_json::to_vec(intent).expect("intent serialises"),
+    )
 }
 
 /// The work is done.
@@ -68,14 +71,30 @@ pub fn get(config: &QemuConfig) -> Option<Intent> {
 }
 
 /// Migration states in which QEMU still moves data.
-const ACTIVE: &[&str] = &["setup", "active", "device", "wait-unplug", "pre-switchover", "cancelling", "postcopy-active"];
+const ACTIVE: &[&str] = &[
+    "setup",
+    "active",
+    "device",
+    "wait-unplug",
+    "pre-switchover",
+    "cancelling",
+    "postcopy-active",
+];
 
 /// An adopted, live QEMU: finishes what its intent says.
 pub fn finish(vm: &mut Vm) {
-    let Some(intent) = get(&vm.config) else { return };
-    log(format!("VM {}: finishing the work a previous agent left: {intent:?}", vm.name));
+    let Some(intent) = get(&vm.config) else {
+        return;
+    };
+    log(format!(
+        "VM {}: finishing the work a previous agent left: {intent:?}",
+        vm.name
+    ));
     let status = vm.run_state();
-    let migration = vm.execute("query-migrate", Value::Null).ok().and_then(|v| v["status"].as_str().map(str::to_string));
+    let migration = vm
+        .execute("query-migrate", Value::Null)
+        .ok()
+        .and_then(|v| v["status"].as_str().map(str::to_string));
     let migrating = migration.as_deref().is_some_and(|s| ACTIVE.contains(&s));
     if status == "inmigrate" {
         // A new QEMU of a restart: let it load (it reads the state file
@@ -83,7 +102,10 @@ pub fn finish(vm: &mut Vm) {
         if let Intent::Restart { state, warm } = &intent {
             if !migrating && migration.as_deref() != Some("completed") {
                 if let Err(e) = crate::rejuvenate::load_state(vm, state, *warm) {
-                    log(format!("VM {}: loading the saved state into the adopted QEMU: {e}", vm.name));
+                    log(format!(
+                        "VM {}: loading the saved state into the adopted QEMU: {e}",
+                        vm.name
+                    ));
                 }
             }
         }
@@ -97,7 +119,10 @@ pub fn finish(vm: &mut Vm) {
             .execute("query-migrate-capabilities", Value::Null)
             .ok()
             .and_then(|caps| {
-                caps.as_array()?.iter().find(|c| c["capability"] == "background-snapshot").map(|c| c["state"] == true)
+                caps.as_array()?
+                    .iter()
+                    .find(|c| c["capability"] == "background-snapshot")
+                    .map(|c| c["state"] == true)
             })
             .unwrap_or(false);
         if !bg {
@@ -106,9 +131,15 @@ pub fn finish(vm: &mut Vm) {
         vm.wait_migration_end("the interrupted migration", Duration::from_secs(600));
     }
     let status = vm.run_state();
-    if matches!(status.as_str(), "paused" | "postmigrate" | "finish-migrate" | "prelaunch") {
+    if matches!(
+        status.as_str(),
+        "paused" | "postmigrate" | "finish-migrate" | "prelaunch"
+    ) {
         match vm.execute("cont", Value::Null) {
-            Ok(_) => log(format!("VM {}: resumed (it was {status}, paused by an agent that died)", vm.name)),
+            Ok(_) => log(format!(
+                "VM {}: resumed (it was {status}, paused by an agent that died)",
+                vm.name
+            )),
             Err(e) => log(format!("VM {}: cannot resume it ({status}): {e}", vm.name)),
         }
     }
@@ -126,11 +157,15 @@ pub fn recover_dead(config: &QemuConfig, qemu_log: &Path) -> Option<Vm> {
             return None;
         }
         Intent::Restart { state, warm } => {
-            log(format!("VM {name}: its QEMU died during a restart; starting a new one on the saved state"));
+            log(format!(
+                "VM {name}: its QEMU died during a restart; starting a new one on the saved state"
+            ));
             crate::rejuvenate::start_from_state(config, qemu_log, state, *warm)
         }
         Intent::Boot => {
-            log(format!("VM {name}: its QEMU died during a cold restart; booting it again"));
+            log(format!(
+                "VM {name}: its QEMU died during a cold restart; booting it again"
+            ));
             crate::rejuvenate::boot_again(config, qemu_log)
         }
     };
@@ -167,12 +202,19 @@ mod tests {
         .unwrap();
         c.console_log = d.path().join("console.log");
         assert_eq!(get(&c), None);
-        let i = Intent::Restart { state: d.path().join("restart.state"), warm: true };
+        let i = Intent::Restart {
+            state: d.path().join("restart.state"),
+            warm: true,
+        };
         set(&c, &i).unwrap();
         assert_eq!(get(&c), Some(i));
         clear(&c);
         assert_eq!(get(&c), None);
         std::fs::write(d.path().join(INTENT_FILE), b"garbage").unwrap();
-        assert_eq!(get(&c), Some(Intent::Resume), "an unreadable intent is read as resume");
+        assert_eq!(
+            get(&c),
+            Some(Intent::Resume),
+            "an unreadable intent is read as resume"
+        );
     }
 }

@@ -39,7 +39,9 @@ impl RunDir {
         let root = if root.is_absolute() {
             root
         } else {
-            std::env::current_dir().map(|d| d.join(&root)).unwrap_or(root)
+            std::env::current_dir()
+                .map(|d| d.join(&root))
+                .unwrap_or(root)
         };
         RunDir { root }
     }

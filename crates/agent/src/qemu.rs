@@ -92,12 +92,22 @@ pub struct DiskConfig {
 impl DiskConfig {
     /// A writable qcow2 disk.
     pub fn qcow2(node: impl Into<String>, path: impl Into<PathBuf>) -> DiskConfig {
-        DiskConfig { node: node.into(), path: path.into(), format: DiskFormat::Qcow2, read_only: false }
+        DiskConfig {
+            node: node.into(),
+            path: path.into(),
+            format: DiskFormat::Qcow2,
+            read_only: false,
+        }
     }
 
     /// A read-only raw disk (the NoCloud seed).
     pub fn read_only_raw(node: impl Into<String>, path: impl Into<PathBuf>) -> DiskConfig {
-        DiskConfig { node: node.into(), path: path.into(), format: DiskFormat::Raw, read_only: true }
+        DiskConfig {
+            node: node.into(),
+            path: path.into(),
+            format: DiskFormat::Raw,
+            read_only: true,
+        }
     }
 }
 
@@ -213,7 +223,11 @@ impl QemuConfig {
     /// snapshot must snapshot (all in one transaction). The lab guest:
     /// `["disk0"]`.
     pub fn disk_nodes(&self) -> Vec<&str> {
-        self.disks.iter().filter(|d| !d.read_only).map(|d| d.node.as_str()).collect()
+        self.disks
+            .iter()
+            .filter(|d| !d.read_only)
+            .map(|d| d.node.as_str())
+            .collect()
     }
 
     /// The disk with this node name.
@@ -231,10 +245,22 @@ impl QemuConfig {
     /// gone are fine; other failures are logged.
     pub fn remove_runtime_files(&self) {
         let qga = self.image.as_ref().map(|i| &i.qga_socket);
-        for p in [&self.ram_file, &self.qmp_socket, &self.sample_socket(), &self.port_socket].into_iter().chain(qga) {
+        for p in [
+            &self.ram_file,
+            &self.qmp_socket,
+            &self.sample_socket(),
+            &self.port_socket,
+        ]
+        .into_iter()
+        .chain(qga)
+        {
             if let Err(e) = std::fs::remove_file(p) {
                 if e.kind() != std::io::ErrorKind::NotFound {
-                    crate::log(format!("VM {}: cannot remove {}: {e}", self.name, p.display()));
+                    crate::log(format!(
+                        "VM {}: cannot remove {}: {e}",
+                        self.name,
+                        p.display()
+                    ));
                 }
             }
         }
@@ -243,7 +269,11 @@ impl QemuConfig {
     /// The guest RAM QEMU is given, in KiB: `memory_mib`, plus
     /// [`TCG_DIRTY_TRACKING_PAD_KIB`] under TCG.
     pub fn ram_kib(&self) -> u64 {
-        let pad = if self.accel == Resolved::Tcg { TCG_DIRTY_TRACKING_PAD_KIB } else { 0 };
+        let pad = if self.accel == Resolved::Tcg {
+            TCG_DIRTY_TRACKING_PAD_KIB
+        } else {
+            0
+        };
         self.memory_mib * 1024 + pad
     }
 
@@ -260,11 +290,20 @@ impl QemuConfig {
     pub fn args(&self) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         let mut push = |s: String| a.push(s.into());
-        for s in ["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"] {
+        for s in [
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+        ] {
             push(s.to_string());
         }
         push("-name".into());
-        push(format!("guest={},process={},debug-threads=on", self.name, self.name));
+        push(format!(
+            "guest={},process={},debug-threads=on",
+            self.name, self.name
+        ));
         push("-M".into());
         push(match self.machine {
             Machine::Microvm => "microvm,acpi=on,memory-backend=mem".into(),
@@ -302,15 +341,24 @@ impl QemuConfig {
         }
         push("-chardev".into());
         // append=on: a restarted QEMU continues the same console log.
-        push(format!("file,id=con,path={},append=on", opt_path(&self.console_log)));
+        push(format!(
+            "file,id=con,path={},append=on",
+            opt_path(&self.console_log)
+        ));
         push("-serial".into());
         push("chardev:con".into());
         push("-qmp".into());
-        push(format!("unix:{},server=on,wait=off", opt_path(&self.qmp_socket)));
+        push(format!(
+            "unix:{},server=on,wait=off",
+            opt_path(&self.qmp_socket)
+        ));
         // A second monitor for the working-set sampler (`crate::sampler`),
         // so that sampling never waits for, or interleaves with, requests.
         push("-qmp".into());
-        push(format!("unix:{},server=on,wait=off", opt_path(&self.sample_socket())));
+        push(format!(
+            "unix:{},server=on,wait=off",
+            opt_path(&self.sample_socket())
+        ));
         for (i, d) in self.disks.iter().enumerate() {
             let ro = if d.read_only { ",read-only=on" } else { "" };
             push("-blockdev".into());
@@ -334,20 +382,37 @@ impl QemuConfig {
             push(dev);
         }
         push("-netdev".into());
-        push(format!("stream,id={NETDEV_ID},server=on,addr.type=unix,addr.path={}", opt_path(&self.port_socket)));
+        push(format!(
+            "stream,id={NETDEV_ID},server=on,addr.type=unix,addr.path={}",
+            opt_path(&self.port_socket)
+        ));
         push("-device".into());
-        push(format!("virtio-net-{},netdev={NETDEV_ID},mac={}", self.bus(), self.mac));
+        push(format!(
+            "virtio-net-{},netdev={NETDEV_ID},mac={}",
+            self.bus(),
+            self.mac
+        ));
         if let Some(img) = &self.image {
             push("-chardev".into());
-            push(format!("socket,id=qga0,path={},server=on,wait=off", opt_path(&img.qga_socket)));
+            push(format!(
+                "socket,id=qga0,path={},server=on,wait=off",
+                opt_path(&img.qga_socket)
+            ));
             push("-chardev".into());
-            push(format!("file,id=events,path={},append=on", opt_path(&img.events_log)));
+            push(format!(
+                "file,id=events,path={},append=on",
+                opt_path(&img.events_log)
+            ));
             push("-device".into());
             push(format!("virtio-serial-{},id=vser0", self.bus()));
             push("-device".into());
-            push(format!("virtserialport,bus=vser0.0,chardev=qga0,name={QGA_PORT}"));
+            push(format!(
+                "virtserialport,bus=vser0.0,chardev=qga0,name={QGA_PORT}"
+            ));
             push("-device".into());
-            push(format!("virtserialport,bus=vser0.0,chardev=events,name={EVENTS_PORT}"));
+            push(format!(
+                "virtserialport,bus=vser0.0,chardev=events,name={EVENTS_PORT}"
+            ));
             if let Some(w) = &img.workload_file {
                 push("-fw_cfg".into());
                 push(format!("name={WORKLOAD_FW_CFG},file={}", opt_path(w)));
@@ -382,17 +447,29 @@ pub fn find_qemu_img() -> Result<PathBuf, AgentError> {
 
 /// Finds `program` (a path, or a name to look up on PATH).
 pub fn find_program(program: &Path, package: &'static str) -> Result<PathBuf, AgentError> {
-    let missing = || AgentError::MissingProgram { program: program.display().to_string(), package };
+    let missing = || AgentError::MissingProgram {
+        program: program.display().to_string(),
+        package,
+    };
     if program.components().count() > 1 {
-        return if is_executable(program) { Ok(program.to_path_buf()) } else { Err(missing()) };
+        return if is_executable(program) {
+            Ok(program.to_path_buf())
+        } else {
+            Err(missing())
+        };
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path).map(|d| d.join(program)).find(|p| is_executable(p)).ok_or_else(missing)
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| is_executable(p))
+        .ok_or_else(missing)
 }
 
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    p.metadata()
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
 }
 
 #[cfg(test)]
@@ -447,18 +524,27 @@ mod tests {
     }
 
     fn strings(c: &QemuConfig) -> Vec<String> {
-        c.args().into_iter().map(|s| s.into_string().unwrap()).collect()
+        c.args()
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect()
     }
 
     /// `flag`'s value (the argument after the n-th occurrence of it).
     fn values<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
-        args.windows(2).filter(|w| w[0] == flag).map(|w| w[1].as_str()).collect()
+        args.windows(2)
+            .filter(|w| w[0] == flag)
+            .map(|w| w[1].as_str())
+            .collect()
     }
 
     #[test]
     fn q35_direct_boot_leaves_bootindex_to_the_kernel() {
         // QEMU refuses bootindex=0 on a disk when -kernel's option ROM has it.
-        let c = QemuConfig { kernel: Some("/k".into()), ..image_cfg() };
+        let c = QemuConfig {
+            kernel: Some("/k".into()),
+            ..image_cfg()
+        };
         let args = strings(&c);
         assert!(args.iter().all(|a| !a.contains("bootindex")), "{args:?}");
         assert_eq!(values(&args, "-kernel"), ["/k"]);
@@ -467,20 +553,47 @@ mod tests {
     #[test]
     fn lab_command_line_is_unchanged_but_for_the_listening_netdev() {
         let expected = [
-            "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-            "-name", "guest=vm1,process=vm1,debug-threads=on",
-            "-M", "microvm,acpi=on,memory-backend=mem",
-            "-accel", "tcg", "-cpu", "max",
-            "-m", "262152K", "-smp", "2",
-            "-object", "memory-backend-file,id=mem,size=262152K,mem-path=/dev/shm/x,share=on",
-            "-kernel", "/k", "-initrd", "/i", "-append", "console=ttyS0 a=b",
-            "-chardev", "file,id=con,path=/c.log,append=on", "-serial", "chardev:con",
-            "-qmp", "unix:/q.sock,server=on,wait=off",
-            "-qmp", "unix:/sample.sock,server=on,wait=off",
-            "-blockdev", "driver=qcow2,node-name=disk0,file.driver=file,file.filename=/d.qcow2",
-            "-device", "virtio-blk-device,drive=disk0",
-            "-netdev", "stream,id=net0,server=on,addr.type=unix,addr.path=/p.sock",
-            "-device", "virtio-net-device,netdev=net0,mac=52:54:00:77:00:02",
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+            "-name",
+            "guest=vm1,process=vm1,debug-threads=on",
+            "-M",
+            "microvm,acpi=on,memory-backend=mem",
+            "-accel",
+            "tcg",
+            "-cpu",
+            "max",
+            "-m",
+            "262152K",
+            "-smp",
+            "2",
+            "-object",
+            "memory-backend-file,id=mem,size=262152K,mem-path=/dev/shm/x,share=on",
+            "-kernel",
+            "/k",
+            "-initrd",
+            "/i",
+            "-append",
+            "console=ttyS0 a=b",
+            "-chardev",
+            "file,id=con,path=/c.log,append=on",
+            "-serial",
+            "chardev:con",
+            "-qmp",
+            "unix:/q.sock,server=on,wait=off",
+            "-qmp",
+            "unix:/sample.sock,server=on,wait=off",
+            "-blockdev",
+            "driver=qcow2,node-name=disk0,file.driver=file,file.filename=/d.qcow2",
+            "-device",
+            "virtio-blk-device,drive=disk0",
+            "-netdev",
+            "stream,id=net0,server=on,addr.type=unix,addr.path=/p.sock",
+            "-device",
+            "virtio-net-device,netdev=net0,mac=52:54:00:77:00:02",
         ];
         assert_eq!(strings(&cfg()), expected);
         assert_eq!(cfg().disk_nodes(), vec![DISK_NODE]);
@@ -494,18 +607,28 @@ mod tests {
         c.incoming = true;
         assert!(strings(&c).join(" ").ends_with("-incoming defer"));
         c.accel = Resolved::Kvm;
-        assert!(strings(&c).join(" ").contains("-m 262144K -smp 2"), "KVM keeps the exact size");
+        assert!(
+            strings(&c).join(" ").contains("-m 262144K -smp 2"),
+            "KVM keeps the exact size"
+        );
         c.cpu = Some("max,-cx16".into());
-        assert!(strings(&c).join(" ").contains("-accel kvm -cpu max,-cx16 -m"));
+        assert!(strings(&c)
+            .join(" ")
+            .contains("-accel kvm -cpu max,-cx16 -m"));
     }
 
     #[test]
     fn q35_image_vm_has_pci_devices_channels_seed_and_workload() {
         let args = strings(&image_cfg());
         assert_eq!(values(&args, "-M"), ["q35,memory-backend=mem"]);
-        assert!(args.iter().any(|a| a.starts_with("memory-backend-file,id=mem,") && a.ends_with(",share=on")));
+        assert!(args
+            .iter()
+            .any(|a| a.starts_with("memory-backend-file,id=mem,") && a.ends_with(",share=on")));
         for flag in ["-kernel", "-initrd", "-append"] {
-            assert!(!args.iter().any(|a| a == flag), "firmware boot has no {flag}");
+            assert!(
+                !args.iter().any(|a| a == flag),
+                "firmware boot has no {flag}"
+            );
         }
         assert_eq!(
             values(&args, "-blockdev"),
@@ -537,8 +660,15 @@ mod tests {
             ]
         );
         assert_eq!(values(&args, "-serial"), ["chardev:con"]);
-        assert_eq!(values(&args, "-fw_cfg"), ["name=opt/vmcsnap/workload,file=/vm/workload.sh"]);
-        assert_eq!(image_cfg().disk_nodes(), vec!["root0", "disk1"], "the read-only seed is not snapshotted");
+        assert_eq!(
+            values(&args, "-fw_cfg"),
+            ["name=opt/vmcsnap/workload,file=/vm/workload.sh"]
+        );
+        assert_eq!(
+            image_cfg().disk_nodes(),
+            vec!["root0", "disk1"],
+            "the read-only seed is not snapshotted"
+        );
     }
 
     #[test]
@@ -556,7 +686,10 @@ mod tests {
         assert!(values(&args, "-initrd").is_empty());
         assert!(values(&args, "-fw_cfg").is_empty());
         let devices = values(&args, "-device");
-        assert_eq!(devices[0], "virtio-blk-device,drive=root0,serial=root0", "no bootindex on microvm");
+        assert_eq!(
+            devices[0], "virtio-blk-device,drive=root0,serial=root0",
+            "no bootindex on microvm"
+        );
         assert!(devices.contains(&"virtio-net-device,netdev=net0,mac=52:54:00:77:00:02"));
         assert!(devices.contains(&"virtio-serial-device,id=vser0"));
         assert!(!devices.iter().any(|d| d.contains("-pci")), "{devices:?}");
@@ -574,11 +707,23 @@ mod tests {
         c.cmdline = "a=1,2".into();
         let args = strings(&c);
         let joined = args.join(" ");
-        assert!(joined.contains("mem-path=/dev/shm/a,,b,share=on"), "{joined}");
-        assert!(joined.contains("file.filename=/x,,y/root.qcow2"), "{joined}");
+        assert!(
+            joined.contains("mem-path=/dev/shm/a,,b,share=on"),
+            "{joined}"
+        );
+        assert!(
+            joined.contains("file.filename=/x,,y/root.qcow2"),
+            "{joined}"
+        );
         assert!(joined.contains("addr.path=/r,,un/port.sock"), "{joined}");
-        assert!(joined.contains("unix:/r,,un/qmp.sock,server=on"), "{joined}");
-        assert!(joined.contains("unix:/r,,un/sample.sock,server=on"), "{joined}");
+        assert!(
+            joined.contains("unix:/r,,un/qmp.sock,server=on"),
+            "{joined}"
+        );
+        assert!(
+            joined.contains("unix:/r,,un/sample.sock,server=on"),
+            "{joined}"
+        );
         // -kernel and -append are not option syntax: left alone.
         assert_eq!(values(&args, "-kernel"), ["/k,1"]);
         assert_eq!(values(&args, "-append"), ["a=1,2"]);
@@ -605,7 +750,10 @@ mod tests {
     #[test]
     fn missing_program_names_the_package() {
         let e = find_program(Path::new("/nonexistent/qemu"), "qemu-system-x86").unwrap_err();
-        assert!(e.to_string().contains("apt-get install qemu-system-x86"), "{e}");
+        assert!(
+            e.to_string().contains("apt-get install qemu-system-x86"),
+            "{e}"
+        );
         let e = find_program(Path::new("surely-not-a-program-xyz"), "pkg").unwrap_err();
         assert!(e.to_string().contains("surely-not-a-program-xyz"), "{e}");
     }

@@ -92,7 +92,12 @@ impl VmRecord {
     }
 
     /// A VM about to be started (no pid yet).
-    pub fn pending(config: &QemuConfig, qemu_log: &Path, address: VmAddress, disk: &Path) -> VmRecord {
+    pub fn pending(
+        config: &QemuConfig,
+        qemu_log: &Path,
+        address: VmAddress,
+        disk: &Path,
+    ) -> VmRecord {
         VmRecord {
             config: config.clone(),
             pid: None,
@@ -108,7 +113,11 @@ impl VmRecord {
 /// Whether `run` holds VMs or work that an agent must take over (its agent
 /// died): recorded VMs, or a restore that did not finish.
 pub fn needs_agent(run: &RunDir) -> bool {
-    run.root().join(RECORD_FILE).exists() || run.root().join(crate::restore_journal::JOURNAL_FILE).exists()
+    run.root().join(RECORD_FILE).exists()
+        || run
+            .root()
+            .join(crate::restore_journal::JOURNAL_FILE)
+            .exists()
 }
 
 /// Writes the record of `cluster` plus `pending` VMs about to start.
@@ -122,7 +131,10 @@ pub fn save(run: &RunDir, cluster: &Cluster, pending: &[VmRecord]) -> Result<(),
         accel: cluster.accel,
         vms,
     };
-    write_atomic(&run.root().join(RECORD_FILE), &serde_json::to_vec_pretty(&rec).expect("record serialises"))
+    write_atomic(
+        &run.root().join(RECORD_FILE),
+        &serde_json::to_vec_pretty(&rec).expect("record serialises"),
+    )
 }
 
 /// Removes the record (the cluster is down).
@@ -150,7 +162,10 @@ pub fn load(run: &RunDir) -> Result<Option<ClusterRecord>, AgentError> {
     if rec.version != RECORD_VERSION {
         return Err(AgentError::BadRecord {
             path,
-            detail: format!("version {} but this agent reads {RECORD_VERSION}; use the vmcsnap that wrote it", rec.version),
+            detail: format!(
+                "version {} but this agent reads {RECORD_VERSION}; use the vmcsnap that wrote it",
+                rec.version
+            ),
         });
     }
     Ok(Some(rec))
@@ -160,7 +175,11 @@ pub fn load(run: &RunDir) -> Result<Option<ClusterRecord>, AgentError> {
 /// the new one, never a mix.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AgentError> {
     let dir = path.parent().expect("a file in a directory");
-    let tmp = dir.join(format!(".{}.tmp-{}", path.file_name().expect("a file name").to_string_lossy(), std::process::id()));
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name().expect("a file name").to_string_lossy(),
+        std::process::id()
+    ));
     let res = (|| -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
@@ -175,21 +194,30 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AgentError> {
 }
 
 fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Whether `pid` is a live process whose command line names `qmp_socket`
 /// (i.e. the QEMU of that VM, not a process that reused its pid).
 pub fn is_qemu_of(pid: u32, qmp_socket: &Path) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
     if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // A zombie (ours, not reaped yet) is not running.
-        if stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')) {
+        if stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        {
             return false;
         }
     }
     let needle = qmp_socket.as_os_str().as_encoded_bytes();
-    cmdline.split(|&b| b == 0).any(|arg| arg.windows(needle.len()).any(|w| w == needle))
+    cmdline
+        .split(|&b| b == 0)
+        .any(|arg| arg.windows(needle.len()).any(|w| w == needle))
 }
 
 /// The live QEMU of the VM whose QMP socket is `qmp_socket`: `pid` if it
@@ -212,7 +240,9 @@ pub fn find_qemu(pid: Option<u32>, qmp_socket: &Path) -> Option<u32> {
 /// Live QEMU processes whose command line mentions `dir` (a cluster
 /// directory about to be removed): they must not lose their files.
 pub fn qemus_using(dir: &Path) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return vec![] };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
     let needle = dir.as_os_str().as_encoded_bytes().to_vec();
     entries
         .flatten()
@@ -220,7 +250,9 @@ pub fn qemus_using(dir: &Path) -> Vec<u32> {
         .filter(|&p| p != std::process::id())
         .filter(|p| {
             let exe = std::fs::read_link(format!("/proc/{p}/exe")).unwrap_or_default();
-            let is_qemu = exe.file_name().is_some_and(|n| n.to_string_lossy().starts_with("qemu"));
+            let is_qemu = exe
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("qemu"));
             is_qemu
                 && std::fs::read(format!("/proc/{p}/cmdline"))
                     .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle.as_slice()))
@@ -232,7 +264,9 @@ pub fn qemus_using(dir: &Path) -> Vec<u32> {
 /// live QEMU a member again (with its half-done work finished), every dead
 /// one a member marked exited. Never stops or pauses a live VM.
 pub fn adopt(run: &RunDir) -> Result<Option<Cluster>, AgentError> {
-    let Some(rec) = load(run)? else { return Ok(None) };
+    let Some(rec) = load(run)? else {
+        return Ok(None);
+    };
     log(format!(
         "adopting cluster {} ({} VMs) recorded by agent {}",
         rec.spec.cluster.name,
@@ -254,15 +288,29 @@ pub fn adopt(run: &RunDir) -> Result<Option<Cluster>, AgentError> {
             None => match crate::intent::recover_dead(&v.config, &v.qemu_log) {
                 Some(vm) => vm,
                 None => {
-                    log(format!("VM {name}: its QEMU (pid {:?}) is gone; keeping it as exited", v.pid));
+                    log(format!(
+                        "VM {name}: its QEMU (pid {:?}) is gone; keeping it as exited",
+                        v.pid
+                    ));
                     let _ = std::fs::remove_file(&v.config.ram_file);
                     let _ = std::fs::remove_file(&v.config.qmp_socket);
                     let _ = std::fs::remove_file(v.config.sample_socket());
-                    Vm::dead(v.config, v.pid.unwrap_or(0), started_at, v.boot_ms, v.qemu_log)
+                    Vm::dead(
+                        v.config,
+                        v.pid.unwrap_or(0),
+                        started_at,
+                        v.boot_ms,
+                        v.qemu_log,
+                    )
                 }
             },
         };
-        let mut member = Member { vm, address: v.address, port, disk: v.disk };
+        let mut member = Member {
+            vm,
+            address: v.address,
+            port,
+            disk: v.disk,
+        };
         member.refresh_disk();
         cluster.members.push(member);
     }
@@ -281,7 +329,11 @@ mod tests {
         write_atomic(&p, b"one").unwrap();
         write_atomic(&p, b"two").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"two");
-        let names: Vec<_> = std::fs::read_dir(d.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
         assert_eq!(names.len(), 1, "no temporary file is left: {names:?}");
     }
 
@@ -300,7 +352,12 @@ mod tests {
     fn processes_are_recognised_by_their_command_line() {
         let d = tempfile::tempdir().unwrap();
         let sock = d.path().join("qmp.sock");
-        let mut child = std::process::Command::new("sh").arg("-c").arg("sleep 30; : \"$0\"").arg(&sock).spawn().unwrap();
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("sleep 30; : \"$0\"")
+            .arg(&sock)
+            .spawn()
+            .unwrap();
         let pid = child.id();
         // The child may still be between fork and exec for a moment.
         let t = std::time::Instant::now();
@@ -309,12 +366,21 @@ mod tests {
         }
         assert!(is_qemu_of(pid, &sock));
         assert!(!is_qemu_of(pid, &d.path().join("other.sock")));
-        assert_eq!(find_qemu(Some(999_999_999), &sock), Some(pid), "found by scanning when the pid is wrong");
+        assert_eq!(
+            find_qemu(Some(999_999_999), &sock),
+            Some(pid),
+            "found by scanning when the pid is wrong"
+        );
         assert_eq!(find_qemu(None, &sock), Some(pid));
         child.kill().unwrap();
         child.wait().unwrap();
         let left = find_qemu(Some(pid), &sock);
         let cmd = left.map(|p| std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default());
-        assert_eq!(left, None, "{:?}", cmd.map(|c| String::from_utf8_lossy(&c).into_owned()));
+        assert_eq!(
+            left,
+            None,
+            "{:?}",
+            cmd.map(|c| String::from_utf8_lossy(&c).into_owned())
+        );
     }
 }

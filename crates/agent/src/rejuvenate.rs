@@ -65,7 +65,9 @@ impl std::str::FromStr for Mode {
             "warm" => Ok(Mode::Warm),
             "saved" => Ok(Mode::Saved),
             "cold" => Ok(Mode::Cold),
-            _ => Err(format!("unknown rejuvenation mode {s:?}: use warm, saved or cold")),
+            _ => Err(format!(
+                "unknown rejuvenation mode {s:?}: use warm, saved or cold"
+            )),
         }
     }
 }
@@ -118,22 +120,42 @@ pub fn rejuvenate(
     qemu_bin: &Path,
     mode: Mode,
 ) -> Result<Report, AgentError> {
-    let vm_dir = member.vm.config.console_log.parent().expect("console log is in the VM dir").to_path_buf();
+    let vm_dir = member
+        .vm
+        .config
+        .console_log
+        .parent()
+        .expect("console log is in the VM dir")
+        .to_path_buf();
     let state = vm_dir.join("restart.state");
     let prev_bin = vm_dir.join("qemu.prev");
     // Keep the running binary, in case the new one cannot start.
     let exe = PathBuf::from(format!("/proc/{}/exe", member.vm.pid));
-    std::fs::copy(&exe, &prev_bin).map_err(AgentError::io("copying the running QEMU binary from", &exe))?;
+    std::fs::copy(&exe, &prev_bin)
+        .map_err(AgentError::io("copying the running QEMU binary from", &exe))?;
     // A relocated QEMU does not find its firmware by itself: remember where
     // the running one is installed (<prefix>/bin/qemu → <prefix>/share/qemu).
     // Its modules (Debian builds the TCG accelerator as one) are copied too:
     // after a package upgrade the installed ones belong to the new build.
     let installed = std::fs::read_link(&exe).ok();
-    let prefix = installed.as_deref().and_then(|p| p.parent()?.parent()).map(Path::to_path_buf);
-    let prev_data_dir = prefix.as_ref().map(|p| p.join("share/qemu")).filter(|d| d.is_dir());
+    let prefix = installed
+        .as_deref()
+        .and_then(|p| p.parent()?.parent())
+        .map(Path::to_path_buf);
+    let prev_data_dir = prefix
+        .as_ref()
+        .map(|p| p.join("share/qemu"))
+        .filter(|d| d.is_dir());
     let prev_modules = vm_dir.join("qemu.prev.modules");
-    let prev_module_dir = prefix.as_deref().and_then(module_dir).and_then(|d| copy_dir(&d, &prev_modules).ok());
-    let prev = Prev { bin: prev_bin.clone(), data_dir: prev_data_dir, module_dir: prev_module_dir };
+    let prev_module_dir = prefix
+        .as_deref()
+        .and_then(module_dir)
+        .and_then(|d| copy_dir(&d, &prev_modules).ok());
+    let prev = Prev {
+        bin: prev_bin.clone(),
+        data_dir: prev_data_dir,
+        module_dir: prev_module_dir,
+    };
     let held_before = port_held(switch, member)?;
     let old_pid = member.vm.pid;
     let name = member.vm.name.clone();
@@ -163,7 +185,9 @@ pub fn rejuvenate(
                 log(format!("VM {name}: the switch has not reached the new QEMU after {RECONNECT_BOUND:?}; releasing its port anyway"));
             }
             Ok(_) => {}
-            Err(e) => log(format!("VM {name}: waiting for the switch to reach the new QEMU: {e}")),
+            Err(e) => log(format!(
+                "VM {name}: waiting for the switch to reach the new QEMU: {e}"
+            )),
         }
     }
     let released = switch.release(member.port);
@@ -213,7 +237,11 @@ struct Timings {
 }
 
 fn port_held(switch: &SwitchHandle, m: &Member) -> Result<u64, AgentError> {
-    Ok(switch.stats()?.port(m.port).map(|p| p.counters.held).unwrap_or(0))
+    Ok(switch
+        .stats()?
+        .port(m.port)
+        .map(|p| p.counters.held)
+        .unwrap_or(0))
 }
 
 /// The capabilities of a VMM restart's migration. `postcopy-ram` is turned
@@ -248,9 +276,19 @@ impl Prev {
 fn module_dir(prefix: &Path) -> Option<PathBuf> {
     let lib = prefix.join("lib");
     let mut candidates = vec![lib.join("qemu")];
-    candidates.extend(std::fs::read_dir(&lib).ok()?.flatten().map(|e| e.path().join("qemu")));
+    candidates.extend(
+        std::fs::read_dir(&lib)
+            .ok()?
+            .flatten()
+            .map(|e| e.path().join("qemu")),
+    );
     candidates.into_iter().find(|d| {
-        std::fs::read_dir(d).map(|r| r.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".so"))).unwrap_or(false)
+        std::fs::read_dir(d)
+            .map(|r| {
+                r.flatten()
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".so"))
+            })
+            .unwrap_or(false)
     })
 }
 
@@ -266,11 +304,20 @@ fn copy_dir(from: &Path, to: &Path) -> std::io::Result<PathBuf> {
     Ok(to.to_path_buf())
 }
 
-fn suspend_resume(m: &mut Member, qemu_bin: &Path, prev: &Prev, state: &Path, mode: Mode) -> Result<Timings, AgentError> {
+fn suspend_resume(
+    m: &mut Member,
+    qemu_bin: &Path,
+    prev: &Prev,
+    state: &Path,
+    mode: Mode,
+) -> Result<Timings, AgentError> {
     let warm = mode == Mode::Warm;
     let vm = &mut m.vm;
     vm.execute("migrate-set-capabilities", caps(warm))?;
-    vm.qmp()?.take_events().map_err(|source| AgentError::Qmp { vm: vm.name.clone(), source })?;
+    vm.qmp()?.take_events().map_err(|source| AgentError::Qmp {
+        vm: vm.name.clone(),
+        source,
+    })?;
     // A VM the operator paused is not resumed by a later agent.
     let was_running = vm.run_state() == "running";
     if was_running {
@@ -291,7 +338,10 @@ fn suspend_resume(m: &mut Member, qemu_bin: &Path, prev: &Prev, state: &Path, mo
     };
     let _ = std::fs::remove_file(state);
     let saved = vm
-        .execute("migrate", json!({ "uri": format!("exec:cat > {}", shell_quote(state)) }))
+        .execute(
+            "migrate",
+            json!({ "uri": format!("exec:cat > {}", shell_quote(state)) }),
+        )
         .and_then(|_| wait_migration(vm, "saving state"));
     if let Err(e) = saved {
         // The old QEMU still has everything: let the guest run on, once
@@ -310,7 +360,15 @@ fn suspend_resume(m: &mut Member, qemu_bin: &Path, prev: &Prev, state: &Path, mo
     let durable = std::fs::File::open(state)
         .and_then(|f| f.sync_all())
         .map_err(AgentError::io("syncing", state))
-        .and_then(|()| crate::intent::set(&vm.config, &Intent::Restart { state: state.to_path_buf(), warm }));
+        .and_then(|()| {
+            crate::intent::set(
+                &vm.config,
+                &Intent::Restart {
+                    state: state.to_path_buf(),
+                    warm,
+                },
+            )
+        });
     if let Err(e) = durable {
         let _ = vm.execute("cont", Value::Null);
         crate::intent::clear(&vm.config);
@@ -335,7 +393,14 @@ fn suspend_resume(m: &mut Member, qemu_bin: &Path, prev: &Prev, state: &Path, mo
     *vm = new_vm.0;
     if !was_running {
         crate::intent::clear(&vm.config);
-        return Ok(Timings { downtime_ms: 0.0, save_ms, restart_ms: restart_ms - load_ms, load_ms, quit_ms, fell_back });
+        return Ok(Timings {
+            downtime_ms: 0.0,
+            save_ms,
+            restart_ms: restart_ms - load_ms,
+            load_ms,
+            quit_ms,
+            fell_back,
+        });
     }
     vm.execute("cont", Value::Null)?;
     let resume_us = event_ts(vm, "RESUME")?;
@@ -364,15 +429,18 @@ fn start_and_load(
     match try_start_and_load(qemu_bin, config, qemu_log, state, warm) {
         Ok(v) => Ok((v, false)),
         Err(first) => {
-            log(format!("VM {}: new QEMU failed ({first}); retrying with the previous binary", config.name));
-            try_start_and_load(&prev.bin, &prev.config(config), qemu_log, state, warm).map(|v| (v, true)).map_err(|second| {
-                AgentError::RestartFailed {
+            log(format!(
+                "VM {}: new QEMU failed ({first}); retrying with the previous binary",
+                config.name
+            ));
+            try_start_and_load(&prev.bin, &prev.config(config), qemu_log, state, warm)
+                .map(|v| (v, true))
+                .map_err(|second| AgentError::RestartFailed {
                     vm: config.name.clone(),
                     first: first.to_string(),
                     second: second.to_string(),
                     state: state.to_path_buf(),
-                }
-            })
+                })
         }
     }
 }
@@ -399,13 +467,21 @@ fn try_start_and_load(
 /// `vm`, a QEMU started with `-incoming defer`.
 pub(crate) fn load_state(vm: &mut Vm, state: &Path, warm: bool) -> Result<(), AgentError> {
     vm.execute("migrate-set-capabilities", caps(warm))?;
-    vm.execute("migrate-incoming", json!({ "uri": format!("exec:cat {}", shell_quote(state)) }))?;
+    vm.execute(
+        "migrate-incoming",
+        json!({ "uri": format!("exec:cat {}", shell_quote(state)) }),
+    )?;
     wait_migration(vm, "loading state")
 }
 
 /// A new QEMU for a VM whose restart an agent did not finish: started on
 /// the saved `state` and resumed.
-pub(crate) fn start_from_state(config: &crate::qemu::QemuConfig, qemu_log: &Path, state: &Path, warm: bool) -> Result<Vm, AgentError> {
+pub(crate) fn start_from_state(
+    config: &crate::qemu::QemuConfig,
+    qemu_log: &Path,
+    state: &Path,
+    warm: bool,
+) -> Result<Vm, AgentError> {
     let qemu_bin = crate::qemu::find_qemu()?;
     let mut config = config.clone();
     config.incoming = true;
@@ -415,7 +491,10 @@ pub(crate) fn start_from_state(config: &crate::qemu::QemuConfig, qemu_log: &Path
 }
 
 /// A fresh boot of a VM whose cold restart an agent did not finish.
-pub(crate) fn boot_again(config: &crate::qemu::QemuConfig, qemu_log: &Path) -> Result<Vm, AgentError> {
+pub(crate) fn boot_again(
+    config: &crate::qemu::QemuConfig,
+    qemu_log: &Path,
+) -> Result<Vm, AgentError> {
     let qemu_bin = crate::qemu::find_qemu()?;
     let mut config = config.clone();
     config.incoming = false;
@@ -458,7 +537,10 @@ fn cold(m: &mut Member, qemu_bin: &Path, prev: &Prev) -> Result<Timings, AgentEr
     let (new, fell_back) = match boot(qemu_bin, config.clone()) {
         Ok(v) => (v, false),
         Err(e) => {
-            log(format!("VM {}: cold boot failed ({e}); retrying with the previous binary", vm.name));
+            log(format!(
+                "VM {}: cold boot failed ({e}); retrying with the previous binary",
+                vm.name
+            ));
             (boot(&prev.bin, prev.config(&config))?, true)
         }
     };
@@ -466,13 +548,26 @@ fn cold(m: &mut Member, qemu_bin: &Path, prev: &Prev) -> Result<Timings, AgentEr
     *vm = new;
     crate::intent::clear(&vm.config);
     let downtime_ms = t.elapsed().as_secs_f64() * 1000.0;
-    Ok(Timings { downtime_ms, save_ms: 0.0, restart_ms: downtime_ms - load_ms, load_ms, quit_ms: 0.0, fell_back })
+    Ok(Timings {
+        downtime_ms,
+        save_ms: 0.0,
+        restart_ms: downtime_ms - load_ms,
+        load_ms,
+        quit_ms: 0.0,
+        fell_back,
+    })
 }
 
 /// Waits for the QMP event `name` and returns its timestamp (µs).
 fn event_ts(vm: &mut Vm, name: &str) -> Result<u64, AgentError> {
     let vm_name = vm.name.clone();
-    let ev = vm.qmp()?.wait_event(name, Duration::from_secs(10)).map_err(|source| AgentError::Qmp { vm: vm_name, source })?;
+    let ev = vm
+        .qmp()?
+        .wait_event(name, Duration::from_secs(10))
+        .map_err(|source| AgentError::Qmp {
+            vm: vm_name,
+            source,
+        })?;
     Ok(ev.timestamp_us)
 }
 
@@ -487,7 +582,10 @@ fn wait_migration(vm: &mut Vm, what: &str) -> Result<(), AgentError> {
                 return Err(AgentError::Migration {
                     vm: vm.name.clone(),
                     what: what.to_string(),
-                    detail: st["error-desc"].as_str().unwrap_or("no detail from QEMU").to_string(),
+                    detail: st["error-desc"]
+                        .as_str()
+                        .unwrap_or("no detail from QEMU")
+                        .to_string(),
                 })
             }
             _ => {}

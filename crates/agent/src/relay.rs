@@ -30,7 +30,10 @@ pub struct RelayOutcome {
 pub fn relay(mut input: impl Read, to: &Path) -> std::io::Result<RelayOutcome> {
     let mut out = UnixStream::connect(to).ok();
     let mut buf = vec![0u8; 1 << 20];
-    let mut outcome = RelayOutcome { delivered: 0, discarded: 0 };
+    let mut outcome = RelayOutcome {
+        delivered: 0,
+        discarded: 0,
+    };
     loop {
         let n = match input.read(&mut buf) {
             Ok(0) => break,
@@ -51,7 +54,11 @@ pub fn relay(mut input: impl Read, to: &Path) -> std::io::Result<RelayOutcome> {
 
 /// The `exec:` migration URI that runs the relay from the binary `exe`.
 pub fn exec_uri(exe: &Path, to: &Path) -> String {
-    format!("exec:{} stream-relay --to {}", shell_quote(exe), shell_quote(to))
+    format!(
+        "exec:{} stream-relay --to {}",
+        shell_quote(exe),
+        shell_quote(to)
+    )
 }
 
 fn shell_quote(p: &Path) -> String {
@@ -77,7 +84,13 @@ mod tests {
         });
         let data: Vec<u8> = (0..3_000_000u32).map(|i| i as u8).collect();
         let o = relay(&data[..], &sock).unwrap();
-        assert_eq!(o, RelayOutcome { delivered: data.len() as u64, discarded: 0 });
+        assert_eq!(
+            o,
+            RelayOutcome {
+                delivered: data.len() as u64,
+                discarded: 0
+            }
+        );
         assert_eq!(reader.join().unwrap(), data);
     }
 
@@ -102,7 +115,13 @@ mod tests {
     #[test]
     fn drains_everything_when_nobody_listens() {
         let o = relay(&[1u8; 5000][..], Path::new("/nonexistent/sock")).unwrap();
-        assert_eq!(o, RelayOutcome { delivered: 0, discarded: 5000 });
+        assert_eq!(
+            o,
+            RelayOutcome {
+                delivered: 0,
+                discarded: 5000
+            }
+        );
     }
 
     #[test]

@@ -52,7 +52,10 @@ pub enum Restoring {
 
 /// Records `r` before the restore starts any QEMU.
 pub fn begin(run: &RunDir, r: &Restoring) -> Result<(), AgentError> {
-    crate::record::write_atomic(&run.root().join(JOURNAL_FILE), &serde_json::to_vec(r).expect("journal serialises"))
+    crate::record::write_atomic(
+        &run.root().join(JOURNAL_FILE),
+        &serde_json::to_vec(r).expect("journal serialises"),
+    )
 }
 
 /// The restore has ended (whatever its outcome).
@@ -83,8 +86,12 @@ fn kill_qemu(run: &RunDir, cluster: &mut Option<Cluster>, vm: &str) {
     // kill_and_reap waits for each; a QEMU that survives SIGKILL (stuck in
     // the kernel) is not waited for forever.
     for _ in 0..3 {
-        let Some(pid) = crate::record::find_qemu(None, &sock) else { break };
-        log(format!("VM {vm}: killing QEMU pid {pid} of an interrupted restore"));
+        let Some(pid) = crate::record::find_qemu(None, &sock) else {
+            break;
+        };
+        log(format!(
+            "VM {vm}: killing QEMU pid {pid} of an interrupted restore"
+        ));
         crate::handover::kill_and_reap(pid);
     }
 }
@@ -93,7 +100,9 @@ fn kill_qemu(run: &RunDir, cluster: &mut Option<Cluster>, vm: &str) {
 /// documentation). Errors are logged: the agent serves on regardless.
 pub fn redo(run: &RunDir, cluster: &mut Option<Cluster>) {
     let Some(r) = read(run) else { return };
-    log(format!("redoing a restore the previous agent did not finish: {r:?}"));
+    log(format!(
+        "redoing a restore the previous agent did not finish: {r:?}"
+    ));
     let mut progress = |m: &str| log(format!("redo: {m}"));
     let result = match &r {
         Restoring::Vm { snapshot, vm } => {
@@ -151,7 +160,10 @@ mod tests {
     fn the_journal_round_trips_and_ends() {
         let d = tempfile::tempdir().unwrap();
         let run = RunDir::new(d.path());
-        let r = Restoring::Cluster { snapshot: "s".into(), vms: vec!["a".into(), "b".into()] };
+        let r = Restoring::Cluster {
+            snapshot: "s".into(),
+            vms: vec!["a".into(), "b".into()],
+        };
         begin(&run, &r).unwrap();
         assert_eq!(read(&run), Some(r));
         end(&run);

@@ -45,7 +45,10 @@ pub struct Sample {
 
 /// The samples of the VM whose directory is `vm_dir` (empty if none).
 pub fn load(vm_dir: &Path) -> Vec<Sample> {
-    std::fs::read(vm_dir.join(SAMPLES_NAME)).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    std::fs::read(vm_dir.join(SAMPLES_NAME))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
 }
 
 /// The mean of `samples`, if there are any.
@@ -53,28 +56,34 @@ pub fn mean_pages(samples: &[Sample]) -> Option<u64> {
     if samples.is_empty() {
         return None;
     }
-    Some((samples.iter().map(|s| s.pages as f64).sum::<f64>() / samples.len() as f64).round() as u64)
+    Some(
+        (samples.iter().map(|s| s.pages as f64).sum::<f64>() / samples.len() as f64).round() as u64,
+    )
 }
 
 /// Starts the sampler thread for the VMs under `run`'s cluster directory.
 /// It runs for the life of the agent.
 pub fn start(run: RunDir) {
-    let spawned = std::thread::Builder::new().name("wss-sampler".into()).spawn(move || loop {
-        std::thread::sleep(INTERVAL);
-        let Ok(dir) = std::fs::read_dir(run.cluster_dir()) else { continue };
-        for vm_dir in dir.flatten().map(|e| e.path()) {
-            let sock = vm_dir.join(SOCKET_NAME);
-            if !sock.exists() {
+    let spawned = std::thread::Builder::new()
+        .name("wss-sampler".into())
+        .spawn(move || loop {
+            std::thread::sleep(INTERVAL);
+            let Ok(dir) = std::fs::read_dir(run.cluster_dir()) else {
                 continue;
-            }
-            if let Err(e) = sample_one(&vm_dir, &sock) {
-                // A VM that is restarting or stopping: try again next time.
-                if std::env::var_os("VMCSNAP_SAMPLER_DEBUG").is_some() {
-                    log(format!("sampler: {}: {e}", vm_dir.display()));
+            };
+            for vm_dir in dir.flatten().map(|e| e.path()) {
+                let sock = vm_dir.join(SOCKET_NAME);
+                if !sock.exists() {
+                    continue;
+                }
+                if let Err(e) = sample_one(&vm_dir, &sock) {
+                    // A VM that is restarting or stopping: try again next time.
+                    if std::env::var_os("VMCSNAP_SAMPLER_DEBUG").is_some() {
+                        log(format!("sampler: {}: {e}", vm_dir.display()));
+                    }
                 }
             }
-        }
-    });
+        });
     if let Err(e) = spawned {
         log(format!("cannot start the working-set sampler: {e}"));
     }
@@ -83,10 +92,13 @@ pub fn start(run: RunDir) {
 fn sample_one(vm_dir: &Path, sock: &Path) -> Result<(), String> {
     let mut q = QmpClient::connect(sock, Duration::from_millis(500)).map_err(|e| e.to_string())?;
     q.set_timeout(Duration::from_secs(5));
-    q.execute("calc-dirty-rate", json!({ "calc-time": WINDOW.as_secs() })).map_err(|e| e.to_string())?;
+    q.execute("calc-dirty-rate", json!({ "calc-time": WINDOW.as_secs() }))
+        .map_err(|e| e.to_string())?;
     std::thread::sleep(WINDOW + Duration::from_millis(200));
     for _ in 0..50 {
-        let r = q.execute("query-dirty-rate", serde_json::Value::Null).map_err(|e| e.to_string())?;
+        let r = q
+            .execute("query-dirty-rate", serde_json::Value::Null)
+            .map_err(|e| e.to_string())?;
         if r["status"] == "measured" {
             let mib_per_s = r["dirty-rate"].as_u64().unwrap_or(0);
             let pages = mib_per_s * WINDOW.as_secs() * 256;
@@ -99,13 +111,18 @@ fn sample_one(vm_dir: &Path, sock: &Path) -> Result<(), String> {
 
 fn record(vm_dir: &Path, pages: u64) -> Result<(), String> {
     let mut samples = load(vm_dir);
-    samples.push(Sample { unix_ms: crate::handover::unix_ms(std::time::SystemTime::now()), pages });
+    samples.push(Sample {
+        unix_ms: crate::handover::unix_ms(std::time::SystemTime::now()),
+        pages,
+    });
     let drop = samples.len().saturating_sub(KEEP);
     samples.drain(..drop);
     let path: PathBuf = vm_dir.join(SAMPLES_NAME);
     let tmp = vm_dir.join(format!(".{SAMPLES_NAME}.tmp"));
     let text = serde_json::to_vec(&samples).map_err(|e| e.to_string())?;
-    std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, &path)).map_err(|e| e.to_string())
+    std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, &path))
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -38,7 +38,10 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         .create(run.root())
         .map_err(AgentError::io("creating run directory", run.root()))?;
     let sock = run.agent_socket();
-    let exe = std::env::current_exe().map_err(AgentError::io("finding the agent executable", "/proc/self/exe"))?;
+    let exe = std::env::current_exe().map_err(AgentError::io(
+        "finding the agent executable",
+        "/proc/self/exe",
+    ))?;
     let (listener, mut cluster, exit_when_idle, generation) = match &opts.resume {
         Some(path) => {
             let (l, c, e, g) = crate::handover::resume(run, path)?;
@@ -60,7 +63,11 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
     };
     std::fs::write(run.agent_pid(), format!("{}\n", std::process::id()))
         .map_err(AgentError::io("writing", run.agent_pid()))?;
-    log(format!("agent {} serving {}", std::process::id(), sock.display()));
+    log(format!(
+        "agent {} serving {}",
+        std::process::id(),
+        sock.display()
+    ));
     crate::sampler::start(run.clone());
     let started = std::time::SystemTime::now();
 
@@ -72,7 +79,10 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
                 continue;
             }
         };
-        let info = AgentInfo { generation, started_unix_ms: crate::handover::unix_ms(started) };
+        let info = AgentInfo {
+            generation,
+            started_unix_ms: crate::handover::unix_ms(started),
+        };
         let (action, changes_state, changes_vms) = handle(stream, run, &mut cluster, &info);
         if changes_vms {
             // Whatever the request did (even if it failed midway), the
@@ -90,7 +100,14 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
             Action::Stop => break,
             Action::Restart => {
                 // Returns only if the exec failed; the old image goes on.
-                let e = crate::handover::exec_restart(run, &listener, &mut cluster, exit_when_idle, generation, &exe);
+                let e = crate::handover::exec_restart(
+                    run,
+                    &listener,
+                    &mut cluster,
+                    exit_when_idle,
+                    generation,
+                    &exe,
+                );
                 log(format!("agent restart failed: {e}"));
                 continue;
             }
@@ -141,7 +158,12 @@ struct AgentInfo {
 /// Serves one connection; returns whether the agent should stop, and
 /// whether the request was one that starts or ends a cluster (an agent
 /// started on demand exits when such a request leaves no cluster up).
-fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>, info: &AgentInfo) -> (Action, bool, bool) {
+fn handle(
+    stream: UnixStream,
+    run: &RunDir,
+    cluster: &mut Option<Cluster>,
+    info: &AgentInfo,
+) -> (Action, bool, bool) {
     let mut reader = BufReader::new(match stream.try_clone() {
         Ok(s) => s,
         Err(_) => return (Action::Continue, false, false),
@@ -150,20 +172,40 @@ fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>, info:
     let request = match read_request(&mut reader) {
         Ok(r) => r,
         Err(e) => {
-            let _ = write_reply(&mut out, &Reply::Failed { error: e.to_string() });
+            let _ = write_reply(
+                &mut out,
+                &Reply::Failed {
+                    error: e.to_string(),
+                },
+            );
             return (Action::Continue, false, false);
         }
     };
-    let changes_state =
-        matches!(request, Request::Up { .. } | Request::Down | Request::Rejuvenate { .. } | Request::Restore { .. } | Request::ClusterRestore { .. });
+    let changes_state = matches!(
+        request,
+        Request::Up { .. }
+            | Request::Down
+            | Request::Rejuvenate { .. }
+            | Request::Restore { .. }
+            | Request::ClusterRestore { .. }
+    );
     // Requests after which the VM record is rewritten (a snapshot moves a
     // VM to a new disk overlay; a stop removes one).
-    let changes_vms = changes_state || matches!(request, Request::Snapshot { .. } | Request::ClusterSnapshot { .. } | Request::Stop { .. });
+    let changes_vms = changes_state
+        || matches!(
+            request,
+            Request::Snapshot { .. } | Request::ClusterSnapshot { .. } | Request::Stop { .. }
+        );
     let mut stop = false;
     let restart = matches!(request, Request::RestartAgent);
     let result = {
         let mut progress = |m: &str| {
-            let _ = write_reply(&mut out.try_clone().expect("clone"), &Reply::Progress { message: m.to_string() });
+            let _ = write_reply(
+                &mut out.try_clone().expect("clone"),
+                &Reply::Progress {
+                    message: m.to_string(),
+                },
+            );
         };
         dispatch(request, run, cluster, &mut stop, info, &mut progress)
     };
@@ -171,7 +213,9 @@ fn handle(stream: UnixStream, run: &RunDir, cluster: &mut Option<Cluster>, info:
         Ok(result) => Reply::Done { result },
         Err(e) => {
             log(format!("request failed: {e}"));
-            Reply::Failed { error: e.to_string() }
+            Reply::Failed {
+                error: e.to_string(),
+            }
         }
     };
     let _ = write_reply(&mut out, &reply);
@@ -201,17 +245,27 @@ fn dispatch(
             progress("handing over to a new agent image (VMs keep running)");
             Ok(json!({ "pid": std::process::id(), "generation": info.generation }))
         }
-        Request::Up { spec_path, spec_toml } => {
+        Request::Up {
+            spec_path,
+            spec_toml,
+        } => {
             if let Some(c) = cluster {
                 return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()));
             }
             let mut spec = ClusterSpec::from_toml_str(&spec_toml, vmcsnap_guest::MIN_MEMORY_MIB)
-                .map_err(|source| AgentError::Spec { path: spec_path.clone(), source })?;
+                .map_err(|source| AgentError::Spec {
+                    path: spec_path.clone(),
+                    source,
+                })?;
             // Paths in a spec (images, kernels, keys) are relative to it.
             if let Some(dir) = spec_path.parent().filter(|d| d.is_absolute()) {
                 spec.resolve_relative_paths(dir);
             }
-            log(format!("up {} from {}", spec.cluster.name, spec_path.display()));
+            log(format!(
+                "up {} from {}",
+                spec.cluster.name,
+                spec_path.display()
+            ));
             let c = Cluster::up(run, spec, progress)?;
             let result = to_json(&c.up_result());
             *cluster = Some(c);
@@ -252,35 +306,102 @@ fn dispatch(
             append(&run.rejuvenation_log(), &format!("{result}\n"))?;
             Ok(result)
         }
-        Request::Snapshot { vm, mode, name, reference, fault } => {
+        Request::Snapshot {
+            vm,
+            mode,
+            name,
+            reference,
+            fault,
+        } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
             let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
-            let fault = fault.map(|f| f.parse()).transpose().map_err(|e: crate::fault::BadFault| AgentError::BadRequest(e.to_string()))?;
+            let fault = fault
+                .map(|f| f.parse())
+                .transpose()
+                .map_err(|e: crate::fault::BadFault| AgentError::BadRequest(e.to_string()))?;
             let vm_config = crate::cluster_snapshot::vm_config(c, &vm)?;
             let m = c.member_mut(&vm)?;
-            let opts = crate::snapshot::Options { mode, name, reference, fault, vm_config, target: None };
-            let report = crate::snapshot::snapshot(m, run, opts, &mut crate::snapshot::NoHooks, progress)?;
+            let opts = crate::snapshot::Options {
+                mode,
+                name,
+                reference,
+                fault,
+                vm_config,
+                target: None,
+            };
+            let report =
+                crate::snapshot::snapshot(m, run, opts, &mut crate::snapshot::NoHooks, progress)?;
             Ok(to_json(&report))
         }
-        Request::ClusterSnapshot { mode, name, no_cut_probes } => {
+        Request::ClusterSnapshot {
+            mode,
+            name,
+            no_cut_probes,
+        } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
             let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
-            let cut_probes = if no_cut_probes { 0 } else { vmcsnap_switch::mediator::probe::PROBES_BEFORE_PAUSE };
-            let opts = crate::cluster_snapshot::Options { mode, name, cut_probes };
+            let cut_probes = if no_cut_probes {
+                0
+            } else {
+                vmcsnap_switch::mediator::probe::PROBES_BEFORE_PAUSE
+            };
+            let opts = crate::cluster_snapshot::Options {
+                mode,
+                name,
+                cut_probes,
+            };
             let report = crate::cluster_snapshot::snapshot_cluster(c, run, opts, progress)?;
             Ok(to_json(&report))
         }
-        Request::Restore { snapshot, mode, wss, paused, trace, no_background, no_priorities, start_quiet_ms } => {
+        Request::Restore {
+            snapshot,
+            mode,
+            wss,
+            paused,
+            trace,
+            no_background,
+            no_priorities,
+            start_quiet_ms,
+        } => {
             let mode: vmcsnap_workingset::Mode = mode.parse().map_err(AgentError::BadRequest)?;
-            let wss = wss.map_or(crate::restore::WssChoice::Auto, crate::restore::WssChoice::Pages);
-            let opts = crate::restore::Options { snapshot, mode, wss, paused, trace, no_background, priorities: !no_priorities, start_quiet: Duration::from_millis(start_quiet_ms.unwrap_or(0)), cluster: None };
+            let wss = wss.map_or(
+                crate::restore::WssChoice::Auto,
+                crate::restore::WssChoice::Pages,
+            );
+            let opts = crate::restore::Options {
+                snapshot,
+                mode,
+                wss,
+                paused,
+                trace,
+                no_background,
+                priorities: !no_priorities,
+                start_quiet: Duration::from_millis(start_quiet_ms.unwrap_or(0)),
+                cluster: None,
+            };
             let report = crate::restore::restore(cluster, run, opts, progress)?;
             Ok(to_json(&report))
         }
-        Request::ClusterRestore { snapshot, mode, no_priorities, start_quiet_ms, fault } => {
-            let mode: crate::cluster_restore::Mode = mode.parse().map_err(AgentError::BadRequest)?;
-            let fault = fault.map(|f| f.parse()).transpose().map_err(|e: crate::fault::BadRestoreFault| AgentError::BadRequest(e.to_string()))?;
-            let opts = crate::cluster_restore::Options { snapshot, mode, priorities: !no_priorities, start_quiet: start_quiet_ms.map_or(crate::restore::CLUSTER_START_QUIET, Duration::from_millis), fault };
+        Request::ClusterRestore {
+            snapshot,
+            mode,
+            no_priorities,
+            start_quiet_ms,
+            fault,
+        } => {
+            let mode: crate::cluster_restore::Mode =
+                mode.parse().map_err(AgentError::BadRequest)?;
+            let fault = fault.map(|f| f.parse()).transpose().map_err(
+                |e: crate::fault::BadRestoreFault| AgentError::BadRequest(e.to_string()),
+            )?;
+            let opts = crate::cluster_restore::Options {
+                snapshot,
+                mode,
+                priorities: !no_priorities,
+                start_quiet: start_quiet_ms
+                    .map_or(crate::restore::CLUSTER_START_QUIET, Duration::from_millis),
+                fault,
+            };
             let report = crate::cluster_restore::restore_cluster(cluster, run, opts, progress)?;
             Ok(to_json(&report))
         }

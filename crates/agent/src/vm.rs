@@ -49,7 +49,9 @@ impl Vm {
     /// signal to the agent's group (Ctrl-C) never reaches the guests.
     pub fn spawn(qemu: &Path, config: QemuConfig, qemu_log: PathBuf) -> Result<Vm, AgentError> {
         let log = File::create(&qemu_log).map_err(AgentError::io("creating", &qemu_log))?;
-        let log2 = log.try_clone().map_err(AgentError::io("opening", &qemu_log))?;
+        let log2 = log
+            .try_clone()
+            .map_err(AgentError::io("opening", &qemu_log))?;
         if !config.incoming {
             // A fresh boot starts a fresh console log (and events log: the
             // ready marker of an earlier boot must not count); a restarted
@@ -90,8 +92,16 @@ impl Vm {
     /// A QEMU started by a previous image of this agent process (see
     /// `handover`): same pid, still our child; its QMP session is reopened
     /// on first use.
-    pub fn adopt(config: QemuConfig, pid: u32, started_at: SystemTime, boot_ms: Option<u64>, qemu_log: PathBuf) -> Vm {
-        let age = SystemTime::now().duration_since(started_at).unwrap_or_default();
+    pub fn adopt(
+        config: QemuConfig,
+        pid: u32,
+        started_at: SystemTime,
+        boot_ms: Option<u64>,
+        qemu_log: PathBuf,
+    ) -> Vm {
+        let age = SystemTime::now()
+            .duration_since(started_at)
+            .unwrap_or_default();
         Vm {
             name: config.name.clone(),
             pid,
@@ -110,7 +120,13 @@ impl Vm {
 
     /// A VM whose QEMU was found gone when an agent adopted it: shown as
     /// exited until `down` or `stop` removes it.
-    pub fn dead(config: QemuConfig, pid: u32, started_at: SystemTime, boot_ms: Option<u64>, qemu_log: PathBuf) -> Vm {
+    pub fn dead(
+        config: QemuConfig,
+        pid: u32,
+        started_at: SystemTime,
+        boot_ms: Option<u64>,
+        qemu_log: PathBuf,
+    ) -> Vm {
         let mut vm = Vm::adopt(config, pid, started_at, boot_ms, qemu_log);
         vm.exit_status = Some("exited while no agent watched it".into());
         vm
@@ -130,7 +146,8 @@ impl Vm {
                     // adopted after a crash (init reaps it; its command line
                     // tells it from a process that reused the pid).
                     self.exit_status = crate::handover::reap(self.pid).or_else(|| {
-                        (!crate::record::is_qemu_of(self.pid, &self.config.qmp_socket)).then(|| "exited".to_string())
+                        (!crate::record::is_qemu_of(self.pid, &self.config.qmp_socket))
+                            .then(|| "exited".to_string())
                     });
                 }
             }
@@ -148,7 +165,11 @@ impl Vm {
         // The lab guest prints the marker on its console; an image VM
         // writes it to its events port (a serial getty may reset the
         // console line while the marker is written).
-        let file = self.config.image.as_ref().map_or(&self.config.console_log, |i| &i.events_log);
+        let file = self
+            .config
+            .image
+            .as_ref()
+            .map_or(&self.config.console_log, |i| &i.events_log);
         let text = read_from(file, start).unwrap_or_default();
         if text.contains(marker) {
             self.boot_ms = Some(self.started.elapsed().as_millis() as u64);
@@ -186,7 +207,10 @@ impl Vm {
                             });
                         }
                         if Instant::now() > deadline {
-                            return Err(AgentError::Qmp { vm: self.name.clone(), source });
+                            return Err(AgentError::Qmp {
+                                vm: self.name.clone(),
+                                source,
+                            });
                         }
                     }
                 }
@@ -221,13 +245,22 @@ impl Vm {
                     return;
                 }
             };
-            if !matches!(status.as_str(), "setup" | "active" | "device" | "wait-unplug" | "pre-switchover" | "cancelling") {
+            if !matches!(
+                status.as_str(),
+                "setup" | "active" | "device" | "wait-unplug" | "pre-switchover" | "cancelling"
+            ) {
                 let ms = t.elapsed().as_secs_f64() * 1000.0;
-                crate::log(format!("VM {}: {what} ended ({status}) after {ms:.0} ms", self.name));
+                crate::log(format!(
+                    "VM {}: {what} ended ({status}) after {ms:.0} ms",
+                    self.name
+                ));
                 return;
             }
             if t.elapsed() > limit {
-                crate::log(format!("VM {}: {what} is still {status} after {limit:?}", self.name));
+                crate::log(format!(
+                    "VM {}: {what} is still {status} after {limit:?}",
+                    self.name
+                ));
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -264,7 +297,10 @@ impl Vm {
                 std::thread::sleep(Duration::from_millis(1));
             }
             if self.exited().is_none() {
-                crate::log(format!("VM {}: QEMU did not quit; killing pid {}", self.name, self.pid));
+                crate::log(format!(
+                    "VM {}: QEMU did not quit; killing pid {}",
+                    self.name, self.pid
+                ));
                 match self.child.as_mut() {
                     Some(child) => {
                         let _ = child.kill();
@@ -291,7 +327,11 @@ fn read_from(path: &Path, offset: u64) -> std::io::Result<String> {
 /// The last `bytes` of a file (all if 0), starting at a line boundary.
 pub fn tail(path: &Path, bytes: u64) -> String {
     let len = path.metadata().map(|m| m.len()).unwrap_or(0);
-    let start = if bytes == 0 { 0 } else { len.saturating_sub(bytes) };
+    let start = if bytes == 0 {
+        0
+    } else {
+        len.saturating_sub(bytes)
+    };
     let text = read_from(path, start).unwrap_or_default();
     if start > 0 {
         if let Some(nl) = text.find('\n') {

@@ -74,7 +74,10 @@ impl Captured {
     /// [`commit`](Self::commit) unless `cancelled` is set before the
     /// snapshot is renamed into place (see
     /// [`ImageWriter::commit_unless`](vmcsnap_image::ImageWriter::commit_unless)).
-    pub fn commit_unless(self, cancelled: &std::sync::atomic::AtomicBool) -> Result<CommittedInfo, CaptureError> {
+    pub fn commit_unless(
+        self,
+        cancelled: &std::sync::atomic::AtomicBool,
+    ) -> Result<CommittedInfo, CaptureError> {
         let Captured { writer, stats } = self;
         let committed = writer.commit_unless(cancelled)?;
         Ok(CommittedInfo {

@@ -45,7 +45,9 @@ fn read_line(r: &mut impl BufRead) -> Result<Option<Vec<u8>>, ControlError> {
         return Ok(None);
     }
     if buf.len() > MAX_LINE {
-        return Err(ControlError::Protocol(format!("line longer than {MAX_LINE} bytes")));
+        return Err(ControlError::Protocol(format!(
+            "line longer than {MAX_LINE} bytes"
+        )));
     }
     if buf.last() != Some(&b'\n') {
         return Err(ControlError::Hangup);
@@ -82,8 +84,10 @@ pub fn call(
     timeout: Option<Duration>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Value, ControlError> {
-    let stream =
-        UnixStream::connect(socket).map_err(|e| ControlError::NoAgent { path: socket.to_path_buf(), source: e })?;
+    let stream = UnixStream::connect(socket).map_err(|e| ControlError::NoAgent {
+        path: socket.to_path_buf(),
+        source: e,
+    })?;
     exchange(stream, socket, request, timeout, progress)
 }
 
@@ -99,7 +103,11 @@ fn exchange(
     let mut line = serde_json::to_vec(request).expect("requests serialise");
     line.push(b'\n');
     let mut reader = BufReader::new(stream);
-    let first = reader.get_mut().write_all(&line).map_err(ControlError::from).and_then(|()| read_line(&mut reader));
+    let first = reader
+        .get_mut()
+        .write_all(&line)
+        .map_err(ControlError::from)
+        .and_then(|()| read_line(&mut reader));
     let mut next = match first {
         Ok(Some(line)) => line,
         Ok(None) | Err(ControlError::Hangup | ControlError::Io(_)) if agent_gone(socket) => {
@@ -114,8 +122,8 @@ fn exchange(
         Err(e) => return Err(e),
     };
     loop {
-        let reply: Reply =
-            serde_json::from_slice(&next).map_err(|e| ControlError::Protocol(format!("bad reply: {e}")))?;
+        let reply: Reply = serde_json::from_slice(&next)
+            .map_err(|e| ControlError::Protocol(format!("bad reply: {e}")))?;
         match reply {
             Reply::Progress { message } => progress(&message),
             Reply::Done { result } => return Ok(result),
@@ -142,7 +150,10 @@ mod tests {
 
     #[test]
     fn request_round_trip_and_unknown_op_rejected() {
-        let req = Request::Console { vm: "a".into(), tail_bytes: 10 };
+        let req = Request::Console {
+            vm: "a".into(),
+            tail_bytes: 10,
+        };
         let text = serde_json::to_string(&req).unwrap();
         assert_eq!(text, r#"{"op":"console","vm":"a","tail_bytes":10}"#);
         let back = read_request(&mut format!("{text}\n").as_bytes()).unwrap();
@@ -161,11 +172,26 @@ mod tests {
             let mut r = BufReader::new(s.try_clone().unwrap());
             assert_eq!(read_request(&mut r).unwrap(), Request::Status);
             let mut w = s;
-            write_reply(&mut w, &Reply::Progress { message: "booting".into() }).unwrap();
-            write_reply(&mut w, &Reply::Done { result: serde_json::json!({"x": 1}) }).unwrap();
+            write_reply(
+                &mut w,
+                &Reply::Progress {
+                    message: "booting".into(),
+                },
+            )
+            .unwrap();
+            write_reply(
+                &mut w,
+                &Reply::Done {
+                    result: serde_json::json!({"x": 1}),
+                },
+            )
+            .unwrap();
         });
         let mut seen = vec![];
-        let v = call(&path, &Request::Status, None, &mut |m| seen.push(m.to_string())).unwrap();
+        let v = call(&path, &Request::Status, None, &mut |m| {
+            seen.push(m.to_string())
+        })
+        .unwrap();
         assert_eq!(seen, vec!["booting"]);
         assert_eq!(v["x"], 1);
     }
@@ -177,7 +203,13 @@ mod tests {
         let l = UnixListener::bind(&path).unwrap();
         std::thread::spawn(move || {
             let (s, _) = l.accept().unwrap();
-            write_reply(&mut &s, &Reply::Failed { error: "bad spec".into() }).unwrap();
+            write_reply(
+                &mut &s,
+                &Reply::Failed {
+                    error: "bad spec".into(),
+                },
+            )
+            .unwrap();
             let (s, _) = l.accept().unwrap();
             drop(s);
             // The agent lives on (it only dropped this connection).
@@ -186,7 +218,10 @@ mod tests {
         let e = call(&path, &Request::Down, None, &mut |_| {}).unwrap_err();
         assert_eq!(e.to_string(), "bad spec");
         let e = call(&path, &Request::Down, None, &mut |_| {}).unwrap_err();
-        assert!(matches!(e, ControlError::Hangup | ControlError::Io(_)), "{e}");
+        assert!(
+            matches!(e, ControlError::Hangup | ControlError::Io(_)),
+            "{e}"
+        );
     }
 
     /// Regression (CI): `status` connected while an idle agent was exiting;
@@ -209,7 +244,13 @@ mod tests {
 
     #[test]
     fn missing_agent_says_how_to_start_one() {
-        let e = call(Path::new("/nonexistent/agent.sock"), &Request::Ping, None, &mut |_| {}).unwrap_err();
+        let e = call(
+            Path::new("/nonexistent/agent.sock"),
+            &Request::Ping,
+            None,
+            &mut |_| {},
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("vmcsnap up"), "{e}");
     }
 

@@ -107,7 +107,10 @@ impl FinTimers {
         if let Some(until) = self.failed_until {
             return Some(self.next_retry.map_or(until, |r| r.min(until)));
         }
-        self.next_retry.into_iter().chain(self.silence_deadline).min()
+        self.next_retry
+            .into_iter()
+            .chain(self.silence_deadline)
+            .min()
     }
 }
 
@@ -129,7 +132,11 @@ mod tests {
         t.heard(t0 + R, Duration::from_millis(25));
         assert_eq!(t.due(t0 + Duration::from_millis(30), R, false), Due::Resend);
         assert_eq!(t.due(t0 + Duration::from_millis(35), R, false), Due::Silent);
-        assert_eq!(t.due(t0 + Duration::from_millis(35), R, true), Due::Nothing, "ended");
+        assert_eq!(
+            t.due(t0 + Duration::from_millis(35), R, true),
+            Due::Nothing,
+            "ended"
+        );
         t.disarm();
         assert_eq!(t.next_wakeup(), None);
     }
@@ -144,7 +151,10 @@ mod tests {
         assert_eq!(t.due(t0 + R, R, true), Due::ResendFailed);
         assert_eq!(t.due(t0 + R, R, true), Due::Nothing);
         assert_eq!(t.next_wakeup(), Some(t0 + 2 * R));
-        assert_eq!(t.due(t0 + Duration::from_millis(25), R, true), Due::LingerOver);
+        assert_eq!(
+            t.due(t0 + Duration::from_millis(25), R, true),
+            Due::LingerOver
+        );
         assert!(!t.lingering());
         assert_eq!(t.next_wakeup(), None);
         t.linger(t0, R, Duration::from_secs(1));

@@ -34,7 +34,9 @@ pub(crate) fn json_line<M: Serialize>(msg: &M) -> String {
 /// Parses one line written by [`json_line`] (surrounding whitespace,
 /// including the newline, is ignored); on error, the line's first 200
 /// characters and the JSON error.
-pub(crate) fn parse_json_line<M: DeserializeOwned>(line: &str) -> Result<M, (String, serde_json::Error)> {
+pub(crate) fn parse_json_line<M: DeserializeOwned>(
+    line: &str,
+) -> Result<M, (String, serde_json::Error)> {
     serde_json::from_str(line.trim()).map_err(|e| (line.trim().chars().take(200).collect(), e))
 }
 

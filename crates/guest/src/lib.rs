@@ -63,11 +63,17 @@ pub(crate) fn build_workspace<'a>(
     prefix: &str,
     files: impl Iterator<Item = (&'a str, &'a str, bool)>,
 ) -> Result<(PathBuf, tempfile::TempDir, PathBuf), GuestError> {
-    let bash = find_tool("bash").ok_or(GuestError::ToolMissing { tool: "bash", package: "bash" })?;
+    let bash = find_tool("bash").ok_or(GuestError::ToolMissing {
+        tool: "bash",
+        package: "bash",
+    })?;
     let work = tempfile::Builder::new()
         .prefix(prefix)
         .tempdir_in(cache_root)
-        .map_err(io_err(format!("cannot create a temporary directory in {}", cache_root.display())))?;
+        .map_err(io_err(format!(
+            "cannot create a temporary directory in {}",
+            cache_root.display()
+        )))?;
     let src = work.path().join("src");
     for (path, contents, executable) in files {
         let p = src.join(path);
@@ -253,7 +259,10 @@ pub(crate) struct FileLock {
 }
 
 impl FileLock {
-    pub(crate) fn acquire(path: &Path, progress: &mut dyn FnMut(&str)) -> Result<FileLock, GuestError> {
+    pub(crate) fn acquire(
+        path: &Path,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<FileLock, GuestError> {
         let file = fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -427,7 +436,9 @@ pub(crate) fn run_streaming(
     for r in readers {
         let _ = r.join();
     }
-    let status = child.wait().map_err(io_err("waiting for the build script"))?;
+    let status = child
+        .wait()
+        .map_err(io_err("waiting for the build script"))?;
     Ok((status, Vec::from(tail).join("\n")))
 }
 
@@ -932,12 +943,23 @@ mod tests {
         // snapshot's window).
         let code = &init[init.find("prefix_lines() {").expect("prefix_lines in init")..];
         for f in ["retrans_segs", "tcp_ext", "tcp_counters"] {
-            assert!(code.contains(&format!("{f}() {{")), "{f} is defined after prefix_lines");
+            assert!(
+                code.contains(&format!("{f}() {{")),
+                "{f} is defined after prefix_lines"
+            );
         }
-        assert!(code.contains("while :; do"), "the status loop follows its functions");
+        assert!(
+            code.contains("while :; do"),
+            "the status loop follows its functions"
+        );
         // `$(` not followed by `(` (arithmetic), or a backquote.
-        let substitution = code.match_indices("$(").any(|(i, _)| !code[i + 2..].starts_with('('));
-        assert!(!substitution && !code.contains('`'), "the status loop forks a command substitution:\n{code}");
+        let substitution = code
+            .match_indices("$(")
+            .any(|(i, _)| !code[i + 2..].starts_with('('));
+        assert!(
+            !substitution && !code.contains('`'),
+            "the status loop forks a command substitution:\n{code}"
+        );
         // Regression: RetransSegs and TcpExt were read once each, one after
         // the other; a line read across a stall counted a loss probe in
         // TcpExt but not in RetransSegs, and cluster restores reported
@@ -953,8 +975,15 @@ mod tests {
                 Some(at)
             })
             .collect();
-        assert_eq!(order.len(), 3, "tcp_counters reads RetransSegs, TcpExt, RetransSegs:\n{counters}");
-        assert!(counters.contains("\"$retrans\" = \"$before\""), "tcp_counters compares both reads:\n{counters}");
+        assert_eq!(
+            order.len(),
+            3,
+            "tcp_counters reads RetransSegs, TcpExt, RetransSegs:\n{counters}"
+        );
+        assert!(
+            counters.contains("\"$retrans\" = \"$before\""),
+            "tcp_counters compares both reads:\n{counters}"
+        );
     }
 
     #[test]

@@ -242,7 +242,11 @@ fn full_checks_read_back_every_key_and_count_what_changed() {
     let dir = tempfile::tempdir().unwrap();
     let bin = build_redisload(dir.path());
     let redis = Redis::start();
-    let child = run(&bin, redis.port, &["-k", "200", "-r", "400", "-V", "1", "-d", "4"]);
+    let child = run(
+        &bin,
+        redis.port,
+        &["-k", "200", "-r", "400", "-V", "1", "-d", "4"],
+    );
     wait_for_status(redis.port, &redis);
     std::thread::sleep(Duration::from_millis(1500));
     // Written keys go missing behind its back: the next full check sees them.
@@ -250,12 +254,21 @@ fn full_checks_read_back_every_key_and_count_what_changed() {
     let o = child.wait_with_output().unwrap();
     let out = text(&o);
     let checks = full_checks(&out);
-    assert!(checks.len() >= 2, "a full check every second:
-{out}");
-    assert!(checks[0].0 > 0 && checks[0].1 == 0, "clean before the flush: {checks:?}
-{out}");
-    assert!(checks.iter().any(|c| c.1 > 0), "the flush was seen by a full check: {checks:?}
-{out}");
+    assert!(
+        checks.len() >= 2,
+        "a full check every second:
+{out}"
+    );
+    assert!(
+        checks[0].0 > 0 && checks[0].1 == 0,
+        "clean before the flush: {checks:?}
+{out}"
+    );
+    assert!(
+        checks.iter().any(|c| c.1 > 0),
+        "the flush was seen by a full check: {checks:?}
+{out}"
+    );
 }
 
 /// A fake server answering every request with `reply`.

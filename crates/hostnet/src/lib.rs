@@ -144,11 +144,20 @@ impl HostAccess {
             }
         };
         let counters = Arc::new(Counters::default());
-        let relay = Relay { tap, listener, stop: stop_rx, counters: counters.clone(), ifname: cfg.ifname.clone() };
+        let relay = Relay {
+            tap,
+            listener,
+            stop: stop_rx,
+            counters: counters.clone(),
+            ifname: cfg.ifname.clone(),
+        };
         let thread = std::thread::Builder::new()
             .name("hostnet-relay".into())
             .spawn(move || relay.run())
-            .map_err(|source| HostNetError::Thread { what: "hostnet-relay", source })?;
+            .map_err(|source| HostNetError::Thread {
+                what: "hostnet-relay",
+                source,
+            })?;
         log::info!(
             "host access up: {} {}/{} in {}, switch socket {:?}",
             cfg.ifname,
@@ -157,7 +166,12 @@ impl HostAccess {
             netns.as_deref().unwrap_or("the host's network stack"),
             cfg.socket_path
         );
-        Ok(HostAccess { cfg, stop_tx: Some(stop_tx), thread: Some(thread), counters })
+        Ok(HostAccess {
+            cfg,
+            stop_tx: Some(stop_tx),
+            thread: Some(thread),
+            counters,
+        })
     }
 
     /// The configuration it was started with.
@@ -178,7 +192,9 @@ impl HostAccess {
 
     fn shutdown(&mut self) -> Result<()> {
         // Closing the write end of the stop pipe wakes the relay (POLLHUP).
-        let Some(tx) = self.stop_tx.take() else { return Ok(()) };
+        let Some(tx) = self.stop_tx.take() else {
+            return Ok(());
+        };
         drop(tx);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -198,8 +214,9 @@ impl HostAccess {
         }
         netns::in_netns(netns.as_deref(), move || {
             if let Some(index) = tap::ifindex(&ifname) {
-                netlink::delete_link(index)
-                    .map_err(|e| HostNetError::io(format!("cannot delete interface {ifname}"), e))?;
+                netlink::delete_link(index).map_err(|e| {
+                    HostNetError::io(format!("cannot delete interface {ifname}"), e)
+                })?;
             }
             Ok(())
         })?;

@@ -23,7 +23,8 @@ fn dellink_request(index: u32, seq: u32) -> [u8; NLMSG_HDR_LEN + IFINFOMSG_LEN] 
 
 /// Reads the errno of an `NLMSG_ERROR` answer to `seq` (0 is an ack).
 pub(crate) fn parse_ack(buf: &[u8], seq: u32) -> io::Result<i32> {
-    let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, format!("rtnetlink answer: {m}"));
+    let bad =
+        |m: &str| io::Error::new(io::ErrorKind::InvalidData, format!("rtnetlink answer: {m}"));
     if buf.len() < NLMSG_HDR_LEN + 4 {
         return Err(bad("too short"));
     }
@@ -45,7 +46,13 @@ pub(crate) fn parse_ack(buf: &[u8], seq: u32) -> io::Result<i32> {
 /// Deletes the interface with `index` in the calling thread's namespace.
 pub(crate) fn delete_link(index: u32) -> io::Result<()> {
     // SAFETY: plain socket(2) call; the result is checked.
-    let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE) };
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        )
+    };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -87,7 +94,10 @@ mod tests {
     fn request_layout() {
         let r = dellink_request(7, 3);
         assert_eq!(u32::from_ne_bytes(r[0..4].try_into().unwrap()), 32);
-        assert_eq!(u16::from_ne_bytes(r[4..6].try_into().unwrap()), libc::RTM_DELLINK);
+        assert_eq!(
+            u16::from_ne_bytes(r[4..6].try_into().unwrap()),
+            libc::RTM_DELLINK
+        );
         assert_eq!(i32::from_ne_bytes(r[20..24].try_into().unwrap()), 7);
     }
 

@@ -49,7 +49,13 @@ pub const NETNS_PREFIX: &str = "vmcsnap-";
 pub fn netns_name(run_tag: &str) -> String {
     let tag: String = run_tag
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     format!("{NETNS_PREFIX}{tag}")
 }
@@ -63,7 +69,10 @@ pub fn validate_netns_name(name: &str) -> Result<()> {
         || name.contains('/')
         || name.contains('\0');
     if bad {
-        return Err(HostNetError::InvalidNetnsName { name: name.into(), max: MAX_NETNS_NAME_LEN });
+        return Err(HostNetError::InvalidNetnsName {
+            name: name.into(),
+            max: MAX_NETNS_NAME_LEN,
+        });
     }
     Ok(())
 }
@@ -126,15 +135,25 @@ pub fn ensure_netns(name: &str) -> Result<bool> {
     let mounted = run_in_thread("netns-create", move || {
         // SAFETY: unshare affects only this (short-lived) thread's network namespace.
         if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            return Err(HostNetError::last_os("cannot create a network namespace (unshare)"));
+            return Err(HostNetError::last_os(
+                "cannot create a network namespace (unshare)",
+            ));
         }
         let src = c"/proc/thread-self/ns/net";
         // SAFETY: both paths are NUL-terminated; a bind mount takes no fstype or data.
         let rc = unsafe {
-            libc::mount(src.as_ptr(), target.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null())
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
         };
         if rc != 0 {
-            return Err(HostNetError::last_os(format!("cannot bind-mount the new network namespace on {target:?}")));
+            return Err(HostNetError::last_os(format!(
+                "cannot bind-mount the new network namespace on {target:?}"
+            )));
         }
         Ok(())
     })
@@ -159,21 +178,38 @@ fn make_run_dir_shared() -> Result<()> {
     loop {
         // SAFETY: NUL-terminated strings; changing propagation takes no source or data.
         let rc = unsafe {
-            libc::mount(c"".as_ptr(), dir.as_ptr(), none.as_ptr(), libc::MS_SHARED | libc::MS_REC, std::ptr::null())
+            libc::mount(
+                c"".as_ptr(),
+                dir.as_ptr(),
+                none.as_ptr(),
+                libc::MS_SHARED | libc::MS_REC,
+                std::ptr::null(),
+            )
         };
         if rc == 0 {
             return Ok(());
         }
         let err = io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EINVAL) || bound {
-            return Err(HostNetError::io(format!("cannot make {NETNS_RUN_DIR} a shared mount"), err));
+            return Err(HostNetError::io(
+                format!("cannot make {NETNS_RUN_DIR} a shared mount"),
+                err,
+            ));
         }
         // SAFETY: NUL-terminated strings; a bind mount takes no data.
         let rc = unsafe {
-            libc::mount(dir.as_ptr(), dir.as_ptr(), none.as_ptr(), libc::MS_BIND | libc::MS_REC, std::ptr::null())
+            libc::mount(
+                dir.as_ptr(),
+                dir.as_ptr(),
+                none.as_ptr(),
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            )
         };
         if rc != 0 {
-            return Err(HostNetError::last_os(format!("cannot bind-mount {NETNS_RUN_DIR} onto itself")));
+            return Err(HostNetError::last_os(format!(
+                "cannot bind-mount {NETNS_RUN_DIR} onto itself"
+            )));
         }
         bound = true;
     }
@@ -235,12 +271,16 @@ pub fn in_netns<T: Send + 'static>(
     name: Option<&str>,
     f: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    let ns = name.map(|n| open_netns(n).map(|f| (n.to_string(), f))).transpose()?;
+    let ns = name
+        .map(|n| open_netns(n).map(|f| (n.to_string(), f)))
+        .transpose()?;
     run_in_thread("netns-worker", move || {
         if let Some((name, file)) = ns {
             // SAFETY: `file` is an open nsfs file; setns changes only this thread.
             if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                return Err(HostNetError::last_os(format!("cannot enter network namespace {name} (setns)")));
+                return Err(HostNetError::last_os(format!(
+                    "cannot enter network namespace {name} (setns)"
+                )));
             }
         }
         f()
@@ -267,8 +307,13 @@ pub fn exec_in_netns(name: &str, argv: &[OsString]) -> Result<ExitStatus> {
         });
     }
     let status = cmd.status().map_err(|source| match source.raw_os_error() {
-        Some(libc::EPERM) => HostNetError::NotRoot { what: format!("cannot enter network namespace {name}") },
-        _ => HostNetError::Spawn { program: program.to_string_lossy().into_owned(), source },
+        Some(libc::EPERM) => HostNetError::NotRoot {
+            what: format!("cannot enter network namespace {name}"),
+        },
+        _ => HostNetError::Spawn {
+            program: program.to_string_lossy().into_owned(),
+            source,
+        },
     });
     drop(file);
     status
@@ -297,6 +342,9 @@ mod tests {
 
     #[test]
     fn exec_without_a_command_is_an_error() {
-        assert!(matches!(exec_in_netns("whatever", &[]), Err(HostNetError::NoCommand)));
+        assert!(matches!(
+            exec_in_netns("whatever", &[]),
+            Err(HostNetError::NoCommand)
+        ));
     }
 }

@@ -118,7 +118,10 @@ impl Relay {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                log::error!("host access relay of {}: poll failed: {e}; relay stopped", self.ifname);
+                log::error!(
+                    "host access relay of {}: poll failed: {e}; relay stopped",
+                    self.ifname
+                );
                 return;
             }
             if fds[0].revents != 0 {
@@ -146,14 +149,18 @@ impl Relay {
     fn pump_tap(&self, frame: &mut [u8], conn: &mut Option<Conn>) -> bool {
         for _ in 0..TAP_BURST {
             // SAFETY: `frame` is writable for its length.
-            let n = unsafe { libc::read(self.tap.as_raw_fd(), frame.as_mut_ptr().cast(), frame.len()) };
+            let n =
+                unsafe { libc::read(self.tap.as_raw_fd(), frame.as_mut_ptr().cast(), frame.len()) };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 match e.kind() {
                     io::ErrorKind::WouldBlock => break,
                     io::ErrorKind::Interrupted => continue,
                     _ => {
-                        log::error!("host access relay: reading tap {} failed: {e}; relay stopped", self.ifname);
+                        log::error!(
+                            "host access relay: reading tap {} failed: {e}; relay stopped",
+                            self.ifname
+                        );
                         return false;
                     }
                 }
@@ -190,9 +197,15 @@ impl Relay {
                 }
                 bump(&self.counters.connections);
                 log::debug!("host access relay of {}: switch connected", self.ifname);
-                *conn = Some(Conn { stream, decoder: Decoder::new(), out: Vec::new() });
+                *conn = Some(Conn {
+                    stream,
+                    decoder: Decoder::new(),
+                    out: Vec::new(),
+                });
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => log::warn!("host access relay of {}: accept failed: {e}", self.ifname),
         }
     }
@@ -213,7 +226,10 @@ impl Relay {
                             Ok(None) => break,
                             Err(e) => {
                                 bump(&self.counters.protocol_errors);
-                                log::warn!("host access relay of {}: closing the switch connection: {e}", self.ifname);
+                                log::warn!(
+                                    "host access relay of {}: closing the switch connection: {e}",
+                                    self.ifname
+                                );
                                 return false;
                             }
                         }
@@ -222,7 +238,10 @@ impl Relay {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    log::debug!("host access relay of {}: switch connection failed: {e}", self.ifname);
+                    log::debug!(
+                        "host access relay of {}: switch connection failed: {e}",
+                        self.ifname
+                    );
                     return false;
                 }
             }
@@ -235,7 +254,11 @@ impl Relay {
         let n = unsafe { libc::write(self.tap.as_raw_fd(), frame.as_ptr().cast(), frame.len()) };
         if n < 0 {
             bump(&self.counters.dropped_to_tap);
-            log::trace!("tap {} refused a frame: {}", self.ifname, io::Error::last_os_error());
+            log::trace!(
+                "tap {} refused a frame: {}",
+                self.ifname,
+                io::Error::last_os_error()
+            );
         } else {
             bump(&self.counters.from_switch);
         }
@@ -262,5 +285,9 @@ fn flush(c: &mut Conn) -> io::Result<()> {
 }
 
 fn pollfd(fd: i32, events: i16) -> libc::pollfd {
-    libc::pollfd { fd, events, revents: 0 }
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
 }

@@ -19,19 +19,23 @@ pub(crate) fn listen(path: &Path) -> Result<UnixListener> {
         return Err(HostNetError::InvalidSocketPath { path: path.into() });
     }
     match std::fs::symlink_metadata(path) {
-        Ok(m) if !m.file_type().is_socket() => return Err(HostNetError::NotASocket { path: path.into() }),
+        Ok(m) if !m.file_type().is_socket() => {
+            return Err(HostNetError::NotASocket { path: path.into() })
+        }
         Ok(_) => match UnixStream::connect(path) {
             Ok(_) => return Err(HostNetError::SocketInUse { path: path.into() }),
             Err(_) => {
                 log::info!("replacing the stale socket {path:?}");
-                std::fs::remove_file(path)
-                    .map_err(|e| HostNetError::io(format!("cannot remove the stale socket {path:?}"), e))?;
+                std::fs::remove_file(path).map_err(|e| {
+                    HostNetError::io(format!("cannot remove the stale socket {path:?}"), e)
+                })?;
             }
         },
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(HostNetError::io(format!("cannot examine {path:?}"), e)),
     }
-    let l = UnixListener::bind(path).map_err(|e| HostNetError::io(format!("cannot listen on {path:?}"), e))?;
+    let l = UnixListener::bind(path)
+        .map_err(|e| HostNetError::io(format!("cannot listen on {path:?}"), e))?;
     l.set_nonblocking(true)
         .map_err(|e| HostNetError::io(format!("cannot make {path:?} non-blocking"), e))?;
     Ok(l)

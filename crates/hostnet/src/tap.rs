@@ -31,7 +31,10 @@ struct IfReq {
 
 impl IfReq {
     fn new(ifname: &str) -> Self {
-        let mut r = IfReq { name: [0; libc::IFNAMSIZ], data: [0; 24] };
+        let mut r = IfReq {
+            name: [0; libc::IFNAMSIZ],
+            data: [0; 24],
+        };
         r.name[..ifname.len()].copy_from_slice(ifname.as_bytes());
         r
     }
@@ -60,7 +63,9 @@ pub fn validate_ifname(name: &str) -> Result<()> {
         || name.len() > MAX_IFNAME_LEN
         || name == "."
         || name == ".."
-        || name.bytes().any(|b| b == b'/' || b == b':' || b == 0 || b.is_ascii_whitespace());
+        || name
+            .bytes()
+            .any(|b| b == b'/' || b == b':' || b == 0 || b.is_ascii_whitespace());
     if bad {
         return Err(HostNetError::InvalidIfname { name: name.into() });
     }
@@ -101,17 +106,38 @@ pub(crate) fn create(spec: &TapSpec) -> Result<OwnedFd> {
     req.set_flags((libc::IFF_TAP | libc::IFF_NO_PI) as i16);
     // SAFETY: TUNSETIFF reads (and writes back the name of) a struct ifreq, which `req` is.
     if unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETIFF, &mut req) } != 0 {
-        return Err(HostNetError::last_os(format!("cannot create TAP device {} (TUNSETIFF)", spec.ifname)));
+        return Err(HostNetError::last_os(format!(
+            "cannot create TAP device {} (TUNSETIFF)",
+            spec.ifname
+        )));
     }
     let mut req = IfReq::new(&spec.ifname);
     req.set_hwaddr(spec.mac);
-    ioctl(&ctl, libc::SIOCSIFHWADDR, &mut req, &spec.ifname, "set the MAC address of")?;
+    ioctl(
+        &ctl,
+        libc::SIOCSIFHWADDR,
+        &mut req,
+        &spec.ifname,
+        "set the MAC address of",
+    )?;
     let mut req = IfReq::new(&spec.ifname);
     req.set_ipv4(spec.ip);
-    ioctl(&ctl, libc::SIOCSIFADDR, &mut req, &spec.ifname, "set the IPv4 address of")?;
+    ioctl(
+        &ctl,
+        libc::SIOCSIFADDR,
+        &mut req,
+        &spec.ifname,
+        "set the IPv4 address of",
+    )?;
     let mut req = IfReq::new(&spec.ifname);
     req.set_ipv4(netmask(spec.prefix));
-    ioctl(&ctl, libc::SIOCSIFNETMASK, &mut req, &spec.ifname, "set the netmask of")?;
+    ioctl(
+        &ctl,
+        libc::SIOCSIFNETMASK,
+        &mut req,
+        &spec.ifname,
+        "set the netmask of",
+    )?;
     set_up(&ctl, &spec.ifname)?;
     Ok(tun.into())
 }
@@ -126,7 +152,9 @@ fn ioctl_socket() -> Result<OwnedFd> {
     // SAFETY: plain socket(2) call; the result is checked.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
-        return Err(HostNetError::last_os("cannot open a socket for interface ioctls"));
+        return Err(HostNetError::last_os(
+            "cannot open a socket for interface ioctls",
+        ));
     }
     // SAFETY: `fd` was just returned by socket(2) and is owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -142,7 +170,13 @@ fn ioctl(ctl: &OwnedFd, op: libc::Ioctl, req: &mut IfReq, ifname: &str, what: &s
 
 fn set_up(ctl: &OwnedFd, ifname: &str) -> Result<()> {
     let mut req = IfReq::new(ifname);
-    ioctl(ctl, libc::SIOCGIFFLAGS, &mut req, ifname, "read the flags of")?;
+    ioctl(
+        ctl,
+        libc::SIOCGIFFLAGS,
+        &mut req,
+        ifname,
+        "read the flags of",
+    )?;
     let flags = req.flags() | libc::IFF_UP as i16;
     req.set_flags(flags);
     ioctl(ctl, libc::SIOCSIFFLAGS, &mut req, ifname, "bring up")
@@ -157,13 +191,26 @@ pub(crate) fn ifindex(ifname: &str) -> Option<u32> {
 }
 
 fn remove_leftover(spec: &TapSpec) -> Result<()> {
-    let Some(index) = ifindex(&spec.ifname) else { return Ok(()) };
-    if !spec.own_namespace && !Path::new(&format!("/sys/class/net/{}/tun_flags", spec.ifname)).exists() {
-        return Err(HostNetError::InterfaceExists { name: spec.ifname.clone() });
+    let Some(index) = ifindex(&spec.ifname) else {
+        return Ok(());
+    };
+    if !spec.own_namespace
+        && !Path::new(&format!("/sys/class/net/{}/tun_flags", spec.ifname)).exists()
+    {
+        return Err(HostNetError::InterfaceExists {
+            name: spec.ifname.clone(),
+        });
     }
-    log::warn!("replacing the leftover interface {} (index {index})", spec.ifname);
-    crate::netlink::delete_link(index)
-        .map_err(|e| HostNetError::io(format!("cannot delete the leftover interface {}", spec.ifname), e))
+    log::warn!(
+        "replacing the leftover interface {} (index {index})",
+        spec.ifname
+    );
+    crate::netlink::delete_link(index).map_err(|e| {
+        HostNetError::io(
+            format!("cannot delete the leftover interface {}", spec.ifname),
+            e,
+        )
+    })
 }
 
 /// Names of the interfaces of the calling thread's namespace.

@@ -106,7 +106,10 @@ pub fn list_snapshots(root: &Path) -> Result<Vec<SnapshotEntry>, ListError> {
 /// sorted by name: hidden entries, writers' temporary directories and plain
 /// files are skipped.
 pub(crate) fn snapshot_dirs(root: &Path) -> Result<Vec<(String, PathBuf)>, ListError> {
-    let io = |e| ListError::Io { path: root.into(), source: e };
+    let io = |e| ListError::Io {
+        path: root.into(),
+        source: e,
+    };
     let mut out = Vec::new();
     for ent in fs::read_dir(root).map_err(io)? {
         let ent = ent.map_err(io)?;

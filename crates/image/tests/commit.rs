@@ -134,7 +134,11 @@ fn a_cancelled_commit_leaves_nothing() {
     let e = w.commit_unless(&AtomicBool::new(true)).unwrap_err();
     assert!(matches!(e, vmcsnap_image::WriteError::Cancelled), "{e}");
     assert!(e.to_string().contains("nothing was committed"), "{e}");
-    assert_eq!(fs::read_dir(root).unwrap().count(), 0, "no snapshot, no temporary directory");
+    assert_eq!(
+        fs::read_dir(root).unwrap().count(),
+        0,
+        "no snapshot, no temporary directory"
+    );
     let mut w = ImageWriter::create(&root.join("s"), meta(&[])).unwrap();
     w.set_device_state(b"state").unwrap();
     w.commit_unless(&AtomicBool::new(false)).unwrap();

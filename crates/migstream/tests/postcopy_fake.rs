@@ -310,8 +310,13 @@ fn whole_protocol_with_requests_clusters_and_background_order() {
         })
         .collect();
     assert_eq!(works[0], (0, Work::Preload), "the first event");
-    assert!(works[1..].iter().all(|&(i, w)| i > run_sent && w != Work::Preload));
-    assert!(works.windows(2).all(|p| p[0].1 != p[1].1), "emitted on changes only");
+    assert!(works[1..]
+        .iter()
+        .all(|&(i, w)| i > run_sent && w != Work::Preload));
+    assert!(
+        works.windows(2).all(|p| p[0].1 != p[1].1),
+        "emitted on changes only"
+    );
     let demand_work = pos(&|e| *e == SourceEvent::Work(Work::Demand));
     assert!(demand_work < all_sent && works.iter().any(|&(_, w)| w == Work::Background));
     assert_eq!(
@@ -340,7 +345,13 @@ fn run_to_shut(cfg: &SourceConfig) -> (vmcsnap_migstream::postcopy::SourceReport
         true
     });
     let stream = UnixStream::connect(&path).unwrap();
-    let run = run_guarded(cfg.clone(), MemPages::new(pages.clone()), stream, GUARD, |_| {});
+    let run = run_guarded(
+        cfg.clone(),
+        MemPages::new(pages.clone()),
+        stream,
+        GUARD,
+        |_| {},
+    );
     let report = run.result.expect("run_source");
     let (items, _) = dest.join().unwrap();
     let seen = check_stream(&items, cfg, &pages);
@@ -682,13 +693,28 @@ fn a_held_background_push_serves_only_requests_until_the_hold_is_lifted() {
         true
     });
     let stream = UnixStream::connect(&path).unwrap();
-    let run = run_guarded(cfg.clone(), MemPages::new(pages.clone()), stream, GUARD, |_| {});
+    let run = run_guarded(
+        cfg.clone(),
+        MemPages::new(pages.clone()),
+        stream,
+        GUARD,
+        |_| {},
+    );
     let report = run.result.expect("run_source");
     let (items, err) = dest.join().unwrap();
     assert!(err.is_none(), "{err:?}");
     let seen = check_stream(&items, &cfg, &pages);
-    let after: Vec<PageId> = seen.pages.iter().filter(|(_, b)| !b).map(|(p, _)| *p).collect();
-    assert_eq!(after[0], id(0, 100), "the requested page before any background page");
+    let after: Vec<PageId> = seen
+        .pages
+        .iter()
+        .filter(|(_, b)| !b)
+        .map(|(p, _)| *p)
+        .collect();
+    assert_eq!(
+        after[0],
+        id(0, 100),
+        "the requested page before any background page"
+    );
     assert_eq!(report.pages_on_demand, 1);
     assert_eq!(report.pages_background, cfg.total_pages() - 2);
 }

@@ -426,7 +426,10 @@ fn e_paused_destination_started_by_cont_during_postcopy() {
         "started by cont: {:?}; {} pages before RUN, {} on demand, {} background",
         r.took, report.pages_before_run, report.pages_on_demand, report.pages_background
     );
-    assert!(report.pages_on_demand > 0, "the running guest faulted on pages");
+    assert!(
+        report.pages_on_demand > 0,
+        "the running guest faulted on pages"
+    );
     assert_eq!(
         report.pages_before_run + report.pages_on_demand + report.pages_background,
         report.pages_total

@@ -112,7 +112,12 @@ impl QmpClient {
                     let _ = e;
                     std::thread::sleep(Duration::from_millis(10));
                 }
-                Err(e) => return Err(QmpError::Connect { path: path.to_path_buf(), source: e }),
+                Err(e) => {
+                    return Err(QmpError::Connect {
+                        path: path.to_path_buf(),
+                        source: e,
+                    })
+                }
             }
         };
         Self::from_stream(stream, timeout)
@@ -126,7 +131,11 @@ impl QmpClient {
             writer,
             events: VecDeque::new(),
             next_id: 1,
-            version: QemuVersion { major: 0, minor: 0, micro: 0 },
+            version: QemuVersion {
+                major: 0,
+                minor: 0,
+                micro: 0,
+            },
             timeout,
             partial: Vec::new(),
         };
@@ -143,11 +152,15 @@ impl QmpClient {
             }
             break msg;
         };
-        let v = greeting
-            .pointer("/QMP/version/qemu")
-            .ok_or_else(|| QmpError::Protocol(format!("expected a QMP greeting, got {greeting}")))?;
+        let v = greeting.pointer("/QMP/version/qemu").ok_or_else(|| {
+            QmpError::Protocol(format!("expected a QMP greeting, got {greeting}"))
+        })?;
         let num = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
-        client.version = QemuVersion { major: num("major"), minor: num("minor"), micro: num("micro") };
+        client.version = QemuVersion {
+            major: num("major"),
+            minor: num("minor"),
+            micro: num("micro"),
+        };
         client.execute("qmp_capabilities", Value::Null)?;
         Ok(client)
     }
@@ -190,8 +203,17 @@ impl QmpClient {
                 return Ok(ret.clone());
             }
             if let Some(err) = reply.get("error") {
-                let s = |k: &str| err.get(k).and_then(Value::as_str).unwrap_or("?").to_string();
-                return Err(QmpError::Command { command: command.to_string(), class: s("class"), desc: s("desc") });
+                let s = |k: &str| {
+                    err.get(k)
+                        .and_then(Value::as_str)
+                        .unwrap_or("?")
+                        .to_string()
+                };
+                return Err(QmpError::Command {
+                    command: command.to_string(),
+                    class: s("class"),
+                    desc: s("desc"),
+                });
             }
             return Err(QmpError::Protocol(format!("unexpected reply {reply}")));
         }
@@ -244,15 +266,27 @@ impl QmpClient {
     }
 
     fn queue_event(&mut self, msg: Value) -> Result<(), QmpError> {
-        let name = msg["event"].as_str().ok_or_else(|| QmpError::Protocol(format!("bad event {msg}")))?.to_string();
+        let name = msg["event"]
+            .as_str()
+            .ok_or_else(|| QmpError::Protocol(format!("bad event {msg}")))?
+            .to_string();
         let ts = &msg["timestamp"];
-        let timestamp_us = ts["seconds"].as_u64().unwrap_or(0) * 1_000_000 + ts["microseconds"].as_u64().unwrap_or(0);
-        self.events.push_back(QmpEvent { name, data: msg.get("data").cloned().unwrap_or(Value::Null), timestamp_us });
+        let timestamp_us = ts["seconds"].as_u64().unwrap_or(0) * 1_000_000
+            + ts["microseconds"].as_u64().unwrap_or(0);
+        self.events.push_back(QmpEvent {
+            name,
+            data: msg.get("data").cloned().unwrap_or(Value::Null),
+            timestamp_us,
+        });
         Ok(())
     }
 
     fn read_message(&mut self, timeout: Duration, what: &str) -> Result<Value, QmpError> {
-        let t = if timeout.is_zero() { Duration::from_millis(1) } else { timeout };
+        let t = if timeout.is_zero() {
+            Duration::from_millis(1)
+        } else {
+            timeout
+        };
         self.reader.get_ref().set_read_timeout(Some(t))?;
         match self.reader.read_until(b'\n', &mut self.partial) {
             Ok(0) => Err(QmpError::Closed),
@@ -260,7 +294,10 @@ impl QmpClient {
             Ok(_) => {
                 let line = std::mem::take(&mut self.partial);
                 serde_json::from_slice(&line).map_err(|e| {
-                    QmpError::Protocol(format!("invalid JSON from QEMU ({e}): {}", String::from_utf8_lossy(&line).trim_end()))
+                    QmpError::Protocol(format!(
+                        "invalid JSON from QEMU ({e}): {}",
+                        String::from_utf8_lossy(&line).trim_end()
+                    ))
                 })
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
@@ -273,7 +310,9 @@ impl QmpClient {
 
 fn closed_or_io(e: std::io::Error) -> QmpError {
     match e.kind() {
-        ErrorKind::BrokenPipe | ErrorKind::ConnectionReset | ErrorKind::UnexpectedEof => QmpError::Closed,
+        ErrorKind::BrokenPipe | ErrorKind::ConnectionReset | ErrorKind::UnexpectedEof => {
+            QmpError::Closed
+        }
         _ => QmpError::Io(e),
     }
 }

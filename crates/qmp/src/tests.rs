@@ -14,7 +14,9 @@ const GREETING: &str = r#"{"QMP": {"version": {"qemu": {"micro": 0, "minor": 2, 
 
 /// A fake QEMU: greets, then for each command line calls `script` and writes
 /// whatever lines it returns.
-fn fake_qemu(script: impl Fn(&Value) -> Vec<String> + Send + 'static) -> (tempfile::TempDir, std::path::PathBuf) {
+fn fake_qemu(
+    script: impl Fn(&Value) -> Vec<String> + Send + 'static,
+) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("qmp.sock");
     let listener = UnixListener::bind(&path).unwrap();
@@ -69,7 +71,14 @@ fn an_event_before_the_greeting_is_queued_not_an_error() {
 fn negotiates_and_reads_version() {
     let (_d, p) = fake_qemu(|c| vec![reply(c, json!({"return": {}}))]);
     let q = QmpClient::connect(&p, Duration::from_secs(5)).unwrap();
-    assert_eq!(q.version(), QemuVersion { major: 7, minor: 2, micro: 0 });
+    assert_eq!(
+        q.version(),
+        QemuVersion {
+            major: 7,
+            minor: 2,
+            micro: 0
+        }
+    );
     assert_eq!(q.version().to_string(), "7.2.0");
 }
 
@@ -100,12 +109,18 @@ fn command_error_carries_class_and_description() {
         if c["execute"] == "qmp_capabilities" {
             vec![reply(c, json!({"return": {}}))]
         } else {
-            vec![reply(c, json!({"error": {"class": "GenericError", "desc": "no such thing"}}))]
+            vec![reply(
+                c,
+                json!({"error": {"class": "GenericError", "desc": "no such thing"}}),
+            )]
         }
     });
     let mut q = QmpClient::connect(&p, Duration::from_secs(5)).unwrap();
     let e = q.execute("bogus", Value::Null).unwrap_err();
-    assert_eq!(e.to_string(), "QMP command bogus failed: GenericError: no such thing");
+    assert_eq!(
+        e.to_string(),
+        "QMP command bogus failed: GenericError: no such thing"
+    );
 }
 
 #[test]
@@ -118,20 +133,28 @@ fn closed_connection_is_reported_not_hung() {
         }
     });
     let mut q = QmpClient::connect(&p, Duration::from_secs(5)).unwrap();
-    assert!(matches!(q.execute("quit", Value::Null), Err(QmpError::Closed)));
+    assert!(matches!(
+        q.execute("quit", Value::Null),
+        Err(QmpError::Closed)
+    ));
 }
 
 #[test]
 fn timeout_when_no_event_arrives() {
     let (_d, p) = fake_qemu(|c| vec![reply(c, json!({"return": {}}))]);
     let mut q = QmpClient::connect(&p, Duration::from_secs(5)).unwrap();
-    let e = q.wait_event("RESUME", Duration::from_millis(50)).unwrap_err();
+    let e = q
+        .wait_event("RESUME", Duration::from_millis(50))
+        .unwrap_err();
     assert!(matches!(e, QmpError::Timeout(..)), "{e}");
 }
 
 #[test]
 fn connect_to_missing_socket_fails_with_path() {
-    let e = match QmpClient::connect(Path::new("/nonexistent/qmp.sock"), Duration::from_millis(30)) {
+    let e = match QmpClient::connect(
+        Path::new("/nonexistent/qmp.sock"),
+        Duration::from_millis(30),
+    ) {
         Err(e) => e,
         Ok(_) => panic!("connected to nothing"),
     };

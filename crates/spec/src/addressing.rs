@@ -30,7 +30,11 @@ impl VmAddress {
 
     /// `52:54:00:...` as QEMU's `mac=` expects it.
     pub fn mac_string(&self) -> String {
-        self.mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+        self.mac
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":")
     }
 }
 

@@ -51,7 +51,9 @@ pub enum SpecError {
         range: &'static str,
     },
     /// A workload refers to `{ip:NAME}` of a VM that is not in the spec.
-    #[error("VM {vm:?}: workload refers to {{ip:{target}}} but the spec has no VM named {target:?}")]
+    #[error(
+        "VM {vm:?}: workload refers to {{ip:{target}}} but the spec has no VM named {target:?}"
+    )]
     UnknownWorkloadVm {
         /// The VM whose workload is wrong.
         vm: String,
@@ -59,7 +61,9 @@ pub enum SpecError {
         target: String,
     },
     /// A workload has a `{...}` placeholder vmcsnap does not know.
-    #[error("VM {vm:?}: unknown placeholder {placeholder:?} in workload (known: {{ip:NAME}}, {{name}})")]
+    #[error(
+        "VM {vm:?}: unknown placeholder {placeholder:?} in workload (known: {{ip:NAME}}, {{name}})"
+    )]
     UnknownPlaceholder {
         /// The VM whose workload is wrong.
         vm: String,

@@ -104,8 +104,13 @@ impl DiskSpec {
     /// and `size_mib` is set).
     pub fn kind(&self) -> ExtraDisk<'_> {
         match (&self.path, self.size_mib) {
-            (Some(path), _) => ExtraDisk::Image { path, format: self.format },
-            (None, size) => ExtraDisk::Empty { size_mib: size.unwrap_or(0) },
+            (Some(path), _) => ExtraDisk::Image {
+                path,
+                format: self.format,
+            },
+            (None, size) => ExtraDisk::Empty {
+                size_mib: size.unwrap_or(0),
+            },
         }
     }
 }
@@ -132,7 +137,10 @@ impl<'de> Deserialize<'de> for SshKeys {
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<SshKeys, E> {
                 Ok(SshKeys::File(PathBuf::from(v)))
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<SshKeys, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<SshKeys, A::Error> {
                 let mut keys = Vec::new();
                 while let Some(k) = seq.next_element::<String>()? {
                     keys.push(k);

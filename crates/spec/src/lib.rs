@@ -38,8 +38,8 @@ mod rules;
 pub use addressing::{VmAddress, SUBNET_PREFIX};
 pub use error::SpecError;
 pub use guest::{
-    Boot, DiskFormat, DiskSpec, ExtraDisk, GuestKind, HostAccess, ImageGuest, ImageSource, Machine, SshKeys,
-    IMAGE_MIN_MEMORY_MIB, MICROVM_VIRTIO_SLOTS,
+    Boot, DiskFormat, DiskSpec, ExtraDisk, GuestKind, HostAccess, ImageGuest, ImageSource, Machine,
+    SshKeys, IMAGE_MIN_MEMORY_MIB, MICROVM_VIRTIO_SLOTS,
 };
 pub use model::{Accel, ClusterSection, ClusterSpec, VmSpec, MAX_VMS};
 

@@ -139,7 +139,11 @@ impl ClusterSpec {
         // `disk_mib` has a default, so only the text tells whether an image
         // VM sets it (it would be silently ignored).
         let raw: toml::Table = toml::from_str(text).map_err(|e| SpecError::Toml(one_line(&e)))?;
-        let tables = raw.get("vm").and_then(|v| v.as_array()).map(Vec::as_slice).unwrap_or_default();
+        let tables = raw
+            .get("vm")
+            .and_then(|v| v.as_array())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         for (vm, table) in spec.vm.iter().zip(tables) {
             if vm.is_image() && table.get("disk_mib").is_some() {
                 return Err(SpecError::LabOnly {
@@ -170,7 +174,11 @@ impl ClusterSpec {
         }
         for vm in &self.vm {
             vm.check_guest_fields()?;
-            let min_memory_mib = if vm.is_image() { IMAGE_MIN_MEMORY_MIB.max(min_memory_mib) } else { min_memory_mib };
+            let min_memory_mib = if vm.is_image() {
+                IMAGE_MIN_MEMORY_MIB.max(min_memory_mib)
+            } else {
+                min_memory_mib
+            };
             if vm.memory_mib < min_memory_mib {
                 return Err(SpecError::MemoryTooSmall {
                     vm: vm.name.clone(),
@@ -178,9 +186,23 @@ impl ClusterSpec {
                     min: min_memory_mib,
                 });
             }
-            range(vm, "memory_mib", vm.memory_mib, min_memory_mib.max(1), MAX_MEMORY_MIB, "up to 1048576")?;
+            range(
+                vm,
+                "memory_mib",
+                vm.memory_mib,
+                min_memory_mib.max(1),
+                MAX_MEMORY_MIB,
+                "up to 1048576",
+            )?;
             range(vm, "vcpus", vm.vcpus, 1, MAX_VCPUS, "1-64")?;
-            range(vm, "disk_mib", vm.disk_mib, MIN_DISK_MIB, MAX_DISK_MIB, "8-1048576")?;
+            range(
+                vm,
+                "disk_mib",
+                vm.disk_mib,
+                MIN_DISK_MIB,
+                MAX_DISK_MIB,
+                "8-1048576",
+            )?;
             self.expand_workload(&vm.name)?;
         }
         Ok(())
@@ -214,12 +236,24 @@ impl ClusterSpec {
             if inner == "name" {
                 out.push_str(vm);
             } else if let Some(target) = inner.strip_prefix("ip:") {
-                let idx = self.vm.iter().position(|v| v.name == target).ok_or_else(|| {
-                    SpecError::UnknownWorkloadVm { vm: vm.to_string(), target: target.to_string() }
-                })?;
+                let idx = self
+                    .vm
+                    .iter()
+                    .position(|v| v.name == target)
+                    .ok_or_else(|| SpecError::UnknownWorkloadVm {
+                        vm: vm.to_string(),
+                        target: target.to_string(),
+                    })?;
                 out.push_str(&addressing::for_index(idx).ip.to_string());
-            } else if inner.chars().all(|c| c.is_ascii_alphanumeric() || c == ':' || c == '_') && !inner.is_empty() {
-                return Err(SpecError::UnknownPlaceholder { vm: vm.to_string(), placeholder: format!("{{{inner}}}") });
+            } else if inner
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == ':' || c == '_')
+                && !inner.is_empty()
+            {
+                return Err(SpecError::UnknownPlaceholder {
+                    vm: vm.to_string(),
+                    placeholder: format!("{{{inner}}}"),
+                });
             } else {
                 // Not a placeholder (e.g. a shell group `{ a; b; }`): keep it.
                 out.push('{');
@@ -233,9 +267,21 @@ impl ClusterSpec {
     }
 }
 
-pub(crate) fn range(vm: &VmSpec, field: &'static str, got: u64, lo: u64, hi: u64, text: &'static str) -> Result<(), SpecError> {
+pub(crate) fn range(
+    vm: &VmSpec,
+    field: &'static str,
+    got: u64,
+    lo: u64,
+    hi: u64,
+    text: &'static str,
+) -> Result<(), SpecError> {
     if got < lo || got > hi {
-        return Err(SpecError::OutOfRange { vm: vm.name.clone(), field, got, range: text });
+        return Err(SpecError::OutOfRange {
+            vm: vm.name.clone(),
+            field,
+            got,
+            range: text,
+        });
     }
     Ok(())
 }
@@ -244,11 +290,17 @@ pub(crate) fn check_name(what: &'static str, name: &str, max: usize) -> Result<(
     let ok = !name.is_empty()
         && name.len() <= max
         && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
     if ok {
         Ok(())
     } else {
-        Err(SpecError::BadName { what, name: name.to_string(), max })
+        Err(SpecError::BadName {
+            what,
+            name: name.to_string(),
+            max,
+        })
     }
 }
 

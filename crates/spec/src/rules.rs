@@ -8,7 +8,8 @@
 use std::path::Path;
 
 use crate::guest::{
-Boot, GuestKind, ImageGuest, ImageSource, Machine, SshKeys, MICROVM_VIRTIO_SLOTS};
+    Boot, GuestKind, ImageGuest, ImageSource, Machine, SshKeys, MICROVM_VIRTIO_SLOTS,
+};
 use crate::model::{check_name, MAX_DISK_MIB, MIN_DISK_MIB};
 use crate::{ClusterSpec, SpecError, VmSpec};
 
@@ -26,7 +27,10 @@ impl VmSpec {
     /// (on an invalid one the result is unspecified but does not panic).
     pub fn kind(&self) -> GuestKind<'_> {
         let source = match (&self.image, &self.image_recipe) {
-            (Some(path), _) => ImageSource::Path { path, format: self.image_format },
+            (Some(path), _) => ImageSource::Path {
+                path,
+                format: self.image_format,
+            },
             (None, Some(recipe)) => ImageSource::Recipe(recipe),
             (None, None) => return GuestKind::Lab,
         };
@@ -69,9 +73,16 @@ impl VmSpec {
             };
         }
         if self.image_format.is_some() && self.image.is_none() {
-            return Err(SpecError::NeedsImage { vm: vm(), field: "image_format (with image)" });
+            return Err(SpecError::NeedsImage {
+                vm: vm(),
+                field: "image_format (with image)",
+            });
         }
-        for (field, path) in [("image", &self.image), ("kernel", &self.kernel), ("initrd", &self.initrd)] {
+        for (field, path) in [
+            ("image", &self.image),
+            ("kernel", &self.kernel),
+            ("initrd", &self.initrd),
+        ] {
             if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
                 return Err(SpecError::EmptyPath { vm: vm(), field });
             }
@@ -81,10 +92,16 @@ impl VmSpec {
         }
         if self.kernel.is_none() {
             if self.initrd.is_some() {
-                return Err(SpecError::NeedsKernel { vm: vm(), field: "initrd" });
+                return Err(SpecError::NeedsKernel {
+                    vm: vm(),
+                    field: "initrd",
+                });
             }
             if self.cmdline.is_some() {
-                return Err(SpecError::NeedsKernel { vm: vm(), field: "cmdline" });
+                return Err(SpecError::NeedsKernel {
+                    vm: vm(),
+                    field: "cmdline",
+                });
             }
             // A recipe image boots with its own kernel (it has no bootloader).
             if self.machine == Some(Machine::Microvm) && self.image_recipe.is_none() {
@@ -101,7 +118,9 @@ impl VmSpec {
                     } else if k.contains(['\n', '\r']) {
                         Some("a key spans several lines: give one key per list entry".to_string())
                     } else if k.split_whitespace().count() < 2 {
-                        Some(format!("{k:?} is not a public key (expected \"TYPE BASE64 [COMMENT]\")"))
+                        Some(format!(
+                            "{k:?} is not a public key (expected \"TYPE BASE64 [COMMENT]\")"
+                        ))
                     } else {
                         None
                     };
@@ -111,18 +130,29 @@ impl VmSpec {
                 }
             }
             Some(SshKeys::File(p)) if p.as_os_str().is_empty() => {
-                return Err(SpecError::EmptyPath { vm: vm(), field: "ssh_authorized_keys" })
+                return Err(SpecError::EmptyPath {
+                    vm: vm(),
+                    field: "ssh_authorized_keys",
+                })
             }
             _ => {}
         }
         for (index, d) in self.disks.iter().enumerate() {
-            let bad = |reason: String| Err(SpecError::BadDisk { vm: vm(), index, reason });
+            let bad = |reason: String| {
+                Err(SpecError::BadDisk {
+                    vm: vm(),
+                    index,
+                    reason,
+                })
+            };
             match (&d.path, d.size_mib) {
                 (Some(_), Some(_)) => return bad("set path or size_mib, not both".into()),
                 (None, None) => return bad("set path = \"IMAGE\" or size_mib = N".into()),
                 (Some(p), None) if p.as_os_str().is_empty() => return bad("empty path".into()),
                 (None, Some(_)) if d.format.is_some() => {
-                    return bad("format applies to path only (a size_mib disk is a fresh qcow2)".into())
+                    return bad(
+                        "format applies to path only (a size_mib disk is a fresh qcow2)".into(),
+                    )
                 }
                 (None, Some(n)) if !(MIN_DISK_MIB..=MAX_DISK_MIB).contains(&n) => {
                     return bad(format!("size_mib = {n} is out of range (8-1048576)"))
@@ -134,7 +164,11 @@ impl VmSpec {
             // NIC + virtio-serial + root + seed + extra disks.
             let got = 3 + usize::from(cloud_init) + self.disks.len();
             if got > MICROVM_VIRTIO_SLOTS {
-                return Err(SpecError::TooManyDevices { vm: vm(), got, max: MICROVM_VIRTIO_SLOTS });
+                return Err(SpecError::TooManyDevices {
+                    vm: vm(),
+                    got,
+                    max: MICROVM_VIRTIO_SLOTS,
+                });
             }
         }
         Ok(())
@@ -157,7 +191,16 @@ impl ClusterSpec {
                 _ => None,
             };
             let disks = vm.disks.iter_mut().filter_map(|d| d.path.as_mut());
-            for p in [vm.image.as_mut(), vm.kernel.as_mut(), vm.initrd.as_mut(), keys].into_iter().flatten().chain(disks) {
+            for p in [
+                vm.image.as_mut(),
+                vm.kernel.as_mut(),
+                vm.initrd.as_mut(),
+                keys,
+            ]
+            .into_iter()
+            .flatten()
+            .chain(disks)
+            {
                 fix(p);
             }
         }

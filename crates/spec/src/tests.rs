@@ -43,7 +43,10 @@ fn accel_defaults_to_auto() {
 #[test]
 fn expands_placeholders_and_keeps_shell_braces() {
     let s = parse(GOOD).unwrap();
-    assert_eq!(s.expand_workload("beta").unwrap(), "pingpong client 10.77.0.2 7000 & echo beta; { true; }");
+    assert_eq!(
+        s.expand_workload("beta").unwrap(),
+        "pingpong client 10.77.0.2 7000 & echo beta; { true; }"
+    );
 }
 
 #[test]
@@ -66,13 +69,17 @@ fn rejects_unknown_field_naming_it() {
 
 #[test]
 fn rejects_unknown_cluster_field() {
-    let e = parse("[cluster]\nname='c'\ncolour='x'\n[[vm]]\nname='a'\nmemory_mib=64\n").unwrap_err();
+    let e =
+        parse("[cluster]\nname='c'\ncolour='x'\n[[vm]]\nname='a'\nmemory_mib=64\n").unwrap_err();
     assert!(e.to_string().contains("colour"), "{e}");
 }
 
 #[test]
 fn rejects_duplicate_vm_name() {
-    let e = parse("[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib=64\n[[vm]]\nname='a'\nmemory_mib=64\n").unwrap_err();
+    let e = parse(
+        "[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib=64\n[[vm]]\nname='a'\nmemory_mib=64\n",
+    )
+    .unwrap_err();
     assert_eq!(e, SpecError::DuplicateVm("a".into()));
     assert!(e.to_string().contains("duplicate VM name \"a\""));
 }
@@ -80,40 +87,84 @@ fn rejects_duplicate_vm_name() {
 #[test]
 fn rejects_memory_below_minimum() {
     let e = parse("[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib=16\n").unwrap_err();
-    assert_eq!(e, SpecError::MemoryTooSmall { vm: "a".into(), got: 16, min: 64 });
+    assert_eq!(
+        e,
+        SpecError::MemoryTooSmall {
+            vm: "a".into(),
+            got: 16,
+            min: 64
+        }
+    );
 }
 
 #[test]
 fn rejects_bad_names() {
-    for bad in ["A", "1a", "a_b", "", "a-very-long-name-that-is-longer-than-24"] {
+    for bad in [
+        "A",
+        "1a",
+        "a_b",
+        "",
+        "a-very-long-name-that-is-longer-than-24",
+    ] {
         let text = format!("[cluster]\nname='c'\n[[vm]]\nname='{bad}'\nmemory_mib=64\n");
-        assert!(matches!(parse(&text), Err(SpecError::BadName { .. })), "{bad}");
+        assert!(
+            matches!(parse(&text), Err(SpecError::BadName { .. })),
+            "{bad}"
+        );
     }
     let e = parse("[cluster]\nname='C/x'\n[[vm]]\nname='a'\nmemory_mib=64\n").unwrap_err();
-    assert!(matches!(e, SpecError::BadName { what: "cluster", .. }));
+    assert!(matches!(
+        e,
+        SpecError::BadName {
+            what: "cluster",
+            ..
+        }
+    ));
 }
 
 #[test]
 fn rejects_no_vms_and_bad_ranges() {
-    assert_eq!(parse("[cluster]\nname='c'\n").unwrap_err(), SpecError::NoVms);
+    assert_eq!(
+        parse("[cluster]\nname='c'\n").unwrap_err(),
+        SpecError::NoVms
+    );
     let e = parse("[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib=64\nvcpus=0\n").unwrap_err();
     assert!(matches!(e, SpecError::OutOfRange { field: "vcpus", .. }));
-    let e = parse("[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib=64\ndisk_mib=1\n").unwrap_err();
-    assert!(matches!(e, SpecError::OutOfRange { field: "disk_mib", .. }));
+    let e =
+        parse("[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib=64\ndisk_mib=1\n").unwrap_err();
+    assert!(matches!(
+        e,
+        SpecError::OutOfRange {
+            field: "disk_mib",
+            ..
+        }
+    ));
 }
 
 #[test]
 fn rejects_workload_naming_missing_vm_or_placeholder() {
-    let e = parse("[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib=64\nworkload='x {ip:zz}'\n").unwrap_err();
-    assert_eq!(e, SpecError::UnknownWorkloadVm { vm: "a".into(), target: "zz".into() });
-    let e = parse("[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib=64\nworkload='x {mac:a}'\n").unwrap_err();
+    let e = parse("[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib=64\nworkload='x {ip:zz}'\n")
+        .unwrap_err();
+    assert_eq!(
+        e,
+        SpecError::UnknownWorkloadVm {
+            vm: "a".into(),
+            target: "zz".into()
+        }
+    );
+    let e = parse("[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib=64\nworkload='x {mac:a}'\n")
+        .unwrap_err();
     assert!(matches!(e, SpecError::UnknownPlaceholder { .. }));
 }
 
 #[test]
 fn rejects_bad_accel_and_wrong_types() {
-    let e = parse("[cluster]\nname='c'\naccel='xen'\n[[vm]]\nname='a'\nmemory_mib=64\n").unwrap_err();
-    assert!(e.to_string().contains("xen") || e.to_string().contains("variant"), "{e}");
+    let e =
+        parse("[cluster]\nname='c'\naccel='xen'\n[[vm]]\nname='a'\nmemory_mib=64\n").unwrap_err();
+    assert!(
+        e.to_string().contains("xen") || e.to_string().contains("variant"),
+        "{e}"
+    );
     let e = parse("[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib='lots'\n").unwrap_err();
     assert!(matches!(e, SpecError::Toml(_)));
 }

@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use crate::{
-    Boot, ClusterSpec, DiskFormat, ExtraDisk, GuestKind, HostAccess, ImageSource, Machine, SpecError, SshKeys,
+    Boot, ClusterSpec, DiskFormat, ExtraDisk, GuestKind, HostAccess, ImageSource, Machine,
+    SpecError, SshKeys,
 };
 
 fn parse(text: &str) -> Result<ClusterSpec, SpecError> {
@@ -12,7 +13,9 @@ fn parse(text: &str) -> Result<ClusterSpec, SpecError> {
 
 /// A one-VM spec with `fields` added to the VM.
 fn vm(fields: &str) -> Result<ClusterSpec, SpecError> {
-    parse(&format!("[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib=512\n{fields}\n"))
+    parse(&format!(
+        "[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib=512\n{fields}\n"
+    ))
 }
 
 fn image_kind(s: &ClusterSpec) -> crate::ImageGuest<'_> {
@@ -29,16 +32,24 @@ fn example_specs_parse_the_lab_ones_unchanged_and_redis_as_image_vms() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
-            let s = parse(&std::fs::read_to_string(&path).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let s = parse(&std::fs::read_to_string(&path).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert_eq!(s.cluster.host_access, HostAccess::Netns);
             if path.file_name().is_some_and(|f| f == "redis.toml") {
                 for v in &s.vm {
-                    let GuestKind::Image(g) = v.kind() else { panic!("{}: not an image VM", v.name) };
+                    let GuestKind::Image(g) = v.kind() else {
+                        panic!("{}: not an image VM", v.name)
+                    };
                     assert_eq!(g.source, ImageSource::Recipe("redis"), "{}", v.name);
                     assert!(!g.cloud_init, "{}", v.name);
                 }
             } else {
-                assert!(s.vm.iter().all(|v| v.kind() == GuestKind::Lab && !v.is_image()), "{}", path.display());
+                assert!(
+                    s.vm.iter()
+                        .all(|v| v.kind() == GuestKind::Lab && !v.is_image()),
+                    "{}",
+                    path.display()
+                );
             }
             n += 1;
         }
@@ -50,7 +61,13 @@ fn example_specs_parse_the_lab_ones_unchanged_and_redis_as_image_vms() {
 fn image_vm_defaults_to_q35_firmware_boot_with_cloud_init() {
     let s = vm("image='/img/debian.qcow2'").unwrap();
     let g = image_kind(&s);
-    assert_eq!(g.source, ImageSource::Path { path: Path::new("/img/debian.qcow2"), format: None });
+    assert_eq!(
+        g.source,
+        ImageSource::Path {
+            path: Path::new("/img/debian.qcow2"),
+            format: None
+        }
+    );
     assert_eq!(g.machine, Machine::Q35);
     assert_eq!(g.boot, Boot::Firmware);
     assert!(g.cloud_init);
@@ -74,7 +91,13 @@ workload = "redis-cli -h {ip:a} ping"
 "#)
     .unwrap();
     let g = image_kind(&s);
-    assert_eq!(g.source, ImageSource::Path { path: Path::new("/img/u.img"), format: Some(DiskFormat::Qcow2) });
+    assert_eq!(
+        g.source,
+        ImageSource::Path {
+            path: Path::new("/img/u.img"),
+            format: Some(DiskFormat::Qcow2)
+        }
+    );
     assert_eq!(g.machine, Machine::Microvm);
     assert_eq!(
         g.boot,
@@ -87,13 +110,25 @@ workload = "redis-cli -h {ip:a} ping"
     assert_eq!(
         g.disks,
         vec![
-            ExtraDisk::Image { path: Path::new("/d/pg.raw"), format: Some(DiskFormat::Raw) },
-            ExtraDisk::Image { path: Path::new("/d/x.qcow2"), format: None },
+            ExtraDisk::Image {
+                path: Path::new("/d/pg.raw"),
+                format: Some(DiskFormat::Raw)
+            },
+            ExtraDisk::Image {
+                path: Path::new("/d/x.qcow2"),
+                format: None
+            },
             ExtraDisk::Empty { size_mib: 1024 },
         ]
     );
-    assert_eq!(g.ssh_keys, Some(&SshKeys::Keys(vec!["ssh-ed25519 AAAAC3Nz me@host".into()])));
-    assert_eq!(s.expand_workload("a").unwrap(), "redis-cli -h 10.77.0.2 ping");
+    assert_eq!(
+        g.ssh_keys,
+        Some(&SshKeys::Keys(vec!["ssh-ed25519 AAAAC3Nz me@host".into()]))
+    );
+    assert_eq!(
+        s.expand_workload("a").unwrap(),
+        "redis-cli -h 10.77.0.2 ping"
+    );
 }
 
 #[test]
@@ -106,9 +141,13 @@ fn recipe_vm_and_keys_file_and_host_access() {
     let g = image_kind(&s);
     assert_eq!(g.source, ImageSource::Recipe("redis"));
     assert_eq!(g.ssh_keys, Some(&SshKeys::File("keys.pub".into())));
-    let s = parse("[cluster]\nname='c'\nhost_access='host'\n[[vm]]\nname='a'\nmemory_mib=64\n").unwrap();
+    let s = parse("[cluster]\nname='c'\nhost_access='host'\n[[vm]]\nname='a'\nmemory_mib=64\n")
+        .unwrap();
     assert_eq!(s.cluster.host_access, HostAccess::Host);
-    assert!(parse("[cluster]\nname='c'\nhost_access='bridge'\n[[vm]]\nname='a'\nmemory_mib=64\n").is_err());
+    assert!(
+        parse("[cluster]\nname='c'\nhost_access='bridge'\n[[vm]]\nname='a'\nmemory_mib=64\n")
+            .is_err()
+    );
 }
 
 #[test]
@@ -119,12 +158,18 @@ fn relative_paths_resolve_against_the_spec_dir() {
     assert_eq!(v.image.as_deref(), Some(Path::new("/specs/img/d.qcow2")));
     assert_eq!(v.kernel.as_deref(), Some(Path::new("/abs/k")));
     assert_eq!(v.disks[0].path.as_deref(), Some(Path::new("/specs/x.raw")));
-    assert_eq!(v.ssh_authorized_keys, Some(SshKeys::File("/specs/k.pub".into())));
+    assert_eq!(
+        v.ssh_authorized_keys,
+        Some(SshKeys::File("/specs/k.pub".into()))
+    );
 }
 
 #[test]
 fn image_and_recipe_are_exclusive() {
-    assert_eq!(vm("image='/i'\nimage_recipe='redis'").unwrap_err(), SpecError::ImageAndRecipe("a".into()));
+    assert_eq!(
+        vm("image='/i'\nimage_recipe='redis'").unwrap_err(),
+        SpecError::ImageAndRecipe("a".into())
+    );
 }
 
 #[test]
@@ -136,11 +181,21 @@ fn image_fields_on_a_lab_vm_are_rejected_naming_the_field() {
         ("disks=[{size_mib=8}]", "disks"),
         ("machine='q35'", "machine = \"q35\""),
         ("cloud_init=true", "cloud_init = true"),
-        ("ssh_authorized_keys=['ssh-ed25519 AAAA']", "ssh_authorized_keys"),
+        (
+            "ssh_authorized_keys=['ssh-ed25519 AAAA']",
+            "ssh_authorized_keys",
+        ),
         ("image_format='raw'", "image_format"),
     ] {
         let e = vm(fields).unwrap_err();
-        assert_eq!(e, SpecError::NeedsImage { vm: "a".into(), field }, "{fields}");
+        assert_eq!(
+            e,
+            SpecError::NeedsImage {
+                vm: "a".into(),
+                field
+            },
+            "{fields}"
+        );
         assert!(e.to_string().contains("needs image or image_recipe"), "{e}");
     }
     // What the lab guest is anyway is accepted.
@@ -149,11 +204,26 @@ fn image_fields_on_a_lab_vm_are_rejected_naming_the_field() {
 
 #[test]
 fn direct_boot_fields_need_kernel() {
-    assert_eq!(vm("image='/i'\ninitrd='/x'").unwrap_err(), SpecError::NeedsKernel { vm: "a".into(), field: "initrd" });
-    assert_eq!(vm("image='/i'\ncmdline='x'").unwrap_err(), SpecError::NeedsKernel { vm: "a".into(), field: "cmdline" });
+    assert_eq!(
+        vm("image='/i'\ninitrd='/x'").unwrap_err(),
+        SpecError::NeedsKernel {
+            vm: "a".into(),
+            field: "initrd"
+        }
+    );
+    assert_eq!(
+        vm("image='/i'\ncmdline='x'").unwrap_err(),
+        SpecError::NeedsKernel {
+            vm: "a".into(),
+            field: "cmdline"
+        }
+    );
     let e = vm("image='/i'\nmachine='microvm'").unwrap_err();
     assert_eq!(e, SpecError::MicrovmNeedsKernel("a".into()));
-    assert!(e.to_string().contains("machine = microvm needs kernel"), "{e}");
+    assert!(
+        e.to_string().contains("machine = microvm needs kernel"),
+        "{e}"
+    );
     // With a kernel, q35 stays the default.
     let s = vm("image='/i'\nkernel='/k'").unwrap();
     assert_eq!(image_kind(&s).machine, Machine::Q35);
@@ -162,7 +232,14 @@ fn direct_boot_fields_need_kernel() {
 #[test]
 fn image_vms_have_a_higher_memory_floor() {
     let text = "[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib=128\nimage='/i'\n";
-    assert_eq!(parse(text).unwrap_err(), SpecError::MemoryTooSmall { vm: "a".into(), got: 128, min: 256 });
+    assert_eq!(
+        parse(text).unwrap_err(),
+        SpecError::MemoryTooSmall {
+            vm: "a".into(),
+            got: 128,
+            min: 256
+        }
+    );
     // The lab floor stays the caller's.
     parse("[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib=128\n").unwrap();
 }
@@ -173,16 +250,26 @@ fn keys_need_cloud_init_and_must_look_like_keys() {
         vm("image='/i'\ncloud_init=false\nssh_authorized_keys=['ssh-ed25519 AAAA']").unwrap_err(),
         SpecError::KeysNeedCloudInit("a".into())
     );
-    for bad in ["['']", "['ssh-ed25519']", "[\"ssh-ed25519 AAAA\\nssh-rsa BBBB\"]"] {
+    for bad in [
+        "['']",
+        "['ssh-ed25519']",
+        "[\"ssh-ed25519 AAAA\\nssh-rsa BBBB\"]",
+    ] {
         let e = vm(&format!("image='/i'\nssh_authorized_keys={bad}")).unwrap_err();
         assert!(matches!(e, SpecError::BadSshKeys { .. }), "{bad}: {e}");
     }
     let e = vm("image='/i'\nssh_authorized_keys=42").unwrap_err();
-    assert!(e.to_string().contains("list of public keys or the path"), "{e}");
-    assert_eq!(vm("image='/i'\nssh_authorized_keys=''").unwrap_err(), SpecError::EmptyPath {
-        vm: "a".into(),
-        field: "ssh_authorized_keys"
-    });
+    assert!(
+        e.to_string().contains("list of public keys or the path"),
+        "{e}"
+    );
+    assert_eq!(
+        vm("image='/i'\nssh_authorized_keys=''").unwrap_err(),
+        SpecError::EmptyPath {
+            vm: "a".into(),
+            field: "ssh_authorized_keys"
+        }
+    );
 }
 
 #[test]
@@ -204,37 +291,85 @@ fn bad_disks_are_rejected_with_their_index() {
     let e = vm("image='/i'\ndisks=[{size_mib=8},{path='/x',fromat='raw'}]").unwrap_err();
     assert!(e.to_string().contains("fromat"), "{e}");
     let e = vm("image='/i'\ndisks=[{path='/x', size_mib=8}]").unwrap_err();
-    assert_eq!(e, SpecError::BadDisk { vm: "a".into(), index: 0, reason: "set path or size_mib, not both".into() });
+    assert_eq!(
+        e,
+        SpecError::BadDisk {
+            vm: "a".into(),
+            index: 0,
+            reason: "set path or size_mib, not both".into()
+        }
+    );
 }
 
 #[test]
 fn microvm_slots_are_counted() {
     let five = "[{size_mib=8},{size_mib=8},{size_mib=8},{size_mib=8},{size_mib=8}]";
-    let e = vm(&format!("image='/i'\nkernel='/k'\nmachine='microvm'\ndisks={five}")).unwrap_err();
-    assert_eq!(e, SpecError::TooManyDevices { vm: "a".into(), got: 9, max: 8 });
-    vm(&format!("image='/i'\nkernel='/k'\nmachine='microvm'\ncloud_init=false\ndisks={five}")).unwrap();
+    let e = vm(&format!(
+        "image='/i'\nkernel='/k'\nmachine='microvm'\ndisks={five}"
+    ))
+    .unwrap_err();
+    assert_eq!(
+        e,
+        SpecError::TooManyDevices {
+            vm: "a".into(),
+            got: 9,
+            max: 8
+        }
+    );
+    vm(&format!(
+        "image='/i'\nkernel='/k'\nmachine='microvm'\ncloud_init=false\ndisks={five}"
+    ))
+    .unwrap();
     vm(&format!("image='/i'\ndisks={five}")).unwrap();
 }
 
 #[test]
 fn disk_mib_on_an_image_vm_is_rejected() {
     let e = vm("image='/i'\ndisk_mib=64").unwrap_err();
-    assert!(matches!(e, SpecError::LabOnly { field: "disk_mib", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            SpecError::LabOnly {
+                field: "disk_mib",
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("disks = [{ size_mib = N }]"), "{e}");
 }
 
 #[test]
 fn bad_recipe_names_and_empty_paths() {
-    assert!(matches!(vm("image_recipe='Redis!'").unwrap_err(), SpecError::BadName { what: "image_recipe", .. }));
-    assert_eq!(vm("image=''").unwrap_err(), SpecError::EmptyPath { vm: "a".into(), field: "image" });
-    assert_eq!(vm("image='/i'\nkernel=''").unwrap_err(), SpecError::EmptyPath { vm: "a".into(), field: "kernel" });
+    assert!(matches!(
+        vm("image_recipe='Redis!'").unwrap_err(),
+        SpecError::BadName {
+            what: "image_recipe",
+            ..
+        }
+    ));
+    assert_eq!(
+        vm("image=''").unwrap_err(),
+        SpecError::EmptyPath {
+            vm: "a".into(),
+            field: "image"
+        }
+    );
+    assert_eq!(
+        vm("image='/i'\nkernel=''").unwrap_err(),
+        SpecError::EmptyPath {
+            vm: "a".into(),
+            field: "kernel"
+        }
+    );
 }
 
 #[test]
 fn spec_round_trips_through_json() {
     // Snapshots persist specs as JSON; the new fields must survive and old
     // JSON (without them) must still load.
-    let s = vm("image='/i'\ndisks=[{size_mib=8}]\nssh_authorized_keys=['ssh-ed25519 AAAA']").unwrap();
+    let s =
+        vm("image='/i'\ndisks=[{size_mib=8}]\nssh_authorized_keys=['ssh-ed25519 AAAA']").unwrap();
     let j = serde_json::to_string(&s).unwrap();
     let back: ClusterSpec = serde_json::from_str(&j).unwrap();
     assert_eq!(back, s);
@@ -246,9 +381,19 @@ fn spec_round_trips_through_json() {
 
 #[test]
 fn the_documented_image_example_parses() {
-    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/cluster-spec.md")).unwrap();
-    let after = doc.split("### Example: an image VM").nth(1).expect("the example section");
-    let block = after.split("```toml\n").nth(1).and_then(|b| b.split("```").next()).expect("its toml block");
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/cluster-spec.md"),
+    )
+    .unwrap();
+    let after = doc
+        .split("### Example: an image VM")
+        .nth(1)
+        .expect("the example section");
+    let block = after
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("its toml block");
     let s = parse(block).unwrap();
     assert!(s.vm.iter().all(|v| v.is_image()));
     assert_eq!(image_kind(&s).machine, Machine::Q35);
@@ -261,6 +406,8 @@ fn a_recipe_image_boots_on_microvm_with_its_own_kernel() {
     let s = vm("image_recipe = 'redis'\nmachine = 'microvm'").unwrap();
     let g = image_kind(&s);
     assert_eq!((g.machine, g.boot), (Machine::Microvm, Boot::Firmware));
-    let e = vm("image = '/x.qcow2'\nmachine = 'microvm'").unwrap_err().to_string();
+    let e = vm("image = '/x.qcow2'\nmachine = 'microvm'")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("microvm needs kernel"), "{e}");
 }

@@ -83,7 +83,13 @@ impl Direction {
 pub fn free_path(dir: &Path, name: &str) -> PathBuf {
     let name: String = name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     let first = dir.join(format!("{name}.pcapng"));
     if !first.exists() {
@@ -124,7 +130,10 @@ impl PcapFile {
         }
         out.write_all(&h)?;
         out.flush()?;
-        Ok(PcapFile { out, last_flush_us: 0 })
+        Ok(PcapFile {
+            out,
+            last_flush_us: 0,
+        })
     }
 
     /// Appends `frame`, which went `dir` at `unix_us`.
@@ -133,9 +142,17 @@ impl PcapFile {
         let padded = incl.div_ceil(4) * 4;
         let total = (44 + padded) as u32;
         let mut head = [0u8; 28];
-        for (i, v) in [EPB, total, 0, (unix_us >> 32) as u32, unix_us as u32, incl as u32, frame.len() as u32]
-            .into_iter()
-            .enumerate()
+        for (i, v) in [
+            EPB,
+            total,
+            0,
+            (unix_us >> 32) as u32,
+            unix_us as u32,
+            incl as u32,
+            frame.len() as u32,
+        ]
+        .into_iter()
+        .enumerate()
         {
             head[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
         }
@@ -173,17 +190,32 @@ pub(crate) struct Captures {
 
 impl Captures {
     pub(crate) fn new(dir: PathBuf) -> Captures {
-        Captures { dir, files: HashMap::new() }
+        Captures {
+            dir,
+            files: HashMap::new(),
+        }
     }
 
     /// Records `frame`, which went `dir` through `port` at `unix_us`;
     /// `name` gives the port's name the first time.
-    pub(crate) fn record(&mut self, port: PortId, name: impl FnOnce() -> Option<String>, unix_us: u64, dir: Direction, frame: &[u8]) {
+    pub(crate) fn record(
+        &mut self,
+        port: PortId,
+        name: impl FnOnce() -> Option<String>,
+        unix_us: u64,
+        dir: Direction,
+        frame: &[u8],
+    ) {
         let slot = self.files.entry(port).or_insert_with(|| {
             let name = name().unwrap_or_else(|| format!("port{}", port.as_u32()));
             let path = free_path(&self.dir, &name);
             PcapFile::create(&path)
-                .map_err(|e| log::warn!("{port}: capture to {} failed, not capturing this port: {e}", path.display()))
+                .map_err(|e| {
+                    log::warn!(
+                        "{port}: capture to {} failed, not capturing this port: {e}",
+                        path.display()
+                    )
+                })
                 .ok()
         });
         if let Some(f) = slot {
@@ -228,8 +260,15 @@ mod tests {
             })
             .collect();
         let file = |p: &PathBuf| p.file_name().unwrap().to_string_lossy().into_owned();
-        assert_eq!(names.iter().map(file).collect::<Vec<_>>(), ["vm1.pcapng", "vm1.1.pcapng", "vm1.2.pcapng"]);
-        assert_eq!(free_path(dir.path(), "../x/.y"), dir.path().join("___x__y.pcapng"), "a port name stays in the directory");
+        assert_eq!(
+            names.iter().map(file).collect::<Vec<_>>(),
+            ["vm1.pcapng", "vm1.1.pcapng", "vm1.2.pcapng"]
+        );
+        assert_eq!(
+            free_path(dir.path(), "../x/.y"),
+            dir.path().join("___x__y.pcapng"),
+            "a port name stays in the directory"
+        );
     }
 
     #[test]
@@ -244,8 +283,20 @@ mod tests {
         drop(p);
         let b = std::fs::read(&path).unwrap();
         // Section header and interface description.
-        assert_eq!((u32_at(&b, 0), u32_at(&b, 4), u32_at(&b, 8), u32_at(&b, 24)), (SHB, 28, BYTE_ORDER_MAGIC, 28));
-        assert_eq!((u32_at(&b, 28), u32_at(&b, 32), u32_at(&b, 36), u32_at(&b, 40), u32_at(&b, 44)), (IDB, 20, 1, SNAPLEN, 20));
+        assert_eq!(
+            (u32_at(&b, 0), u32_at(&b, 4), u32_at(&b, 8), u32_at(&b, 24)),
+            (SHB, 28, BYTE_ORDER_MAGIC, 28)
+        );
+        assert_eq!(
+            (
+                u32_at(&b, 28),
+                u32_at(&b, 32),
+                u32_at(&b, 36),
+                u32_at(&b, 40),
+                u32_at(&b, 44)
+            ),
+            (IDB, 20, 1, SNAPLEN, 20)
+        );
         // First frame: 61 bytes padded to 64, outbound.
         let e = 48;
         assert_eq!((u32_at(&b, e), u32_at(&b, e + 4)), (EPB, 44 + 64));
@@ -254,11 +305,18 @@ mod tests {
         assert_eq!((u32_at(&b, e + 20), u32_at(&b, e + 24)), (61, 61));
         assert_eq!(&b[e + 28..e + 89], &[0xaa; 61][..]);
         assert_eq!(&b[e + 89..e + 92], &[0, 0, 0], "zero padding");
-        assert_eq!((u32_at(&b, e + 92), u32_at(&b, e + 96), u32_at(&b, e + 100)), (2 | 4 << 16, 2, 0));
+        assert_eq!(
+            (u32_at(&b, e + 92), u32_at(&b, e + 96), u32_at(&b, e + 100)),
+            (2 | 4 << 16, 2, 0)
+        );
         assert_eq!(u32_at(&b, e + 104), 44 + 64, "trailing length");
         // Second: cut to the snap length, inbound.
         let e = e + 108;
-        assert_eq!((u32_at(&b, e + 20), u32_at(&b, e + 24)), (SNAPLEN, SNAPLEN + 10), "cut to the snap length");
+        assert_eq!(
+            (u32_at(&b, e + 20), u32_at(&b, e + 24)),
+            (SNAPLEN, SNAPLEN + 10),
+            "cut to the snap length"
+        );
         let o = e + 28 + SNAPLEN as usize;
         assert_eq!(u32_at(&b, o + 4), 1, "inbound");
         assert_eq!(b.len(), o + 16);

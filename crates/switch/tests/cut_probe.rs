@@ -39,7 +39,9 @@ const GUEST_TICK: Duration = Duration::from_millis(1);
 /// empty, deliver into the ring, queue the rest) and the guest's (take a
 /// frame every tick, then let QEMU flush its queue into the ring).
 fn qemu_model(mut stream: UnixStream, m: Arc<Mutex<Model>>, stop: Arc<AtomicBool>) {
-    stream.set_read_timeout(Some(Duration::from_micros(200))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_micros(200)))
+        .unwrap();
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 69632]; // QEMU's NET_BUFSIZE
     let mut next_tick = Instant::now() + GUEST_TICK;
@@ -49,7 +51,11 @@ fn qemu_model(mut stream: UnixStream, m: Arc<Mutex<Model>>, stop: Arc<AtomicBool
             match stream.read(&mut chunk) {
                 Ok(0) => return,
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
                 Err(e) => panic!("model read: {e}"),
             }
             let mut st = m.lock().unwrap();
@@ -74,7 +80,9 @@ fn qemu_model(mut stream: UnixStream, m: Arc<Mutex<Model>>, stop: Arc<AtomicBool
                 st.guest.push(seq);
             }
             while st.ring.len() < RING {
-                let Some(f) = st.queued.pop_front() else { break };
+                let Some(f) = st.queued.pop_front() else {
+                    break;
+                };
                 put(&mut st, f);
             }
         }
@@ -118,7 +126,9 @@ fn two_probes_read_in_turn_mean_the_guest_has_every_frame() {
         for seq in from..from + BURST {
             r.clients[0].send(&eth(mac(1), mac(0), seq, 200));
         }
-        wait_for(&r.sw, "the burst written to port 1", |s| port(s, p1).counters.tx_frames >= u64::from(from + BURST - 1));
+        wait_for(&r.sw, "the burst written to port 1", |s| {
+            port(s, p1).counters.tx_frames >= u64::from(from + BURST - 1)
+        });
     };
 
     // Without probes the socket drains at once, with most of the burst
@@ -126,13 +136,18 @@ fn two_probes_read_in_turn_mean_the_guest_has_every_frame() {
     burst(&mut r, 1);
     let (tx, _t) = mpsc::channel();
     r.sw.begin_cut_session(1, &[p0, p1], tx).unwrap();
-    let rep = r.sw.prepare_cut_with(p1, Duration::from_secs(10), 0).unwrap();
+    let rep =
+        r.sw.prepare_cut_with(p1, Duration::from_secs(10), 0)
+            .unwrap();
     let outside = {
         let st = model.lock().unwrap();
         st.queued.len()
     };
     assert!(!rep.bound_hit && rep.probes_read == 0, "{rep:?}");
-    assert!(outside > 0, "the model should have frames queued outside the guest right after the drain");
+    assert!(
+        outside > 0,
+        "the model should have frames queued outside the guest right after the drain"
+    );
     r.sw.abort_cut_session().unwrap();
 
     // With probes, prepare returns once QEMU's queue was empty: every frame
@@ -146,11 +161,21 @@ fn two_probes_read_in_turn_mean_the_guest_has_every_frame() {
         let mut inside: Vec<u32> = st.guest.iter().chain(st.ring.iter()).copied().collect();
         inside.sort();
         let want: Vec<u32> = (1..1 + 2 * BURST).collect();
-        assert!(st.queued.iter().all(|f| f[..6] == PROBE_MAC), "only a probe may wait outside the guest");
-        assert_eq!(inside, want, "every frame written before the cut is in the guest");
+        assert!(
+            st.queued.iter().all(|f| f[..6] == PROBE_MAC),
+            "only a probe may wait outside the guest"
+        );
+        assert_eq!(
+            inside, want,
+            "every frame written before the cut is in the guest"
+        );
         assert!(st.probes >= 2);
     }
-    assert_eq!((rep.probes_read, rep.unsettled, rep.bound_hit), (2, false, false), "{rep:?}");
+    assert_eq!(
+        (rep.probes_read, rep.unsettled, rep.bound_hit),
+        (2, false, false),
+        "{rep:?}"
+    );
     assert!(rep.settle_us > 0, "{rep:?}");
     let s = r.sw.session_stats().unwrap().unwrap();
     assert_eq!(s.unsettled_cuts, 0);

@@ -10,12 +10,21 @@ use common::*;
 use dhcproto::v4::{
     Decodable, Decoder, DhcpOption, Encodable, Encoder, Message, MessageType, OptionCode,
 };
-use vmcsnap_switch::dhcp::{build_udp_frame, parse_udp_frame, Addressing, CLIENT_PORT, SERVER_PORT};
+use vmcsnap_switch::dhcp::{
+    build_udp_frame, parse_udp_frame, Addressing, CLIENT_PORT, SERVER_PORT,
+};
 use vmcsnap_switch::{DhcpConfig, DhcpError, MacAddr, Switch, SwitchConfig, SwitchError};
 
 fn request(kind: MessageType, mac: [u8; 6], xid: u32, requested: Option<Ipv4Addr>) -> Vec<u8> {
     let unspecified = Ipv4Addr::UNSPECIFIED;
-    let mut m = Message::new_with_id(xid, unspecified, unspecified, unspecified, unspecified, &mac);
+    let mut m = Message::new_with_id(
+        xid,
+        unspecified,
+        unspecified,
+        unspecified,
+        unspecified,
+        &mac,
+    );
     m.opts_mut().insert(DhcpOption::MessageType(kind));
     if let Some(ip) = requested {
         m.opts_mut().insert(DhcpOption::RequestedIpAddress(ip));
@@ -44,16 +53,26 @@ fn vms_get_their_leases_and_requests_are_not_forwarded() {
     };
     let mut r = Rig::with_switch(Switch::start_with(config).unwrap(), 2);
     let ip = Ipv4Addr::new(10, 77, 0, 2);
-    r.sw.set_dhcp_lease(r.ports[0], MacAddr(mac(0)), ip, "alpha").unwrap();
+    r.sw.set_dhcp_lease(r.ports[0], MacAddr(mac(0)), ip, "alpha")
+        .unwrap();
 
     r.clients[0].send(&request(MessageType::Discover, mac(0), 7, None));
     let offer = decode(&r.clients[0].recv());
-    assert_eq!((offer.opts().msg_type(), offer.xid(), offer.yiaddr()), (Some(MessageType::Offer), 7, ip));
-    assert_eq!(offer.opts().get(OptionCode::Hostname), Some(&DhcpOption::Hostname("alpha".into())));
+    assert_eq!(
+        (offer.opts().msg_type(), offer.xid(), offer.yiaddr()),
+        (Some(MessageType::Offer), 7, ip)
+    );
+    assert_eq!(
+        offer.opts().get(OptionCode::Hostname),
+        Some(&DhcpOption::Hostname("alpha".into()))
+    );
 
     r.clients[0].send(&request(MessageType::Request, mac(0), 8, Some(ip)));
     let ack = decode(&r.clients[0].recv());
-    assert_eq!((ack.opts().msg_type(), ack.xid(), ack.yiaddr()), (Some(MessageType::Ack), 8, ip));
+    assert_eq!(
+        (ack.opts().msg_type(), ack.xid(), ack.yiaddr()),
+        (Some(MessageType::Ack), 8, ip)
+    );
 
     // A MAC without a lease gets nothing.
     r.clients[1].send(&request(MessageType::Discover, mac(1), 9, None));
@@ -66,8 +85,14 @@ fn vms_get_their_leases_and_requests_are_not_forwarded() {
 
     let s = r.stats();
     let (p0, p1) = (port(&s, r.ports[0]), port(&s, r.ports[1]));
-    assert_eq!((p0.counters.dhcp_requests, p0.counters.dhcp_replies), (2, 2));
-    assert_eq!((p1.counters.dhcp_requests, p1.counters.dhcp_replies), (1, 0));
+    assert_eq!(
+        (p0.counters.dhcp_requests, p0.counters.dhcp_replies),
+        (2, 2)
+    );
+    assert_eq!(
+        (p1.counters.dhcp_requests, p1.counters.dhcp_replies),
+        (1, 0)
+    );
     assert_eq!((s.totals.dhcp_requests, s.totals.dhcp_replies), (3, 2));
 }
 
@@ -75,8 +100,13 @@ fn vms_get_their_leases_and_requests_are_not_forwarded() {
 fn lease_registration_errors() {
     let mut r = Rig::new(1);
     let ip = Ipv4Addr::new(10, 77, 0, 2);
-    let err = r.sw.set_dhcp_lease(r.ports[0], MacAddr(mac(0)), ip, "alpha").unwrap_err();
-    assert!(matches!(err, SwitchError::Dhcp(DhcpError::Disabled)), "{err}");
+    let err =
+        r.sw.set_dhcp_lease(r.ports[0], MacAddr(mac(0)), ip, "alpha")
+            .unwrap_err();
+    assert!(
+        matches!(err, SwitchError::Dhcp(DhcpError::Disabled)),
+        "{err}"
+    );
     r.sw.stop();
 
     let config = SwitchConfig {
@@ -84,21 +114,40 @@ fn lease_registration_errors() {
         ..SwitchConfig::default()
     };
     r = Rig::with_switch(Switch::start_with(config).unwrap(), 1);
-    let gone = r.sw.add_port("gone", &r.dir.path().join("gone.sock")).unwrap();
+    let gone =
+        r.sw.add_port("gone", &r.dir.path().join("gone.sock"))
+            .unwrap();
     r.sw.remove_port(gone).unwrap();
-    let err = r.sw.set_dhcp_lease(gone, MacAddr(mac(0)), ip, "alpha").unwrap_err();
-    assert!(matches!(err, SwitchError::UnknownPort(p) if p == gone), "{err}");
+    let err =
+        r.sw.set_dhcp_lease(gone, MacAddr(mac(0)), ip, "alpha")
+            .unwrap_err();
+    assert!(
+        matches!(err, SwitchError::UnknownPort(p) if p == gone),
+        "{err}"
+    );
     let outside = Ipv4Addr::new(192, 168, 0, 2);
-    let err = r.sw.set_dhcp_lease(r.ports[0], MacAddr(mac(0)), outside, "alpha").unwrap_err();
-    assert!(matches!(err, SwitchError::Dhcp(DhcpError::AddressNotLeasable { .. })), "{err}");
+    let err =
+        r.sw.set_dhcp_lease(r.ports[0], MacAddr(mac(0)), outside, "alpha")
+            .unwrap_err();
+    assert!(
+        matches!(err, SwitchError::Dhcp(DhcpError::AddressNotLeasable { .. })),
+        "{err}"
+    );
     assert!(!r.sw.remove_dhcp_lease(r.ports[0], MacAddr(mac(0))).unwrap());
-    r.sw.set_dhcp_lease(r.ports[0], MacAddr(mac(0)), ip, "alpha").unwrap();
+    r.sw.set_dhcp_lease(r.ports[0], MacAddr(mac(0)), ip, "alpha")
+        .unwrap();
     assert!(r.sw.remove_dhcp_lease(r.ports[0], MacAddr(mac(0))).unwrap());
 
     let bad = SwitchConfig {
-        dhcp: Some(DhcpConfig { prefix_len: 32, ..DhcpConfig::default() }),
+        dhcp: Some(DhcpConfig {
+            prefix_len: 32,
+            ..DhcpConfig::default()
+        }),
         ..SwitchConfig::default()
     };
     let err = Switch::start_with(bad).unwrap_err();
-    assert!(matches!(err, SwitchError::Dhcp(DhcpError::BadPrefix(32))), "{err}");
+    assert!(
+        matches!(err, SwitchError::Dhcp(DhcpError::BadPrefix(32))),
+        "{err}"
+    );
 }

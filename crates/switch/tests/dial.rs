@@ -76,7 +76,10 @@ fn a_peer_listening_only_after_add_port_is_connected() {
     let mut ca = Client::serve(&pa);
     let mut cb = Client::serve(&pb);
     for id in [a, b] {
-        assert!(sw.wait_connected(id, 1, TIMEOUT).unwrap().connected_since(1));
+        assert!(sw
+            .wait_connected(id, 1, TIMEOUT)
+            .unwrap()
+            .connected_since(1));
     }
     ca.send(&eth(BCAST, mac(0), 7, 60));
     assert_eq!(seq_of(&cb.recv()), 7);

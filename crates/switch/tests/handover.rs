@@ -296,7 +296,8 @@ fn thaw_rejects_bogus_state_or_fds_and_takes_nothing() {
     };
 
     let conn = |s: &FrozenState, i: usize| -> i32 { s.ports[i].connection.as_ref().unwrap().fd };
-    let set = |s: &mut FrozenState, i: usize, fd: i32| s.ports[i].connection.as_mut().unwrap().fd = fd;
+    let set =
+        |s: &mut FrozenState, i: usize, fd: i32| s.ports[i].connection.as_mut().unwrap().fd = fd;
     let (msg, problem) = fd_problem(&|s| set(s, 1, 1 << 30));
     assert!(problem.contains("is not open"), "{msg}");
     assert!(
@@ -309,7 +310,10 @@ fn thaw_rejects_bogus_state_or_fds_and_takes_nothing() {
     assert!(problem.contains("is not a socket"), "{msg}");
     let listener = std::os::fd::AsRawFd::as_raw_fd(&r.clients[0].listener);
     let (msg, problem) = fd_problem(&|s| set(s, 0, listener));
-    assert!(problem.contains("listening socket, not a connection"), "{msg}");
+    assert!(
+        problem.contains("listening socket, not a connection"),
+        "{msg}"
+    );
     let (msg, problem) = fd_problem(&|s| {
         let (c0, c1) = (conn(s, 0), conn(s, 1));
         set(s, 0, c1);
@@ -329,8 +333,14 @@ fn thaw_rejects_bogus_state_or_fds_and_takes_nothing() {
         },
         "used twice",
     );
-    invalid(&|s| s.ports[1].socket_path = s.ports[0].socket_path.clone(), "used twice");
-    invalid(&|s| s.ports[1].socket_path = "".into(), "not usable for a unix socket");
+    invalid(
+        &|s| s.ports[1].socket_path = s.ports[0].socket_path.clone(),
+        "used twice",
+    );
+    invalid(
+        &|s| s.ports[1].socket_path = "".into(),
+        "not usable for a unix socket",
+    );
     invalid(&|s| s.ports[1].name = "vm0".into(), "used twice");
     invalid(&|s| s.ports[0].queue.push(Vec::new()), "zero-length");
     invalid(
@@ -365,7 +375,10 @@ fn a_port_dialing_at_the_freeze_is_connected_after_the_thaw() {
     assert_eq!(seq_of(&r.clients[0].recv()), 4);
     let s = r.stats();
     assert_eq!(
-        (port(&s, r.ports[0]).counters.connections, s.totals.connections),
+        (
+            port(&s, r.ports[0]).counters.connections,
+            s.totals.connections
+        ),
         (1, 3),
         "port 0 kept its connection through the handover"
     );

@@ -120,11 +120,18 @@ fn injected_frames_reach_the_client_in_order_after_a_hold() {
     assert_eq!((rep.queued, rep.dropped), (5, 0));
     let s = r.stats();
     let p1 = port(&s, r.ports[1]);
-    assert_eq!((p1.queued_frames, p1.counters.tx_frames, p1.counters.held), (5, 0, 5), "held: nothing delivered yet");
+    assert_eq!(
+        (p1.queued_frames, p1.counters.tx_frames, p1.counters.held),
+        (5, 0, 5),
+        "held: nothing delivered yet"
+    );
     r.sw.release(r.ports[1]).unwrap();
     for seq in 0..5 {
         assert_eq!(seq_of(&r.clients[1].recv()), seq);
     }
     r.sw.remove_port(r.ports[0]).unwrap();
-    assert!(r.sw.inject(r.ports[0], vec![]).is_err(), "a removed port is an error");
+    assert!(
+        r.sw.inject(r.ports[0], vec![]).is_err(),
+        "a removed port is an error"
+    );
 }

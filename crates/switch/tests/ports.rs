@@ -34,7 +34,10 @@ fn remove_port_leaves_the_peers_socket_file() {
     assert!(matches!(sw.remove_port(id), Err(SwitchError::UnknownPort(p)) if p == id));
     assert!(matches!(sw.hold(id), Err(SwitchError::UnknownPort(_))));
     assert!(matches!(sw.release(id), Err(SwitchError::UnknownPort(_))));
-    assert!(matches!(sw.port_connected(id), Err(SwitchError::UnknownPort(_))));
+    assert!(matches!(
+        sw.port_connected(id),
+        Err(SwitchError::UnknownPort(_))
+    ));
 }
 
 #[test]
@@ -60,7 +63,10 @@ fn a_path_without_a_listening_peer_is_dialed_until_one_listens() {
     assert!(stale.exists());
 
     std::fs::create_dir(dir.path().join("later")).unwrap();
-    let mut peers: Vec<Client> = [&absent, &stale, &file].iter().map(|p| Client::serve(p)).collect();
+    let mut peers: Vec<Client> = [&absent, &stale, &file]
+        .iter()
+        .map(|p| Client::serve(p))
+        .collect();
     for id in [a, b, c] {
         wait_connected(&sw, id, 1);
     }
@@ -116,7 +122,10 @@ fn path_too_long_names_the_path() {
     let msg = err.to_string();
     assert!(msg.contains("xxxx.sock") && msg.contains("107"), "{msg}");
     let err = sw.add_port("b", &PathBuf::from("")).unwrap_err();
-    assert!(matches!(err, SwitchError::InvalidSocketPath { .. }), "{err}");
+    assert!(
+        matches!(err, SwitchError::InvalidSocketPath { .. }),
+        "{err}"
+    );
     use std::os::unix::ffi::OsStrExt;
     let nul = PathBuf::from(std::ffi::OsStr::from_bytes(b"/tmp/a\0b.sock"));
     let err = sw.add_port("b", &nul).unwrap_err();
@@ -132,7 +141,10 @@ fn stop_closes_everything() {
     for c in &mut r.clients {
         c.expect_eof();
     }
-    assert!(r.path(0).exists() && r.path(1).exists(), "the peers' files stay");
+    assert!(
+        r.path(0).exists() && r.path(1).exists(),
+        "the peers' files stay"
+    );
     for c in &r.clients {
         assert!(!has_pending(&c.listener), "a stopped switch does not dial");
     }
@@ -161,7 +173,10 @@ fn dropping_last_handle_stops() {
     } = r;
     drop(sw);
     clients[0].expect_eof();
-    assert!(dir.path().join("vm0.sock").exists(), "the peer's file stays");
+    assert!(
+        dir.path().join("vm0.sock").exists(),
+        "the peer's file stays"
+    );
 }
 
 #[test]

@@ -165,10 +165,7 @@ fn a_stalled_qemu_reads_its_socket_empty_but_not_the_probes() {
         drained.state.is_drained() && drained.state.connected,
         "QEMU read the whole socket although the guest took nothing: {drained:?}"
     );
-    let probed = r
-        .sw
-        .settle(vm_port, Duration::from_millis(300), 2)
-        .unwrap();
+    let probed = r.sw.settle(vm_port, Duration::from_millis(300), 2).unwrap();
     assert!(
         probed.unsettled && probed.probes_read == 0,
         "the probe must stay unread behind the stalled queue: {probed:?}"

@@ -219,7 +219,12 @@ pub enum Command {
     /// 10.77.0.2`). Stdio is inherited; exits with CMD's exit code.
     Exec {
         /// The command and its arguments (put them after `--`).
-        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "CMD"
+        )]
         argv: Vec<OsString>,
     },
     /// Manage the per-host agent that owns the QEMU processes and the switch.
@@ -299,19 +304,41 @@ mod tests {
     #[test]
     fn restore_help_states_the_agents_cluster_start_quiet() {
         let mut cli = super::Cli::command();
-        let help = cli.find_subcommand_mut("restore").expect("restore").render_long_help().to_string();
+        let help = cli
+            .find_subcommand_mut("restore")
+            .expect("restore")
+            .render_long_help()
+            .to_string();
         let ms = vmcsnap_agent::restore::CLUSTER_START_QUIET.as_millis();
-        assert!(help.contains(&format!("default: {ms} with --cluster")), "{help}");
+        assert!(
+            help.contains(&format!("default: {ms} with --cluster")),
+            "{help}"
+        );
     }
 
     /// `exec` hands everything after `--` (options included) to the command.
     #[test]
     fn exec_takes_the_command_line_after_the_separator() {
         use clap::Parser;
-        let cli = super::Cli::try_parse_from(["vmcsnap", "exec", "--run-dir", "/r", "--", "redis-cli", "-h", "10.77.0.2"]).unwrap();
+        let cli = super::Cli::try_parse_from([
+            "vmcsnap",
+            "exec",
+            "--run-dir",
+            "/r",
+            "--",
+            "redis-cli",
+            "-h",
+            "10.77.0.2",
+        ])
+        .unwrap();
         assert_eq!(cli.run_dir.as_deref(), Some(std::path::Path::new("/r")));
-        let super::Command::Exec { argv } = cli.command else { panic!("not exec") };
+        let super::Command::Exec { argv } = cli.command else {
+            panic!("not exec")
+        };
         assert_eq!(argv, ["redis-cli", "-h", "10.77.0.2"]);
-        assert!(super::Cli::try_parse_from(["vmcsnap", "exec"]).is_err(), "a command is required");
+        assert!(
+            super::Cli::try_parse_from(["vmcsnap", "exec"]).is_err(),
+            "a command is required"
+        );
     }
 }

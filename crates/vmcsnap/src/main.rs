@@ -23,7 +23,12 @@ fn main() {
     // SAFETY: signal(2) with SIG_DFL for SIGPIPE, before any thread exists.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
-    init_logging(matches!(cli.command, Command::Agent { cmd: AgentCmd::Run { .. } }));
+    init_logging(matches!(
+        cli.command,
+        Command::Agent {
+            cmd: AgentCmd::Run { .. }
+        }
+    ));
     if let Err(e) = run(cli) {
         eprintln!("vmcsnap: error: {}", error_chain(e.chain()));
         std::process::exit(1);
@@ -82,53 +87,154 @@ fn run(cli: Cli) -> Result<()> {
             output::status(&status, json)
         }
         Command::Console { vm, bytes } => {
-            let v = request(&run_dir.agent_socket(), &Request::Console { vm, tail_bytes: bytes })?;
+            let v = request(
+                &run_dir.agent_socket(),
+                &Request::Console {
+                    vm,
+                    tail_bytes: bytes,
+                },
+            )?;
             let c: ConsoleResult = serde_json::from_value(v)?;
             print!("{}", c.text);
             Ok(())
         }
         Command::Down { json } => {
             let v = request(&run_dir.agent_socket(), &Request::Down)?;
-            output::json_or(json, &v, || println!("cluster {} is down", v["cluster"].as_str().unwrap_or("?")))
+            output::json_or(json, &v, || {
+                println!("cluster {} is down", v["cluster"].as_str().unwrap_or("?"))
+            })
         }
-        Command::Rejuvenate { vm, all: _, mode, json } => {
+        Command::Rejuvenate {
+            vm,
+            all: _,
+            mode,
+            json,
+        } => {
             let v = request(&run_dir.agent_socket(), &Request::Rejuvenate { vm, mode })?;
             output::json_or(json, &v, || output::rejuvenate(&v))
         }
-        Command::Snapshot { vm: None, cluster: true, mode, name, no_cut_probes, json, .. } => {
-            let v = request(&run_dir.agent_socket(), &Request::ClusterSnapshot { mode, name, no_cut_probes })?;
+        Command::Snapshot {
+            vm: None,
+            cluster: true,
+            mode,
+            name,
+            no_cut_probes,
+            json,
+            ..
+        } => {
+            let v = request(
+                &run_dir.agent_socket(),
+                &Request::ClusterSnapshot {
+                    mode,
+                    name,
+                    no_cut_probes,
+                },
+            )?;
             output_cluster::json_or_snapshot(json, &v)
         }
-        Command::Snapshot { vm, mode, name, reference, inject_fault, json, .. } => {
+        Command::Snapshot {
+            vm,
+            mode,
+            name,
+            reference,
+            inject_fault,
+            json,
+            ..
+        } => {
             let vm = vm.context("name the VM to snapshot, or give --cluster")?;
-            let reference = reference.map(|r| std::env::current_dir().map(|d| d.join(&r)).unwrap_or(r));
-            let v = request(&run_dir.agent_socket(), &Request::Snapshot { vm, mode, name, reference, fault: inject_fault })?;
+            let reference =
+                reference.map(|r| std::env::current_dir().map(|d| d.join(&r)).unwrap_or(r));
+            let v = request(
+                &run_dir.agent_socket(),
+                &Request::Snapshot {
+                    vm,
+                    mode,
+                    name,
+                    reference,
+                    fault: inject_fault,
+                },
+            )?;
             output::json_or(json, &v, || output::snapshot(&v))
         }
-        Command::Restore { snapshot, cluster: true, mode, no_priorities, start_quiet, inject_fault, json, .. } => {
+        Command::Restore {
+            snapshot,
+            cluster: true,
+            mode,
+            no_priorities,
+            start_quiet,
+            inject_fault,
+            json,
+            ..
+        } => {
             let mode = mode.unwrap_or_else(|| "hotrestore-rl".into());
             launch::ensure_agent(&run_dir, true)?;
             let fault = inject_fault;
-            let v = request(&run_dir.agent_socket(), &Request::ClusterRestore { snapshot, mode, no_priorities, start_quiet_ms: start_quiet, fault })?;
+            let v = request(
+                &run_dir.agent_socket(),
+                &Request::ClusterRestore {
+                    snapshot,
+                    mode,
+                    no_priorities,
+                    start_quiet_ms: start_quiet,
+                    fault,
+                },
+            )?;
             output_cluster::json_or_restore(json, &v)
         }
-        Command::Restore { snapshot, mode, wss, paused, trace, no_background, no_priorities, start_quiet, json, .. } => {
+        Command::Restore {
+            snapshot,
+            mode,
+            wss,
+            paused,
+            trace,
+            no_background,
+            no_priorities,
+            start_quiet,
+            json,
+            ..
+        } => {
             let mode = mode.unwrap_or_else(|| "workingset".into());
             let wss = match wss.as_str() {
                 "auto" => None,
-                n => Some(n.parse::<u64>().with_context(|| format!("--wss {n:?}: give a number of pages or auto"))?),
+                n => Some(
+                    n.parse::<u64>()
+                        .with_context(|| format!("--wss {n:?}: give a number of pages or auto"))?,
+                ),
             };
             launch::ensure_agent(&run_dir, true)?;
-            let v = request(&run_dir.agent_socket(), &Request::Restore { snapshot, mode, wss, paused, trace, no_background, no_priorities, start_quiet_ms: start_quiet })?;
+            let v = request(
+                &run_dir.agent_socket(),
+                &Request::Restore {
+                    snapshot,
+                    mode,
+                    wss,
+                    paused,
+                    trace,
+                    no_background,
+                    no_priorities,
+                    start_quiet_ms: start_quiet,
+                },
+            )?;
             output::json_or(json, &v, || output::restore(&v))
         }
         Command::Stop { vm, json } => {
             let v = request(&run_dir.agent_socket(), &Request::Stop { vm })?;
-            output::json_or(json, &v, || println!("VM {} stopped", v["vm"].as_str().unwrap_or("?")))
+            output::json_or(json, &v, || {
+                println!("VM {} stopped", v["vm"].as_str().unwrap_or("?"))
+            })
         }
-        Command::AnalyzeWs { snapshot, json } => output::analyze_ws(&run_dir.snapshots_dir().join(&snapshot), json),
+        Command::AnalyzeWs { snapshot, json } => {
+            output::analyze_ws(&run_dir.snapshots_dir().join(&snapshot), json)
+        }
         Command::Snapshots { json } => output::snapshots(&run_dir.snapshots_dir(), json),
-        Command::Inspect { snapshot, cluster, rdg, dot, verify, json } => {
+        Command::Inspect {
+            snapshot,
+            cluster,
+            rdg,
+            dot,
+            verify,
+            json,
+        } => {
             let dir = if snapshot.components().count() == 1 && !snapshot.exists() {
                 run_dir.snapshots_dir().join(&snapshot)
             } else {
@@ -144,38 +250,62 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Availability { t_vmm, t_os, json } => availability(&run_dir, t_vmm, t_os, json),
         Command::StreamRelay { to } => {
-            let o = vmcsnap_agent::relay::relay(std::io::stdin().lock(), &to).context("stream relay")?;
+            let o = vmcsnap_agent::relay::relay(std::io::stdin().lock(), &to)
+                .context("stream relay")?;
             if o.discarded > 0 {
-                eprintln!("vmcsnap stream-relay: the agent went away; discarded {} bytes", o.discarded);
+                eprintln!(
+                    "vmcsnap stream-relay: the agent went away; discarded {} bytes",
+                    o.discarded
+                );
             }
             Ok(())
         }
         Command::Exec { argv } => exec(&run_dir, &argv),
         Command::Agent { cmd } => match cmd {
-            AgentCmd::Run { exit_when_idle, resume } => {
-                vmcsnap_agent::serve(AgentOptions { run_dir, exit_when_idle, resume }).context("agent failed")
-            }
+            AgentCmd::Run {
+                exit_when_idle,
+                resume,
+            } => vmcsnap_agent::serve(AgentOptions {
+                run_dir,
+                exit_when_idle,
+                resume,
+            })
+            .context("agent failed"),
             AgentCmd::Restart => {
                 let sock = run_dir.agent_socket();
                 let before = request(&sock, &Request::RestartAgent)?;
                 // The new image answers on the same socket once it has taken over.
                 let deadline = Instant::now() + std::time::Duration::from_secs(30);
                 loop {
-                    if let Ok(v) = call(&sock, &Request::Ping, Some(std::time::Duration::from_secs(5)), &mut |_| {}) {
+                    if let Ok(v) = call(
+                        &sock,
+                        &Request::Ping,
+                        Some(std::time::Duration::from_secs(5)),
+                        &mut |_| {},
+                    ) {
                         if v["generation"].as_u64() > before["generation"].as_u64() {
-                            println!("agent restarted: pid {}, generation {}", v["pid"], v["generation"]);
+                            println!(
+                                "agent restarted: pid {}, generation {}",
+                                v["pid"], v["generation"]
+                            );
                             return Ok(());
                         }
                     }
                     if Instant::now() > deadline {
-                        anyhow::bail!("the agent did not come back within 30 s; see {}", run_dir.agent_log().display());
+                        anyhow::bail!(
+                            "the agent did not come back within 30 s; see {}",
+                            run_dir.agent_log().display()
+                        );
                     }
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
             }
             AgentCmd::Start => {
                 let pid = launch::ensure_agent(&run_dir, false)?;
-                println!("agent running, pid {pid}, socket {}", run_dir.agent_socket().display());
+                println!(
+                    "agent running, pid {pid}, socket {}",
+                    run_dir.agent_socket().display()
+                );
                 Ok(())
             }
             AgentCmd::Stop => {
@@ -184,7 +314,9 @@ fn run(cli: Cli) -> Result<()> {
                 Ok(())
             }
         },
-        Command::Guest { cmd: GuestCmd::Build { json } } => {
+        Command::Guest {
+            cmd: GuestCmd::Build { json },
+        } => {
             let t = Instant::now();
             let root = vmcsnap_guest::default_cache_root();
             let a = vmcsnap_guest::ensure_assets(&root, &mut |m| eprintln!("{m}"))?;
@@ -193,7 +325,12 @@ fn run(cli: Cli) -> Result<()> {
                 "seconds": t.elapsed().as_secs_f64(),
             });
             output::json_or(json, &v, || {
-                println!("guest assets {} in {:.1} s: {}", a.key, t.elapsed().as_secs_f64(), a.dir.display())
+                println!(
+                    "guest assets {} in {:.1} s: {}",
+                    a.key,
+                    t.elapsed().as_secs_f64(),
+                    a.dir.display()
+                )
             })
         }
         Command::Image { cmd } => image(cmd),
@@ -204,12 +341,22 @@ fn image(cmd: ImageCmd) -> Result<()> {
     use vmcsnap_guest::image;
     let root = vmcsnap_guest::default_cache_root();
     match cmd {
-        ImageCmd::Build { name, packages, json } => {
+        ImageCmd::Build {
+            name,
+            packages,
+            json,
+        } => {
             let recipe = image::ImageRecipe::named(&name, &packages)?;
             let t = Instant::now();
             let b = image::ensure_image(&root, &recipe, &mut |m| eprintln!("{m}"))?;
             output::json_or(json, &serde_json::to_value(&b)?, || {
-                println!("image {} ({}) in {:.1} s: {}", b.name, b.key, t.elapsed().as_secs_f64(), b.dir.display());
+                println!(
+                    "image {} ({}) in {:.1} s: {}",
+                    b.name,
+                    b.key,
+                    t.elapsed().as_secs_f64(),
+                    b.dir.display()
+                );
                 println!("  disk    {}", b.disk.display());
                 println!("  kernel  {}", b.kernel.display());
                 println!("  initrd  {}", b.initrd.display());
@@ -225,8 +372,16 @@ fn image(cmd: ImageCmd) -> Result<()> {
                 for i in &list {
                     println!(
                         "{:<12} {} {:>5} MiB on disk  kernel {}  built in {:.0} s  packages: {}",
-                        i.name, i.key, i.disk_bytes >> 20, i.kernel_version, i.build_seconds,
-                        if i.packages.is_empty() { "-".to_string() } else { i.packages.join(",") }
+                        i.name,
+                        i.key,
+                        i.disk_bytes >> 20,
+                        i.kernel_version,
+                        i.build_seconds,
+                        if i.packages.is_empty() {
+                            "-".to_string()
+                        } else {
+                            i.packages.join(",")
+                        }
                     );
                 }
             })
@@ -235,13 +390,20 @@ fn image(cmd: ImageCmd) -> Result<()> {
 }
 
 fn up(run_dir: &RunDir, spec: &Path, json: bool) -> Result<()> {
-    let text = std::fs::read_to_string(spec).with_context(|| format!("cannot read spec {}", spec.display()))?;
+    let text = std::fs::read_to_string(spec)
+        .with_context(|| format!("cannot read spec {}", spec.display()))?;
     let spec_path = std::fs::canonicalize(spec).unwrap_or_else(|_| spec.to_path_buf());
     // Reject a bad spec here, before any agent or QEMU starts.
     vmcsnap_spec::ClusterSpec::from_toml_str(&text, vmcsnap_guest::MIN_MEMORY_MIB)
         .with_context(|| format!("{}", spec.display()))?;
     launch::ensure_agent(run_dir, true)?;
-    let v = request(&run_dir.agent_socket(), &Request::Up { spec_path, spec_toml: text })?;
+    let v = request(
+        &run_dir.agent_socket(),
+        &Request::Up {
+            spec_path,
+            spec_toml: text,
+        },
+    )?;
     let up: UpResult = serde_json::from_value(v.clone())?;
     output::json_or(json, &v, || output::up(&up))
 }
@@ -258,7 +420,11 @@ fn exec(run_dir: &RunDir, argv: &[std::ffi::OsString]) -> Result<()> {
     }
     let status = vmcsnap_hostnet::exec_in_netns(&ns, argv)?;
     // Like a shell: the command's exit code, or 128 + the signal that killed it.
-    std::process::exit(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+    std::process::exit(
+        status
+            .code()
+            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
+    )
 }
 
 fn availability(run_dir: &RunDir, t_vmm: f64, t_os: f64, json: bool) -> Result<()> {
@@ -288,8 +454,13 @@ fn availability(run_dir: &RunDir, t_vmm: f64, t_os: f64, json: bool) -> Result<(
         .collect();
     let v = serde_json::json!({ "t_vmm_days": t_vmm, "t_os_days": t_os, "os_reboot_s": d_os, "modes": rows });
     output::json_or(json, &v, || {
-        println!("T_vmm = {t_vmm} days, T_os = {t_os} days, D_os = {d_os:.3} s (measured cold reboot)");
-        println!("{:<6} {:>4} {:>12} {:>14}", "MODE", "VMS", "DOWNTIME_S", "AVAILABILITY");
+        println!(
+            "T_vmm = {t_vmm} days, T_os = {t_os} days, D_os = {d_os:.3} s (measured cold reboot)"
+        );
+        println!(
+            "{:<6} {:>4} {:>12} {:>14}",
+            "MODE", "VMS", "DOWNTIME_S", "AVAILABILITY"
+        );
         for r in &rows {
             match r["availability"].as_f64() {
                 Some(a) => println!(

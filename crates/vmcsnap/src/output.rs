@@ -30,9 +30,15 @@ pub fn json_or(json: bool, v: &Value, human: impl FnOnce()) -> Result<()> {
 /// The table printed by `up`.
 pub fn up(r: &UpResult) {
     println!("cluster {} is up", r.cluster);
-    println!("{:<12} {:>8} {:>8} {:<5} {:<16} MAC", "VM", "PID", "BOOT_MS", "ACCEL", "IP");
+    println!(
+        "{:<12} {:>8} {:>8} {:<5} {:<16} MAC",
+        "VM", "PID", "BOOT_MS", "ACCEL", "IP"
+    );
     for v in &r.vms {
-        println!("{:<12} {:>8} {:>8} {:<5} {:<16} {}", v.name, v.pid, v.boot_ms, v.accel, v.ip, v.mac);
+        println!(
+            "{:<12} {:>8} {:>8} {:<5} {:<16} {}",
+            v.name, v.pid, v.boot_ms, v.accel, v.ip, v.mac
+        );
     }
 }
 
@@ -46,8 +52,15 @@ pub fn status(s: &StatusResult, json: bool) -> Result<()> {
         println!("no cluster is up");
         return Ok(());
     };
-    println!("cluster {name} ({}), agent pid {}", s.accel.as_deref().unwrap_or("?"), s.agent_pid);
-    println!("{:<12} {:>8} {:<10} {:<16} {:>7} {:>9}", "VM", "PID", "STATE", "IP", "MEM_MIB", "UPTIME_S");
+    println!(
+        "cluster {name} ({}), agent pid {}",
+        s.accel.as_deref().unwrap_or("?"),
+        s.agent_pid
+    );
+    println!(
+        "{:<12} {:>8} {:<10} {:<16} {:>7} {:>9}",
+        "VM", "PID", "STATE", "IP", "MEM_MIB", "UPTIME_S"
+    );
     for v in &s.vms {
         println!(
             "{:<12} {:>8} {:<10} {:<16} {:>7} {:>9.1}",
@@ -56,7 +69,10 @@ pub fn status(s: &StatusResult, json: bool) -> Result<()> {
     }
     if let Ok(sw) = serde_json::from_value::<SwitchStats>(s.switch.clone()) {
         println!();
-        println!("{:<12} {:>10} {:>12} {:>10} {:>12} {:>6}", "PORT", "RX_FRAMES", "RX_BYTES", "TX_FRAMES", "TX_BYTES", "DROPS");
+        println!(
+            "{:<12} {:>10} {:>12} {:>10} {:>12} {:>6}",
+            "PORT", "RX_FRAMES", "RX_BYTES", "TX_FRAMES", "TX_BYTES", "DROPS"
+        );
         for p in &sw.ports {
             let c = &p.counters;
             println!(
@@ -72,7 +88,15 @@ pub fn status(s: &StatusResult, json: bool) -> Result<()> {
 pub fn rejuvenate(v: &Value) {
     println!(
         "{:<12} {:<6} {:>8} {:>12} {:>9} {:>11} {:>9} {:>12} {:>7}",
-        "VM", "MODE", "MEM_MIB", "DOWNTIME_MS", "SAVE_MS", "RESTART_MS", "LOAD_MS", "STATE_BYTES", "HELD"
+        "VM",
+        "MODE",
+        "MEM_MIB",
+        "DOWNTIME_MS",
+        "SAVE_MS",
+        "RESTART_MS",
+        "LOAD_MS",
+        "STATE_BYTES",
+        "HELD"
     );
     for r in v["reports"].as_array().into_iter().flatten() {
         let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
@@ -112,7 +136,11 @@ pub fn snapshot(v: &Value) {
 
 /// `snapshots`: the committed snapshots under `root`.
 pub fn snapshots(root: &std::path::Path, json: bool) -> Result<()> {
-    let entries = if root.exists() { vmcsnap_agent::image::list_snapshots(root)? } else { vec![] };
+    let entries = if root.exists() {
+        vmcsnap_agent::image::list_snapshots(root)?
+    } else {
+        vec![]
+    };
     let rows: Vec<Value> = entries
         .iter()
         .map(|e| match &e.status {
@@ -128,7 +156,12 @@ pub fn snapshots(root: &std::path::Path, json: bool) -> Result<()> {
         .collect();
     let clusters = crate::output_cluster::rows(root)?;
     if json {
-        println!("{}", serde_json::to_string(&serde_json::json!({ "root": root, "snapshots": rows, "cluster_snapshots": clusters }))?);
+        println!(
+            "{}",
+            serde_json::to_string(
+                &serde_json::json!({ "root": root, "snapshots": rows, "cluster_snapshots": clusters })
+            )?
+        );
         return Ok(());
     }
     if rows.is_empty() && clusters.is_empty() {
@@ -142,17 +175,31 @@ pub fn snapshots(root: &std::path::Path, json: bool) -> Result<()> {
                 c["name"].as_str().unwrap_or("?"),
                 c["cluster"].as_str().unwrap_or("?"),
                 c["mode"].as_str().unwrap_or("?"),
-                c["vms"].as_array().map(|v| v.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",")).unwrap_or_default(),
+                c["vms"]
+                    .as_array()
+                    .map(|v| v
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join(","))
+                    .unwrap_or_default(),
                 c["channel_state_frames"]
             );
         } else {
-            println!("{:<32} INVALID cluster snapshot: {}", c["name"].as_str().unwrap_or("?"), c["error"].as_str().unwrap_or("?"));
+            println!(
+                "{:<32} INVALID cluster snapshot: {}",
+                c["name"].as_str().unwrap_or("?"),
+                c["error"].as_str().unwrap_or("?")
+            );
         }
     }
     if rows.is_empty() {
         return Ok(());
     }
-    println!("{:<32} {:<10} {:<10} {:>11} {:>11} {:>12}", "NAME", "VM", "MODE", "DOWNTIME_MS", "DURATION_MS", "BYTES");
+    println!(
+        "{:<32} {:<10} {:<10} {:>11} {:>11} {:>12}",
+        "NAME", "VM", "MODE", "DOWNTIME_MS", "DURATION_MS", "BYTES"
+    );
     for r in &rows {
         if r["valid"] == true {
             println!(
@@ -165,7 +212,11 @@ pub fn snapshots(root: &std::path::Path, json: bool) -> Result<()> {
                 cell(&r["bytes_written"])
             );
         } else {
-            println!("{:<32} INVALID: {}", r["name"].as_str().unwrap_or("?"), r["error"].as_str().unwrap_or("?"));
+            println!(
+                "{:<32} INVALID: {}",
+                r["name"].as_str().unwrap_or("?"),
+                r["error"].as_str().unwrap_or("?")
+            );
         }
     }
     Ok(())
@@ -175,7 +226,8 @@ pub fn snapshots(root: &std::path::Path, json: bool) -> Result<()> {
 /// CRC (fails naming each bad block).
 pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
     use anyhow::Context;
-    let img = vmcsnap_agent::image::Image::open(dir).with_context(|| format!("snapshot {}", dir.display()))?;
+    let img = vmcsnap_agent::image::Image::open(dir)
+        .with_context(|| format!("snapshot {}", dir.display()))?;
     let st = img.stats();
     let report = verify.then(|| img.verify());
     let bad: Vec<Value> = report
@@ -204,7 +256,10 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         let m = img.manifest();
         println!("snapshot {}", dir.display());
         println!("  image id   {}", m.image_id);
-        println!("  vm         {} (qemu {}, machine {})", m.vm.name, m.qemu.version, m.qemu.machine);
+        println!(
+            "  vm         {} (qemu {}, machine {})",
+            m.vm.name, m.qemu.version, m.qemu.machine
+        );
         println!("  created    {} (unix ms)", m.created_unix_ms);
         for b in &m.ram_blocks {
             println!("  ram block  {} ({} MiB)", b.name, b.used_length >> 20);
@@ -220,7 +275,10 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
             "  pages      {} total, {} stored, {} zero, {} absent; {} blocks, {} bytes memory, {} bytes total",
             st.pages_total, st.pages_stored, st.pages_zero, st.pages_absent, st.blocks, st.memory_bytes, st.total_bytes
         );
-        println!("  device     {} bytes ({})", st.device_state_bytes, m.device_state_format);
+        println!(
+            "  device     {} bytes ({})",
+            st.device_state_bytes, m.device_state_format
+        );
         println!("  fafl       {} pages", img.fafl().len());
         if let Some(r) = &report {
             println!("  verify     {r}");
@@ -256,7 +314,9 @@ pub fn restore(v: &Value) {
         if v["paused"] == true { ", paused" } else { "" },
         f("restore_latency_ms"),
     );
-    let first_10s: u64 = v["demand_faults_per_100ms"].as_array().map_or(0, |a| a.iter().filter_map(Value::as_u64).sum());
+    let first_10s: u64 = v["demand_faults_per_100ms"]
+        .as_array()
+        .map_or(0, |a| a.iter().filter_map(Value::as_u64).sum());
     println!(
         "  {:>18} {:>12} {:>14} {:>14} {:>12}",
         "pages before start", "MiB read", "demand faults", "in first 10 s", "full load"
@@ -272,9 +332,15 @@ pub fn restore(v: &Value) {
     println!(
         "  working set: wss {} (sample {}, snapshot {}){}",
         v["wss"],
-        v["wss_sample"].as_u64().map_or("-".to_string(), |n| n.to_string()),
+        v["wss_sample"]
+            .as_u64()
+            .map_or("-".to_string(), |n| n.to_string()),
         v["wss_snapshot"],
-        if v["learned"] == true { ", FAFL queue improved by an earlier restore" } else { "" }
+        if v["learned"] == true {
+            ", FAFL queue improved by an earlier restore"
+        } else {
+            ""
+        }
     );
 }
 
@@ -282,7 +348,8 @@ pub fn restore(v: &Value) {
 /// against its newest traced restore.
 pub fn analyze_ws(dir: &std::path::Path, json: bool) -> Result<()> {
     use vmcsnap_agent::restore::traces;
-    let img = vmcsnap_agent::image::Image::open(dir).with_context(|| format!("snapshot {}", dir.display()))?;
+    let img = vmcsnap_agent::image::Image::open(dir)
+        .with_context(|| format!("snapshot {}", dir.display()))?;
     let Some(trace) = traces::newest(dir, |r| r.trace) else {
         anyhow::bail!(
             "snapshot {} has no traced restore: run `vmcsnap restore {} --mode lazy --trace --no-background` first",
@@ -291,7 +358,12 @@ pub fn analyze_ws(dir: &std::path::Path, json: bool) -> Result<()> {
         );
     };
     let fafl = img.fafl();
-    let sample = img.manifest().metrics.other.get("wss_sample_pages").and_then(Value::as_u64);
+    let sample = img
+        .manifest()
+        .metrics
+        .other
+        .get("wss_sample_pages")
+        .and_then(Value::as_u64);
     let wss = vmcsnap_workingset::hybrid_wss(sample, fafl.len() as u64);
     let factors = [0.25, 0.5, 0.7, 1.0, 1.5, 2.0];
     let accesses = trace.fault_keys();
@@ -307,7 +379,10 @@ pub fn analyze_ws(dir: &std::path::Path, json: bool) -> Result<()> {
             dir.display(),
             accesses.len()
         );
-        println!("  {:>6} {:>8} {:>9} {:>9}", "x WSS", "pages", "hit rate", "accuracy");
+        println!(
+            "  {:>6} {:>8} {:>9} {:>9}",
+            "x WSS", "pages", "hit rate", "accuracy"
+        );
         for q in &rows {
             println!(
                 "  {:>6.2} {:>8} {:>9.3} {:>9.3}{}",
@@ -315,7 +390,11 @@ pub fn analyze_ws(dir: &std::path::Path, json: bool) -> Result<()> {
                 q.size,
                 q.hit_rate,
                 q.accuracy,
-                if q.trace_long_enough { "" } else { "  (trace shorter than 1.2 x size)" }
+                if q.trace_long_enough {
+                    ""
+                } else {
+                    "  (trace shorter than 1.2 x size)"
+                }
             );
         }
     })

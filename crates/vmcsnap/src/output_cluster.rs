@@ -20,7 +20,16 @@ pub fn json_or_snapshot(json: bool, v: &Value) -> Result<()> {
     );
     println!(
         "{:<10} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9} {:>8} {:>9} {:>9}",
-        "VM", "PAUSE_MS", "PAUSED@", "RESUMED@", "TRANSIENT@", "COMPLETE@", "SETTLE_MS", "DRAINED", "RETRANS", "PP_GAP_MS"
+        "VM",
+        "PAUSE_MS",
+        "PAUSED@",
+        "RESUMED@",
+        "TRANSIENT@",
+        "COMPLETE@",
+        "SETTLE_MS",
+        "DRAINED",
+        "RETRANS",
+        "PP_GAP_MS"
     );
     for r in v["vms"].as_array().into_iter().flatten() {
         let retrans = match (r["retrans_before"].as_u64(), r["retrans_after"].as_u64()) {
@@ -40,11 +49,17 @@ pub fn json_or_snapshot(json: bool, v: &Value) -> Result<()> {
             format!(
                 "{:.1}{}",
                 r["settle_us"].as_u64().unwrap_or(0) as f64 / 1000.0,
-                if r["unsettled"].as_bool().unwrap_or(false) { "!" } else { "" }
+                if r["unsettled"].as_bool().unwrap_or(false) {
+                    "!"
+                } else {
+                    ""
+                }
             ),
             crate::output::cell(&r["frames_drained_at_cut"]),
             retrans,
-            r["pingpong_max_gap_ms"].as_u64().map_or("-".into(), |g| g.to_string()),
+            r["pingpong_max_gap_ms"]
+                .as_u64()
+                .map_or("-".into(), |g| g.to_string()),
         );
     }
     println!("(times in ms since the request)");
@@ -68,7 +83,12 @@ pub fn json_or_snapshot(json: bool, v: &Value) -> Result<()> {
         s["unsettled_cuts"].as_u64().unwrap_or(0)
     );
     for e in v["edges"].as_array().into_iter().flatten() {
-        println!("  W({}, {}) = {} frames", e["from"].as_str().unwrap_or("?"), e["to"].as_str().unwrap_or("?"), e["frames"]);
+        println!(
+            "  W({}, {}) = {} frames",
+            e["from"].as_str().unwrap_or("?"),
+            e["to"].as_str().unwrap_or("?"),
+            e["frames"]
+        );
     }
     println!("took {:.0} ms", v["duration_ms"].as_f64().unwrap_or(0.0));
     Ok(())
@@ -77,7 +97,8 @@ pub fn json_or_snapshot(json: bool, v: &Value) -> Result<()> {
 /// `inspect` of a cluster snapshot; `verify` checks every VM's image and
 /// the channel-state file.
 pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
-    let m = check_cluster_committed(dir).with_context(|| format!("cluster snapshot {}", dir.display()))?;
+    let m = check_cluster_committed(dir)
+        .with_context(|| format!("cluster snapshot {}", dir.display()))?;
     let mut problems = Vec::new();
     let mut checked = Vec::new();
     if verify {
@@ -89,7 +110,9 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
                     if !r.is_ok() {
                         problems.push(format!("VM {}: {r}", vm.name));
                     }
-                    checked.push(json!({ "vm": vm.name, "ok": r.is_ok(), "pages_checked": r.pages_checked }));
+                    checked.push(
+                        json!({ "vm": vm.name, "ok": r.is_ok(), "pages_checked": r.pages_checked }),
+                    );
                 }
                 Err(e) => problems.push(format!("VM {}: {e}", vm.name)),
             }
@@ -112,7 +135,10 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         });
         println!("{}", serde_json::to_string(&v)?);
     } else {
-        println!("cluster snapshot {} ({}) of cluster {}", m.name, m.mode, m.cluster);
+        println!(
+            "cluster snapshot {} ({}) of cluster {}",
+            m.name, m.mode, m.cluster
+        );
         println!("  created    {} (unix ms)", m.created_unix_ms);
         let t0 = m.vms.iter().map(|v| v.timeline.start_us).min().unwrap_or(0);
         let ms = |us: u64| us.saturating_sub(t0) as f64 / 1000.0;
@@ -129,19 +155,39 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
                 ms(t.complete_us)
             );
         }
-        println!("  channel    {} frames, {} bytes in {}", m.channel_state.frames, m.channel_state.bytes, m.channel_state.file);
+        println!(
+            "  channel    {} frames, {} bytes in {}",
+            m.channel_state.frames, m.channel_state.bytes, m.channel_state.file
+        );
         for e in &m.edges {
-            println!("  W({}, {}) = {} frames, {} bytes", e.from, e.to, e.frames, e.bytes);
+            println!(
+                "  W({}, {}) = {} frames, {} bytes",
+                e.from, e.to, e.frames, e.bytes
+            );
         }
         if let Some(b) = m.metrics.get("backoff") {
-            println!("  backoff    avg {} ms, max {} ms", b["avg_ms"], b["max_ms"]);
+            println!(
+                "  backoff    avg {} ms, max {} ms",
+                b["avg_ms"], b["max_ms"]
+            );
         }
         if verify {
-            println!("  verify     {}", if problems.is_empty() { "ok".to_string() } else { problems.join("; ") });
+            println!(
+                "  verify     {}",
+                if problems.is_empty() {
+                    "ok".to_string()
+                } else {
+                    problems.join("; ")
+                }
+            );
         }
     }
     if !problems.is_empty() {
-        anyhow::bail!("cluster snapshot {} failed verification: {}", dir.display(), problems.join("; "));
+        anyhow::bail!(
+            "cluster snapshot {} failed verification: {}",
+            dir.display(),
+            problems.join("; ")
+        );
     }
     Ok(())
 }
@@ -151,7 +197,8 @@ pub fn rows(root: &std::path::Path) -> Result<Vec<Value>> {
     if !root.exists() {
         return Ok(vec![]);
     }
-    let entries = list_cluster_snapshots(root).with_context(|| format!("listing {}", root.display()))?;
+    let entries =
+        list_cluster_snapshots(root).with_context(|| format!("listing {}", root.display()))?;
     Ok(entries
         .iter()
         .map(|e| match &e.status {
@@ -180,18 +227,35 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
         v["mode"].as_str().unwrap_or("?"),
         crate::output::cell(&v["start_quiet_ms"])
     );
-    let line: Vec<&str> = v["restore_line"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    let line: Vec<&str> = v["restore_line"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
     println!("restore line (planned): {}", line.join(" < "));
     println!(
         "{:<10} {:>10} {:>10} {:>13} {:>8} {:>11} {:>7} {:>8} {:>8} {:>5} {:>11}",
-        "VM", "LATENCY_MS", "BACKOFF_MS", "DISRUPTION_MS", "WSS", "PAGES_FIRST", "FAULTS", "REPLAYED", "RETRANS", "LOST", "GUEST_GAP_MS"
+        "VM",
+        "LATENCY_MS",
+        "BACKOFF_MS",
+        "DISRUPTION_MS",
+        "WSS",
+        "PAGES_FIRST",
+        "FAULTS",
+        "REPLAYED",
+        "RETRANS",
+        "LOST",
+        "GUEST_GAP_MS"
     );
     for r in v["vms"].as_array().into_iter().flatten() {
         let retrans = match (r["retrans_first"].as_u64(), r["retrans_later"].as_u64()) {
             (Some(a), Some(b)) => format!("+{}", b.saturating_sub(a)),
             _ => "?".into(),
         };
-        let gap = r["guest_max_gap_ms"].as_u64().map_or("-".to_string(), |g| g.to_string());
+        let gap = r["guest_max_gap_ms"]
+            .as_u64()
+            .map_or("-".to_string(), |g| g.to_string());
         // At most this many segments lost across the restore: the
         // retransmissions no duplicate SACK answered (the others were a slow
         // peer). Guests without `dsack=`: the tail loss probes that repaired one.
@@ -232,16 +296,29 @@ pub fn rdg(dir: &std::path::Path, dot: Option<&std::path::Path>, json: bool) -> 
     if let Some(path) = dot {
         std::fs::write(path, &r.dot).with_context(|| format!("writing {}", path.display()))?;
         let png = path.with_extension("png");
-        match std::process::Command::new("dot").arg("-Tpng").arg("-o").arg(&png).arg(path).status() {
+        match std::process::Command::new("dot")
+            .arg("-Tpng")
+            .arg("-o")
+            .arg(&png)
+            .arg(path)
+            .status()
+        {
             Ok(s) if s.success() => eprintln!("wrote {} and {}", path.display(), png.display()),
-            _ => eprintln!("wrote {} (install graphviz for a PNG: dot -Tpng)", path.display()),
+            _ => eprintln!(
+                "wrote {} (install graphviz for a PNG: dot -Tpng)",
+                path.display()
+            ),
         }
     }
     if json {
         println!("{}", serde_json::to_string(&r)?);
         return Ok(());
     }
-    println!("restore dependency graph of {} ({} VMs)", r.snapshot, r.vms.len());
+    println!(
+        "restore dependency graph of {} ({} VMs)",
+        r.snapshot,
+        r.vms.len()
+    );
     if r.edges.is_empty() {
         println!("  no edges: no frame was in flight between two VMs at the cut");
     }
@@ -258,8 +335,17 @@ pub fn rdg(dir: &std::path::Path, dot: Option<&std::path::Path>, json: bool) -> 
     println!("  causal order (rules 1-6): {}", order.join(" < "));
     println!("{:<12} {:>10} {:>10}", "VM", "WSS_PAGES", "REVISED");
     for v in &r.vms {
-        println!("{:<12} {:>10} {:>10}", v, r.sizes.get(v).copied().unwrap_or(0), r.revised.get(v).copied().unwrap_or(0));
+        println!(
+            "{:<12} {:>10} {:>10}",
+            v,
+            r.sizes.get(v).copied().unwrap_or(0),
+            r.revised.get(v).copied().unwrap_or(0)
+        );
     }
-    println!("  LP objective sum|S*-S| = {} pages; restore line: {}", r.lp_objective, r.restore_line.join(" < "));
+    println!(
+        "  LP objective sum|S*-S| = {} pages; restore line: {}",
+        r.lp_objective,
+        r.restore_line.join(" < ")
+    );
     Ok(())
 }

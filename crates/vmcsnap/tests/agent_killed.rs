@@ -49,14 +49,23 @@ impl Rng {
 }
 
 fn agent_pid(env: &Env) -> Option<i32> {
-    std::fs::read_to_string(env.run_dir().join("agent.pid")).ok()?.trim().parse().ok()
+    std::fs::read_to_string(env.run_dir().join("agent.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Runs `args` in the background, kills the agent after `delay` (if the
 /// command is still running by then), and waits for the command to end.
 /// Returns whether the agent was killed while the command ran.
 fn kill_agent_during(env: &Env, args: &[&str], delay: Duration) -> bool {
-    let mut child: Child = env.command(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child: Child = env
+        .command(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let t = Instant::now();
     // The agent of an `up` is started by the command itself.
     let mut pid = None;
@@ -69,7 +78,9 @@ fn kill_agent_during(env: &Env, args: &[&str], delay: Duration) -> bool {
     }
     let killed = child.try_wait().unwrap().is_none();
     if killed {
-        let pid = agent_pid(env).or(pid).expect("an agent runs while the command does");
+        let pid = agent_pid(env)
+            .or(pid)
+            .expect("an agent runs while the command does");
         // SAFETY: SIGKILL to the agent's pid, read from its pid file.
         unsafe { libc::kill(pid, libc::SIGKILL) };
         // The pid file is the dead agent's; the next one writes its own.
@@ -77,7 +88,10 @@ fn kill_agent_during(env: &Env, args: &[&str], delay: Duration) -> bool {
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "vmcsnap {args:?} did not end after its agent was killed");
+        assert!(
+            Instant::now() < deadline,
+            "vmcsnap {args:?} did not end after its agent was killed"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     killed
@@ -89,7 +103,13 @@ fn vm_states(env: &Env) -> Vec<(String, String, u64)> {
         .as_array()
         .unwrap_or(&vec![])
         .iter()
-        .map(|v| (v["name"].as_str().unwrap().to_string(), v["state"].as_str().unwrap().to_string(), v["pid"].as_u64().unwrap()))
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap().to_string(),
+                v["state"].as_str().unwrap().to_string(),
+                v["pid"].as_u64().unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -101,7 +121,10 @@ fn assert_all_running(env: &Env, what: &str) {
     assert_eq!(names, ["cli", "srv"], "{what}: a VM was lost: {states:?}");
     for (name, state, pid) in &states {
         assert_eq!(state, "running", "{what}: VM {name} is {state}");
-        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "{what}: VM {name}'s QEMU {pid} is gone");
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "{what}: VM {name}'s QEMU {pid} is gone"
+        );
     }
 }
 
@@ -111,8 +134,16 @@ fn assert_traffic_goes_on(env: &Env, what: &str, conn: u64) {
     let c = env.wait_console("cli", what, Duration::from_secs(90), |c| {
         last_field(c, "pingpong:", "total").unwrap_or(0) >= total + 20
     });
-    assert_eq!(last_field(&c, "pingpong:", "conn"), Some(conn), "{what}: the TCP connection was re-established");
-    assert_eq!(last_field(&c, "kvload:", "errors"), Some(0), "{what}: kvload saw a wrong value");
+    assert_eq!(
+        last_field(&c, "pingpong:", "conn"),
+        Some(conn),
+        "{what}: the TCP connection was re-established"
+    );
+    assert_eq!(
+        last_field(&c, "kvload:", "errors"),
+        Some(0),
+        "{what}: kvload saw a wrong value"
+    );
 }
 
 #[test]
@@ -120,22 +151,41 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
     let _l = cluster_lock();
     let env = Env::new();
     let spec = env.write_spec(SPEC);
-    let seed: u64 = std::env::var("VMCSNAP_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
-    });
+    let seed: u64 = std::env::var("VMCSNAP_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
     eprintln!("kill points from VMCSNAP_TEST_SEED={seed}");
     let mut rng = Rng(seed);
 
     // `up`, killed while the VMs boot (the guests boot in ~3 s under TCG).
-    let killed = kill_agent_during(&env, &["up", spec.to_str().unwrap()], Duration::from_millis(100) + rng.below_ms(1500));
+    let killed = kill_agent_during(
+        &env,
+        &["up", spec.to_str().unwrap()],
+        Duration::from_millis(100) + rng.below_ms(1500),
+    );
     eprintln!("up: agent killed mid-way: {killed}");
     // Every QEMU that was started is known to the new agent (none orphaned),
     // and runs. An `up` killed before it started every VM leaves a partial
     // cluster, which `down` removes whole before the `up` is repeated.
     let states = vm_states(&env);
-    let qemus: Vec<u64> = env.processes().into_iter().map(u64::from).filter(|p| states.iter().all(|s| s.2 != *p)).collect();
+    let qemus: Vec<u64> = env
+        .processes()
+        .into_iter()
+        .map(u64::from)
+        .filter(|p| states.iter().all(|s| s.2 != *p))
+        .collect();
     let agent = agent_pid(&env).map(|p| p as u64);
-    assert!(qemus.iter().all(|p| Some(*p) == agent), "QEMUs the agent does not know: {qemus:?} (status {states:?})");
+    assert!(
+        qemus.iter().all(|p| Some(*p) == agent),
+        "QEMUs the agent does not know: {qemus:?} (status {states:?})"
+    );
     for (name, state, _) in &states {
         assert_eq!(state, "running", "after a killed up: VM {name} is {state}");
     }
@@ -148,7 +198,8 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
     }
     assert_all_running(&env, "after up");
     let c = env.wait_console("cli", "traffic", Duration::from_secs(120), |c| {
-        last_field(c, "pingpong:", "total").unwrap_or(0) >= 50 && last_field(c, "kvload:", "total").unwrap_or(0) >= 50
+        last_field(c, "pingpong:", "total").unwrap_or(0) >= 50
+            && last_field(c, "kvload:", "total").unwrap_or(0) >= 50
     });
     let conn = last_field(&c, "pingpong:", "conn").unwrap();
 
@@ -163,7 +214,10 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
     for (round, op) in ops.iter().chain(ops.iter()).chain(ops.iter()).enumerate() {
         let delay = rng.below_ms([150, 300, 600][round / ops.len()]);
         let killed = kill_agent_during(&env, op, delay);
-        let what = format!("round {round}: {op:?} killed after {delay:?} ({})", if killed { "mid-way" } else { "already done" });
+        let what = format!(
+            "round {round}: {op:?} killed after {delay:?} ({})",
+            if killed { "mid-way" } else { "already done" }
+        );
         eprintln!("{what}");
         assert_all_running(&env, &what);
         assert_traffic_goes_on(&env, &what, conn);
@@ -179,20 +233,30 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
         env.ok(&["stop", "cli"]);
         let delay = rng.below_ms([300, 700, 1500][round]);
         let killed = kill_agent_during(&env, &["restore", "cli-snap", "--mode", mode], delay);
-        let what = format!("restore {mode} killed after {delay:?} ({})", if killed { "mid-way" } else { "already done" });
+        let what = format!(
+            "restore {mode} killed after {delay:?} ({})",
+            if killed { "mid-way" } else { "already done" }
+        );
         eprintln!("{what}");
         assert_all_running(&env, &what);
-        env.wait_console("cli", &what, Duration::from_secs(90), |c| last_field(c, "pingpong:", "total").unwrap_or(0) >= 20);
+        env.wait_console("cli", &what, Duration::from_secs(90), |c| {
+            last_field(c, "pingpong:", "total").unwrap_or(0) >= 20
+        });
     }
     // A cluster restore killed mid-way: redone whole.
     env.ok(&["snapshot", "--cluster", "--name", "all"]);
     env.ok(&["down"]);
     let delay = rng.below_ms(2500);
     let killed = kill_agent_during(&env, &["restore", "--cluster", "all"], delay);
-    let what = format!("cluster restore killed after {delay:?} ({})", if killed { "mid-way" } else { "already done" });
+    let what = format!(
+        "cluster restore killed after {delay:?} ({})",
+        if killed { "mid-way" } else { "already done" }
+    );
     eprintln!("{what}");
     assert_all_running(&env, &what);
-    env.wait_console("cli", &what, Duration::from_secs(90), |c| last_field(c, "pingpong:", "total").unwrap_or(0) >= 20);
+    env.wait_console("cli", &what, Duration::from_secs(90), |c| {
+        last_field(c, "pingpong:", "total").unwrap_or(0) >= 20
+    });
 
     // A VM the operator paused (through its own QMP socket, while no agent
     // holds it): adopted paused, snapshotted as it is, and still paused.
@@ -207,11 +271,19 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
     let out = env.ok(&["snapshot", "srv", "--mode", "hot", "--name", "of-paused"]);
     assert!(out.contains("of-paused"), "{out}");
     let states = vm_states(&env);
-    assert!(states.iter().any(|s| s.0 == "srv" && s.1 != "running"), "the snapshot resumed a VM the operator had paused: {states:?}");
+    assert!(
+        states.iter().any(|s| s.0 == "srv" && s.1 != "running"),
+        "the snapshot resumed a VM the operator had paused: {states:?}"
+    );
     let inspect = env.ok(&["inspect", "of-paused", "--verify"]);
     assert!(inspect.contains("srv"), "{inspect}");
 
     env.ok(&["down"]);
     env.assert_clean();
-    assert!(!vmcsnap_hostnet::netns_exists(&vmcsnap_hostnet::netns_name(&vmcsnap_agent::RunDir::new(env.run_dir()).tag())), "down left the cluster's network namespace");
+    assert!(
+        !vmcsnap_hostnet::netns_exists(&vmcsnap_hostnet::netns_name(
+            &vmcsnap_agent::RunDir::new(env.run_dir()).tag()
+        )),
+        "down left the cluster's network namespace"
+    );
 }

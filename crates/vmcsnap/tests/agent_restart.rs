@@ -31,7 +31,12 @@ kvload {ip:srv} 7001 &
 "#;
 
 fn pids(status: &serde_json::Value) -> Vec<u64> {
-    status["vms"].as_array().unwrap().iter().map(|v| v["pid"].as_u64().unwrap()).collect()
+    status["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["pid"].as_u64().unwrap())
+        .collect()
 }
 
 fn frames(status: &serde_json::Value) -> u64 {
@@ -45,7 +50,8 @@ fn agent_restart_keeps_vms_connections_and_every_frame() {
     let spec = env.write_spec(SPEC);
     env.ok(&["up", spec.to_str().unwrap()]);
     let c = env.wait_console("cli", "traffic", Duration::from_secs(90), |c| {
-        last_field(c, "pingpong:", "total").unwrap_or(0) >= 100 && last_field(c, "kvload:", "total").unwrap_or(0) >= 100
+        last_field(c, "pingpong:", "total").unwrap_or(0) >= 100
+            && last_field(c, "kvload:", "total").unwrap_or(0) >= 100
     });
     let conn = last_field(&c, "pingpong:", "conn").unwrap();
     let before = env.json(&["status", "--json"]);
@@ -57,18 +63,33 @@ fn agent_restart_keeps_vms_connections_and_every_frame() {
 
     let after = env.json(&["status", "--json"]);
     assert_eq!(pids(&after), pids(&before), "QEMU processes were replaced");
-    assert!(frames(&after) >= frames(&before), "switch counters went backwards: {before} -> {after}");
+    assert!(
+        frames(&after) >= frames(&before),
+        "switch counters went backwards: {before} -> {after}"
+    );
     let total = last_field(&env.console("cli"), "pingpong:", "total").unwrap();
-    let c = env.wait_console("cli", "traffic after restart", Duration::from_secs(60), |c| {
-        last_field(c, "pingpong:", "total").unwrap_or(0) >= total + 100
-    });
-    assert_eq!(last_field(&c, "pingpong:", "conn"), Some(conn), "the TCP connection was re-established:\n{c}");
+    let c = env.wait_console(
+        "cli",
+        "traffic after restart",
+        Duration::from_secs(60),
+        |c| last_field(c, "pingpong:", "total").unwrap_or(0) >= total + 100,
+    );
+    assert_eq!(
+        last_field(&c, "pingpong:", "conn"),
+        Some(conn),
+        "the TCP connection was re-established:\n{c}"
+    );
     assert_eq!(last_field(&c, "kvload:", "errors"), Some(0), "{c}");
     let last = env.json(&["status", "--json"]);
     assert!(frames(&last) > frames(&after));
     // The VMs' ports; the host interface's relay (`_host`) is a thread of
     // the agent, started again by each new image.
-    for p in last["switch"]["ports"].as_array().unwrap().iter().filter(|p| p["name"] != "_host") {
+    for p in last["switch"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["name"] != "_host")
+    {
         assert_eq!(p["drops"], 0, "{p}");
         assert_eq!(p["connections"], 1, "a QEMU reconnected: {p}");
     }

@@ -9,9 +9,18 @@ fn expect_error(env: &Env, spec_text: &str, needle: &str) -> String {
     let spec = env.write_spec(spec_text);
     let out = env.vmcsnap(&["up", spec.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!out.status.success(), "up succeeded on bad input; stderr: {err}");
-    let first = err.lines().find(|l| l.starts_with("vmcsnap: error:")).unwrap_or_else(|| panic!("no error line: {err}"));
-    assert!(first.contains(needle), "error line {first:?} does not name {needle:?}");
+    assert!(
+        !out.status.success(),
+        "up succeeded on bad input; stderr: {err}"
+    );
+    let first = err
+        .lines()
+        .find(|l| l.starts_with("vmcsnap: error:"))
+        .unwrap_or_else(|| panic!("no error line: {err}"));
+    assert!(
+        first.contains(needle),
+        "error line {first:?} does not name {needle:?}"
+    );
     env.assert_clean();
     err
 }
@@ -21,20 +30,35 @@ const VM: &str = "[[vm]]\nname = 'a'\nmemory_mib = 128\n";
 #[test]
 fn unknown_spec_field_is_named() {
     let env = Env::new();
-    expect_error(&env, &format!("[cluster]\nname = 'c'\n{VM}colour = 'red'\n"), "colour");
+    expect_error(
+        &env,
+        &format!("[cluster]\nname = 'c'\n{VM}colour = 'red'\n"),
+        "colour",
+    );
 }
 
 #[test]
 fn duplicate_vm_name_is_named() {
     let env = Env::new();
-    expect_error(&env, &format!("[cluster]\nname = 'c'\n{VM}{VM}"), "duplicate VM name \"a\"");
+    expect_error(
+        &env,
+        &format!("[cluster]\nname = 'c'\n{VM}{VM}"),
+        "duplicate VM name \"a\"",
+    );
 }
 
 #[test]
 fn memory_below_guest_minimum_is_named() {
     let env = Env::new();
-    let err = expect_error(&env, "[cluster]\nname = 'c'\n[[vm]]\nname = 'a'\nmemory_mib = 8\n", "memory_mib = 8");
-    assert!(err.contains(&format!("minimum of {} MiB", vmcsnap_guest::MIN_MEMORY_MIB)), "{err}");
+    let err = expect_error(
+        &env,
+        "[cluster]\nname = 'c'\n[[vm]]\nname = 'a'\nmemory_mib = 8\n",
+        "memory_mib = 8",
+    );
+    assert!(
+        err.contains(&format!("minimum of {} MiB", vmcsnap_guest::MIN_MEMORY_MIB)),
+        "{err}"
+    );
 }
 
 #[test]
@@ -49,8 +73,15 @@ fn missing_spec_file_is_named() {
 fn missing_qemu_binary_names_the_package() {
     let _l = cluster_lock();
     let mut env = Env::new();
-    env.extra_env.push(("VMCSNAP_QEMU".into(), "/nonexistent/qemu-system-x86_64".into()));
-    expect_error(&env, &format!("[cluster]\nname = 'c'\naccel = 'tcg'\n{VM}"), "apt-get install qemu-system-x86");
+    env.extra_env.push((
+        "VMCSNAP_QEMU".into(),
+        "/nonexistent/qemu-system-x86_64".into(),
+    ));
+    expect_error(
+        &env,
+        &format!("[cluster]\nname = 'c'\naccel = 'tcg'\n{VM}"),
+        "apt-get install qemu-system-x86",
+    );
 }
 
 #[test]
@@ -73,7 +104,10 @@ fn commands_without_a_cluster_say_so() {
     let out = env.vmcsnap(&["down"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no vmcsnap agent") || err.contains("no cluster is up"), "{err}");
+    assert!(
+        err.contains("no vmcsnap agent") || err.contains("no cluster is up"),
+        "{err}"
+    );
     let out = env.vmcsnap(&["status"]);
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("no cluster is up"));
@@ -110,7 +144,10 @@ fn cluster_restore_bad_input_is_named() {
     let out = env.vmcsnap(&["restore", "--cluster", "x", "--mode", "lazy"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("unknown cluster restore mode \"lazy\""), "{err}");
+    assert!(
+        err.contains("unknown cluster restore mode \"lazy\""),
+        "{err}"
+    );
     // An unknown cluster snapshot is named, and no cluster is left up.
     let out = env.vmcsnap(&["restore", "--cluster", "nosuch"]);
     assert!(!out.status.success());
@@ -120,7 +157,10 @@ fn cluster_restore_bad_input_is_named() {
     // agent exits when idle; CI once got there first, and once connected
     // while it was exiting: see the control crate's backlog test) no agent at all.
     let out = env.vmcsnap(&["status"]);
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
     assert!(
         stdout.contains("no cluster is up") || stderr.contains("no vmcsnap agent"),
         "status after a failed cluster restore:\n{stdout}{stderr}"
@@ -139,7 +179,11 @@ fn image_spec(image: &str, extra: &str) -> String {
 fn an_image_that_does_not_exist_is_named() {
     let _l = cluster_lock();
     let env = Env::new();
-    let err = expect_error(&env, &image_spec("/nonexistent/debian.qcow2", ""), "/nonexistent/debian.qcow2");
+    let err = expect_error(
+        &env,
+        &image_spec("/nonexistent/debian.qcow2", ""),
+        "/nonexistent/debian.qcow2",
+    );
     assert!(err.contains("cannot read"), "{err}");
 }
 
@@ -164,7 +208,11 @@ fn an_image_that_does_not_boot_fails_up_by_the_boot_timeout() {
     bytes[510] = 0x55;
     bytes[511] = 0xaa;
     std::fs::write(&disk, bytes).unwrap();
-    let err = expect_error(&env, &image_spec(disk.to_str().unwrap(), "boot_timeout_s = 8"), "did not reach its ready marker within 8 s");
+    let err = expect_error(
+        &env,
+        &image_spec(disk.to_str().unwrap(), "boot_timeout_s = 8"),
+        "did not reach its ready marker within 8 s",
+    );
     assert!(err.contains("\"a\""), "{err}");
     assert!(disk.exists(), "the user's image is never removed");
 }
@@ -173,6 +221,10 @@ fn an_image_that_does_not_boot_fails_up_by_the_boot_timeout() {
 fn more_guest_memory_than_the_host_has_is_refused_before_anything_starts() {
     let _l = cluster_lock();
     let env = Env::new();
-    let err = expect_error(&env, "[cluster]\nname = 'c'\n[[vm]]\nname = 'a'\nmemory_mib = 900000\n", "MiB of guest RAM");
+    let err = expect_error(
+        &env,
+        "[cluster]\nname = 'c'\n[[vm]]\nname = 'a'\nmemory_mib = 900000\n",
+        "MiB of guest RAM",
+    );
     assert!(err.contains("900000"), "{err}");
 }

@@ -14,7 +14,12 @@ fn cloud_init_takes_the_seed_and_ssh_works_through_vmcsnap_exec() {
     let env = Env::new();
     env.ok(&["image", "build", "cloud", "--packages", "cloud-init"]);
     let key = env.run_dir().join("key");
-    let st = std::process::Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", ""]).arg("-f").arg(&key).status().unwrap();
+    let st = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", ""])
+        .arg("-f")
+        .arg(&key)
+        .status()
+        .unwrap();
     assert!(st.success());
     let spec = env.write_spec(
         r#"
@@ -33,20 +38,49 @@ ssh_authorized_keys = "key.pub"
     env.ok(&["up", spec.to_str().unwrap()]);
     let key = key.to_str().unwrap();
     let out = env.vmcsnap(&[
-        "exec", "--", "ssh", "-i", key, "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
-        "-o", "ConnectTimeout=60", "root@10.77.0.2", "hostname; cloud-init status --wait >/dev/null; cat /run/cloud-init/result.json",
+        "exec",
+        "--",
+        "ssh",
+        "-i",
+        key,
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=60",
+        "root@10.77.0.2",
+        "hostname; cloud-init status --wait >/dev/null; cat /run/cloud-init/result.json",
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "ssh with the spec's key failed: {}{text}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "ssh with the spec's key failed: {}{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(text.lines().next(), Some("cloudy"), "{text}");
-    assert!(text.contains("DataSourceNoCloud"), "cloud-init did not take vmcsnap's seed: {text}");
+    assert!(
+        text.contains("DataSourceNoCloud"),
+        "cloud-init did not take vmcsnap's seed: {text}"
+    );
     // The seed's per-boot script writes the ready marker too (so that a
     // cloud image without vmcsnap's own ready unit is seen ready): this
     // image has both, so the events port gets two.
     let events = env.run_dir().join("cluster/cloudy/events.log");
     let t = std::time::Instant::now();
-    while std::fs::read_to_string(&events).unwrap_or_default().matches("VMCSNAP-READY cloudy").count() < 2 {
-        assert!(t.elapsed() < std::time::Duration::from_secs(180), "no marker from cloud-init's per-boot script: {:?}", std::fs::read_to_string(&events));
+    while std::fs::read_to_string(&events)
+        .unwrap_or_default()
+        .matches("VMCSNAP-READY cloudy")
+        .count()
+        < 2
+    {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(180),
+            "no marker from cloud-init's per-boot script: {:?}",
+            std::fs::read_to_string(&events)
+        );
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
     env.ok(&["down"]);

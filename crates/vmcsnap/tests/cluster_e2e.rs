@@ -62,17 +62,29 @@ fn cluster_boots_talks_stays_correct_and_tears_down_cleanly() {
     let pong = env.wait_console("pong", "pingpong replies", limit, |c| {
         last_field(c, "pingpong:", "total").unwrap_or(0) >= 50
     });
-    let kvc = env.wait_console("pong", "KV operations", limit, |c| last_field(c, "kvload:", "total").unwrap_or(0) >= 50);
-    assert_eq!(last_field(&kvc, "kvload:", "errors"), Some(0), "KV verification failed:\n{kvc}");
+    let kvc = env.wait_console("pong", "KV operations", limit, |c| {
+        last_field(c, "kvload:", "total").unwrap_or(0) >= 50
+    });
+    assert_eq!(
+        last_field(&kvc, "kvload:", "errors"),
+        Some(0),
+        "KV verification failed:\n{kvc}"
+    );
 
     // memtouch: runs for a while with no corruption.
     for vm in ["ping", "pong", "kvs"] {
         let c = env.wait_console(vm, "memtouch verification", limit, |c| {
             c.lines().filter(|l| l.starts_with("memtouch:")).count() >= 5
         });
-        assert!(!c.contains("MEMTOUCH-CORRUPTION"), "{vm}: corruption reported:\n{c}");
+        assert!(
+            !c.contains("MEMTOUCH-CORRUPTION"),
+            "{vm}: corruption reported:\n{c}"
+        );
         assert_eq!(last_field(&c, "memtouch:", "errors"), Some(0), "{vm}");
-        assert!(last_field(&c, "memtouch:", "verified").unwrap() > 0, "{vm}: memtouch verified nothing");
+        assert!(
+            last_field(&c, "memtouch:", "verified").unwrap() > 0,
+            "{vm}: memtouch verified nothing"
+        );
     }
 
     // Switch counters agree with the guests: the ports of talking VMs
@@ -83,7 +95,12 @@ fn cluster_boots_talks_stays_correct_and_tears_down_cleanly() {
         assert_eq!(v["state"], "running", "{v}");
     }
     let ports = status["switch"]["ports"].as_array().unwrap();
-    let port = |name: &str| ports.iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("no port {name}"));
+    let port = |name: &str| {
+        ports
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no port {name}"))
+    };
     let pingpong_total = last_field(&pong, "pingpong:", "total").unwrap();
     for name in ["ping", "pong", "kvs"] {
         let p = port(name);
@@ -92,14 +109,30 @@ fn cluster_boots_talks_stays_correct_and_tears_down_cleanly() {
         assert_eq!(p["drops"], 0, "{name}: {p}");
     }
     // Every request and every reply is at least one frame.
-    assert!(port("pong")["tx_frames"].as_u64().unwrap() >= pingpong_total, "{}", port("pong"));
-    assert!(port("ping")["tx_frames"].as_u64().unwrap() >= pingpong_total, "{}", port("ping"));
+    assert!(
+        port("pong")["tx_frames"].as_u64().unwrap() >= pingpong_total,
+        "{}",
+        port("pong")
+    );
+    assert!(
+        port("ping")["tx_frames"].as_u64().unwrap() >= pingpong_total,
+        "{}",
+        port("ping")
+    );
     let human = env.ok(&["status"]);
-    assert!(human.contains("RX_FRAMES") && human.contains("kvs"), "{human}");
+    assert!(
+        human.contains("RX_FRAMES") && human.contains("kvs"),
+        "{human}"
+    );
 
     // Console lines carry the init's periodic stat line too.
     let c = env.console("ping");
-    assert!(c.lines().any(|l| l.starts_with("vmcsnap-stat") && field(l, "retrans").is_some() && l.contains(" uptime=")), "{c}");
+    assert!(
+        c.lines().any(|l| l.starts_with("vmcsnap-stat")
+            && field(l, "retrans").is_some()
+            && l.contains(" uptime=")),
+        "{c}"
+    );
 
     env.ok(&["down"]);
     for pid in pids {

@@ -24,9 +24,13 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
     env.ok(&["up", spec.to_str().unwrap()]);
     let limit = Duration::from_secs(120);
     for vm in RING {
-        env.wait_console(vm, "pingpong", limit, |c| last_field(c, "pingpong:", "total").unwrap_or(0) >= 100);
+        env.wait_console(vm, "pingpong", limit, |c| {
+            last_field(c, "pingpong:", "total").unwrap_or(0) >= 100
+        });
     }
-    env.wait_console("kvc", "kvload", limit, |c| last_field(c, "kvload:", "total").unwrap_or(0) >= 100);
+    env.wait_console("kvc", "kvload", limit, |c| {
+        last_field(c, "kvload:", "total").unwrap_or(0) >= 100
+    });
     // Warm up once (the first hot snapshot reads guest RAM), then the one used.
     let snap = env.json(&["snapshot", "--cluster", "--name", "cut", "--json"]);
     assert_eq!(snap["switch"]["dropped"], 0);
@@ -35,48 +39,105 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
     // The restore dependency graph as `inspect --rdg` shows it, with its
     // DOT picture (and the PNG where graphviz is installed).
     let dot = env.run_dir().join("rdg.dot");
-    let g = env.json(&["inspect", "cut", "--rdg", "--dot", dot.to_str().unwrap(), "--json"]);
+    let g = env.json(&[
+        "inspect",
+        "cut",
+        "--rdg",
+        "--dot",
+        dot.to_str().unwrap(),
+        "--json",
+    ]);
     let names = |v: &serde_json::Value| -> Vec<String> {
-        let mut n: Vec<String> = v.as_array().unwrap().iter().map(|x| x.as_str().unwrap().to_string()).collect();
+        let mut n: Vec<String> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap().to_string())
+            .collect();
         n.sort();
         n
     };
     let mut all: Vec<String> = VMS.iter().map(|s| s.to_string()).collect();
     all.sort();
-    assert_eq!(names(&g["restore_line"]), all, "the restore line orders every VM once: {g}");
-    let mut grouped: Vec<String> = g["rings"].as_array().unwrap().iter().flat_map(names).collect();
+    assert_eq!(
+        names(&g["restore_line"]),
+        all,
+        "the restore line orders every VM once: {g}"
+    );
+    let mut grouped: Vec<String> = g["rings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(names)
+        .collect();
     grouped.extend(names(&g["orphans"]));
     grouped.sort();
     assert_eq!(grouped, all, "every VM is in one ring or an orphan: {g}");
     for vm in RING {
-        assert!(g["rings"].as_array().unwrap().iter().any(|r| names(r).contains(&vm.to_string())), "{vm} talks, so is in a ring: {g}");
+        assert!(
+            g["rings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| names(r).contains(&vm.to_string())),
+            "{vm} talks, so is in a ring: {g}"
+        );
     }
     let text = std::fs::read_to_string(&dot).unwrap();
-    assert!(text.starts_with("digraph") && VMS.iter().all(|v| text.contains(v)), "{text}");
-    if std::process::Command::new("dot").arg("-V").output().is_ok_and(|o| o.status.success()) {
-        let png = std::fs::read(dot.with_extension("png")).expect("graphviz is installed: the PNG is written");
+    assert!(
+        text.starts_with("digraph") && VMS.iter().all(|v| text.contains(v)),
+        "{text}"
+    );
+    if std::process::Command::new("dot")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        let png = std::fs::read(dot.with_extension("png"))
+            .expect("graphviz is installed: the PNG is written");
         assert!(png.starts_with(b"\x89PNG"), "not a PNG");
     }
 
-    for mode in ["workingset-restore", "hotrestore", "hotrestore-rl", "eager-rl"] {
+    for mode in [
+        "workingset-restore",
+        "hotrestore",
+        "hotrestore-rl",
+        "eager-rl",
+    ] {
         // eager-rl has nothing left to load after the start: --start-quiet
         // changes nothing there but what the report says.
-        let quiet = if mode == "eager-rl" { 0 } else { vmcsnap_agent::restore::CLUSTER_START_QUIET.as_millis() as u64 };
+        let quiet = if mode == "eager-rl" {
+            0
+        } else {
+            vmcsnap_agent::restore::CLUSTER_START_QUIET.as_millis() as u64
+        };
         let mut args = vec!["restore", "--cluster", "cut", "--mode", mode, "--json"];
         if mode == "eager-rl" {
             args.extend(["--start-quiet", "0"]);
         }
         let r = env.json(&args);
         assert_eq!(r["mode"], mode);
-        assert_eq!(r["start_quiet_ms"].as_u64(), Some(quiet), "{mode}: the quiet start is reported");
+        assert_eq!(
+            r["start_quiet_ms"].as_u64(),
+            Some(quiet),
+            "{mode}: the quiet start is reported"
+        );
         assert_eq!(r["edges"], g["edges"], "{mode}: the graph inspect showed");
         let vms = r["vms"].as_array().unwrap();
         assert_eq!(vms.len(), 4, "{mode}: {r}");
-        let now_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64;
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64;
         for v in vms {
             assert!(v["latency_ms"].as_f64().unwrap() > 0.0, "{mode}: {v}");
-            let started = v["started_unix_us"].as_u64().expect("the guest's start time");
-            assert!(started <= now_us && now_us - started < 600_000_000, "{mode}: a start time of this restore: {v}");
+            let started = v["started_unix_us"]
+                .as_u64()
+                .expect("the guest's start time");
+            assert!(
+                started <= now_us && now_us - started < 600_000_000,
+                "{mode}: a start time of this restore: {v}"
+            );
             // Eager loads everything first. A working set may be empty: it
             // holds the pages the guest wrote during the snapshot, and a
             // guest starved of CPU for those ~100 ms may write none (seen
@@ -86,18 +147,42 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
             }
         }
         if mode == "hotrestore-rl" {
-            assert_eq!(r["starts_follow_dependencies"], true, "restore-line order: {r}");
+            assert_eq!(
+                r["starts_follow_dependencies"], true,
+                "restore-line order: {r}"
+            );
         }
-        let replayed: u64 = vms.iter().map(|v| v["frames_replayed"].as_u64().unwrap()).sum();
-        assert_eq!(replayed, snap["channel_state_frames"].as_u64().unwrap(), "{mode}: every logged frame replayed");
+        let replayed: u64 = vms
+            .iter()
+            .map(|v| v["frames_replayed"].as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            replayed,
+            snap["channel_state_frames"].as_u64().unwrap(),
+            "{mode}: every logged frame replayed"
+        );
         let growth = |v: &serde_json::Value, k: &str| v["tcp_growth"][k].as_u64();
-        type Growth = (String, Option<u64>, Option<u64>, Option<u64>, Option<u64>, Option<u64>);
+        type Growth = (
+            String,
+            Option<u64>,
+            Option<u64>,
+            Option<u64>,
+            Option<u64>,
+            Option<u64>,
+        );
         let tcp: Vec<Growth> = vms
             .iter()
             .map(|v| {
                 let name = v["vm"].as_str().unwrap().to_string();
                 let lost = v["lost_segments"].as_u64();
-                (name, growth(v, "retrans"), growth(v, "tlp"), growth(v, "tlp_recovered"), growth(v, "dsack"), lost)
+                (
+                    name,
+                    growth(v, "retrans"),
+                    growth(v, "tlp"),
+                    growth(v, "tlp_recovered"),
+                    growth(v, "dsack"),
+                    lost,
+                )
             })
             .collect();
         eprintln!(
@@ -125,27 +210,62 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
         // not yet in RetransSegs (guest/init now reads RetransSegs on both
         // sides of TcpExt).
         for (vm, _, _, repaired, _, lost) in &tcp {
-            assert_eq!(*repaired, Some(0), "{mode}: {vm}: a loss probe repaired a lost segment: {tcp:?}");
-            assert_eq!(*lost, Some(0), "{mode}: {vm}: a retransmission no duplicate SACK answered: {tcp:?}");
+            assert_eq!(
+                *repaired,
+                Some(0),
+                "{mode}: {vm}: a loss probe repaired a lost segment: {tcp:?}"
+            );
+            assert_eq!(
+                *lost,
+                Some(0),
+                "{mode}: {vm}: a retransmission no duplicate SACK answered: {tcp:?}"
+            );
         }
 
         // The workloads go on from the snapshot, on the same connections.
         for vm in RING {
             let total0 = last_field(&env.console(vm), "pingpong:", "total").unwrap_or(0);
-            let c = env.wait_console(vm, "pingpong after the restore", Duration::from_secs(60), |c| {
-                last_field(c, "pingpong:", "total").unwrap_or(0) > total0 + 100
-            });
-            assert_eq!(last_field(&c, "pingpong:", "conn"), Some(1), "{mode}: {vm}'s pingpong connection survived");
+            let c = env.wait_console(
+                vm,
+                "pingpong after the restore",
+                Duration::from_secs(60),
+                |c| last_field(c, "pingpong:", "total").unwrap_or(0) > total0 + 100,
+            );
+            assert_eq!(
+                last_field(&c, "pingpong:", "conn"),
+                Some(1),
+                "{mode}: {vm}'s pingpong connection survived"
+            );
         }
-        let kvc = env.wait_console("kvc", "kvload after the restore", Duration::from_secs(60), |c| {
-            c.lines().filter(|l| l.starts_with("kvload:")).count() >= 3
-        });
-        assert_eq!(last_field(&kvc, "kvload:", "errors"), Some(0), "{mode}: KV verification:\n{}", common::tail(&kvc, 2000));
-        assert_eq!(last_field(&kvc, "kvload:", "conn"), Some(1), "{mode}: the KV connection survived");
+        let kvc = env.wait_console(
+            "kvc",
+            "kvload after the restore",
+            Duration::from_secs(60),
+            |c| c.lines().filter(|l| l.starts_with("kvload:")).count() >= 3,
+        );
+        assert_eq!(
+            last_field(&kvc, "kvload:", "errors"),
+            Some(0),
+            "{mode}: KV verification:\n{}",
+            common::tail(&kvc, 2000)
+        );
+        assert_eq!(
+            last_field(&kvc, "kvload:", "conn"),
+            Some(1),
+            "{mode}: the KV connection survived"
+        );
         for vm in VMS {
             let c = env.console(vm);
-            assert!(!c.contains("MEMTOUCH-CORRUPTION"), "{mode}: {vm}: corruption:\n{}", common::tail(&c, 2000));
-            assert_eq!(last_field(&c, "memtouch:", "errors"), Some(0), "{mode}: {vm}");
+            assert!(
+                !c.contains("MEMTOUCH-CORRUPTION"),
+                "{mode}: {vm}: corruption:\n{}",
+                common::tail(&c, 2000)
+            );
+            assert_eq!(
+                last_field(&c, "memtouch:", "errors"),
+                Some(0),
+                "{mode}: {vm}"
+            );
         }
         env.ok(&["down"]);
     }
@@ -156,22 +276,59 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
     // they are abandoned while paused with their device state loaded and
     // postcopy under way, the case a real failure hits only by chance.
     // Their QEMUs are stopped and nothing of the restore is left.
-    let e = env.vmcsnap_within(&["restore", "--cluster", "cut", "--inject-fault", "cohort-fail-when-peers-loaded=nope"], Duration::from_secs(60)).unwrap();
+    let e = env
+        .vmcsnap_within(
+            &[
+                "restore",
+                "--cluster",
+                "cut",
+                "--inject-fault",
+                "cohort-fail-when-peers-loaded=nope",
+            ],
+            Duration::from_secs(60),
+        )
+        .unwrap();
     let msg = String::from_utf8_lossy(&e.stderr);
-    assert!(!e.status.success() && msg.contains("\"nope\"") && msg.contains("r1, r2, r3, kvc"), "an unknown VM in the fault is refused: {msg}");
+    assert!(
+        !e.status.success() && msg.contains("\"nope\"") && msg.contains("r1, r2, r3, kvc"),
+        "an unknown VM in the fault is refused: {msg}"
+    );
     env.assert_clean();
-    let fault = ["restore", "--cluster", "cut", "--mode", "hotrestore-rl", "--inject-fault", "cohort-fail-when-peers-loaded=r1"];
-    let out = env.vmcsnap_within(&fault, Duration::from_secs(300)).expect("the failed restore returns");
+    let fault = [
+        "restore",
+        "--cluster",
+        "cut",
+        "--mode",
+        "hotrestore-rl",
+        "--inject-fault",
+        "cohort-fail-when-peers-loaded=r1",
+    ];
+    let out = env
+        .vmcsnap_within(&fault, Duration::from_secs(300))
+        .expect("the failed restore returns");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
-    assert!(err.contains("r1: injected fault cohort-fail-when-peers-loaded"), "the error names the failed VM and why: {err}");
+    assert!(
+        err.contains("r1: injected fault cohort-fail-when-peers-loaded"),
+        "the error names the failed VM and why: {err}"
+    );
     for vm in ["r2", "r3"] {
         let abandoned = format!("{vm}: abandoned while paused, loaded and waiting for START");
-        assert_eq!(err.matches(&abandoned).count(), 1, "{vm} waited paused for START and was abandoned, named once: {err}");
+        assert_eq!(
+            err.matches(&abandoned).count(),
+            1,
+            "{vm} waited paused for START and was abandoned, named once: {err}"
+        );
     }
-    assert!(!err.contains("QEMU exited"), "abandoned VMs are stopped by the restore, not reported as crashes: {err}");
+    assert!(
+        !err.contains("QEMU exited"),
+        "abandoned VMs are stopped by the restore, not reported as crashes: {err}"
+    );
     let st = env.json(&["status", "--json"]);
-    assert!(st["vms"].as_array().is_none_or(|v| v.is_empty()), "nothing of the abandoned restore runs: {st}");
+    assert!(
+        st["vms"].as_array().is_none_or(|v| v.is_empty()),
+        "nothing of the abandoned restore runs: {st}"
+    );
     eprintln!("the abandoned restore said: {err}");
     env.assert_clean();
 
@@ -183,18 +340,35 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
     // coordinator's 600 s load deadline, and it must do so before any
     // guest starts. `eager-rl`: every page has been sent
     // by then, so no page write can notice it first.
-    let kill = ["restore", "--cluster", "cut", "--mode", "eager-rl", "--inject-fault", "qemu-killed-when-peers-loaded=r1"];
-    let out = env.vmcsnap_within(&kill, Duration::from_secs(300)).expect("a restore whose QEMU died returns");
+    let kill = [
+        "restore",
+        "--cluster",
+        "cut",
+        "--mode",
+        "eager-rl",
+        "--inject-fault",
+        "qemu-killed-when-peers-loaded=r1",
+    ];
+    let out = env
+        .vmcsnap_within(&kill, Duration::from_secs(300))
+        .expect("a restore whose QEMU died returns");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains("its QEMU died while paused, loaded and waiting for START") && err.contains("SIGKILL"),
+        err.contains("its QEMU died while paused, loaded and waiting for START")
+            && err.contains("SIGKILL"),
         "the error names r1's dead QEMU, where it was and the signal: {err}"
     );
     for vm in ["r2", "r3"] {
-        assert!(err.contains(&format!("{vm}: abandoned while paused")), "{vm} was abandoned before it started: {err}");
+        assert!(
+            err.contains(&format!("{vm}: abandoned while paused")),
+            "{vm} was abandoned before it started: {err}"
+        );
     }
-    assert!(!err.contains("StartSent") && !err.contains("StartFin"), "no START went out: {err}");
+    assert!(
+        !err.contains("StartSent") && !err.contains("StartFin"),
+        "no START went out: {err}"
+    );
     eprintln!("the restore whose QEMU died said: {err}");
     env.assert_clean();
 
@@ -207,14 +381,32 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
     let at = bytes.len() / 2;
     bytes[at] ^= 0x40;
     std::fs::write(&mem, &bytes).unwrap();
-    let out = env.vmcsnap_within(&["restore", "--cluster", "cut", "--mode", "eager-rl"], Duration::from_secs(300)).expect("the failed restore returns");
+    let out = env
+        .vmcsnap_within(
+            &["restore", "--cluster", "cut", "--mode", "eager-rl"],
+            Duration::from_secs(300),
+        )
+        .expect("the failed restore returns");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("r2") && err.to_lowercase().contains("crc"), "{err}");
-    let line = err.lines().find(|l| l.starts_with("vmcsnap: error:")).unwrap_or_default();
-    assert_eq!(line.matches("CRC mismatch").count(), 1, "the failed VM's error is given once: {err}");
+    assert!(
+        err.contains("r2") && err.to_lowercase().contains("crc"),
+        "{err}"
+    );
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("vmcsnap: error:"))
+        .unwrap_or_default();
+    assert_eq!(
+        line.matches("CRC mismatch").count(),
+        1,
+        "the failed VM's error is given once: {err}"
+    );
     let st = env.json(&["status", "--json"]);
-    assert!(st["vms"].as_array().is_none_or(|v| v.is_empty()), "nothing of the failed restore runs: {st}");
+    assert!(
+        st["vms"].as_array().is_none_or(|v| v.is_empty()),
+        "nothing of the failed restore runs: {st}"
+    );
     eprintln!("the failed restore said: {err}");
     env.assert_clean();
 }

@@ -58,7 +58,9 @@ fn boot(env: &Env) {
     env.ok(&["up", spec.to_str().unwrap()]);
     let limit = Duration::from_secs(120);
     for (vm, what) in [("b", "pingpong:"), ("d", "pingpong:"), ("b", "kvload:")] {
-        env.wait_console(vm, what, limit, |c| last_field(c, what, "total").unwrap_or(0) >= 100);
+        env.wait_console(vm, what, limit, |c| {
+            last_field(c, what, "total").unwrap_or(0) >= 100
+        });
     }
     // The snapshot reads each guest's TCP counters from its last status line.
     for vm in VMS {
@@ -69,11 +71,20 @@ fn boot(env: &Env) {
 fn assert_workloads_clean(env: &Env) {
     for vm in VMS {
         let c = env.console(vm);
-        assert!(!c.contains("MEMTOUCH-CORRUPTION"), "{vm}: memtouch corruption:\n{}", common::tail(&c, 3000));
+        assert!(
+            !c.contains("MEMTOUCH-CORRUPTION"),
+            "{vm}: memtouch corruption:\n{}",
+            common::tail(&c, 3000)
+        );
         assert_eq!(last_field(&c, "memtouch:", "errors"), Some(0), "{vm}");
     }
     let b = env.console("b");
-    assert_eq!(last_field(&b, "kvload:", "errors"), Some(0), "KV verification failed:\n{}", common::tail(&b, 3000));
+    assert_eq!(
+        last_field(&b, "kvload:", "errors"),
+        Some(0),
+        "KV verification failed:\n{}",
+        common::tail(&b, 3000)
+    );
     assert!(!b.contains("KVLOAD-MISMATCH"));
 }
 
@@ -93,56 +104,119 @@ fn hot_cluster_snapshot_is_consistent_and_keeps_every_frame() {
         assert_eq!(sw["violations"], 0, "round {round}: {sw}");
         assert_eq!(sw["log_overflow"], 0, "round {round}: {sw}");
         assert_eq!(sw["unlogged_at_end"], 0, "round {round}: {sw}");
-        assert_eq!(r["channel_state_frames"], sw["logged"], "round {round}: every logged frame is in the snapshot");
-        let w: u64 = r["edges"].as_array().unwrap().iter().map(|e| e["frames"].as_u64().unwrap()).sum();
-        assert_eq!(w, r["channel_state_frames"].as_u64().unwrap(), "W(i,j) sums to the logged frames");
-        assert!(sw["forwarded"].as_u64().unwrap() > 0, "traffic flowed during the snapshot: {sw}");
+        assert_eq!(
+            r["channel_state_frames"], sw["logged"],
+            "round {round}: every logged frame is in the snapshot"
+        );
+        let w: u64 = r["edges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["frames"].as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            w,
+            r["channel_state_frames"].as_u64().unwrap(),
+            "W(i,j) sums to the logged frames"
+        );
+        assert!(
+            sw["forwarded"].as_u64().unwrap() > 0,
+            "traffic flowed during the snapshot: {sw}"
+        );
         // The pairs that talk are the ones the spec makes talk.
         let pairs: Vec<(String, String)> = r["backoff"]["pairs"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|p| (p["a"].as_str().unwrap().to_string(), p["b"].as_str().unwrap().to_string()))
+            .map(|p| {
+                (
+                    p["a"].as_str().unwrap().to_string(),
+                    p["b"].as_str().unwrap().to_string(),
+                )
+            })
             .collect();
         for want in [("a", "b"), ("c", "d")] {
-            assert!(pairs.contains(&(want.0.to_string(), want.1.to_string())), "round {round}: pair {want:?} missing from {pairs:?}");
+            assert!(
+                pairs.contains(&(want.0.to_string(), want.1.to_string())),
+                "round {round}: pair {want:?} missing from {pairs:?}"
+            );
         }
         let vms = r["vms"].as_array().unwrap();
         assert_eq!(vms.len(), 4);
         for v in vms {
             let t = |k: &str| v[k].as_f64().unwrap();
-            assert!(t("start_ms") <= t("pause_start_ms") && t("pause_start_ms") <= t("pause_end_ms"), "{v}");
-            assert!(t("pause_end_ms") <= t("transient_done_ms") && t("transient_done_ms") <= t("complete_ms"), "{v}");
-            if let (Some(b), Some(a)) = (v["retrans_before"].as_u64(), v["retrans_after"].as_u64()) {
-                retrans_grew.push((round, v["vm"].as_str().unwrap().to_string(), a.saturating_sub(b)));
+            assert!(
+                t("start_ms") <= t("pause_start_ms") && t("pause_start_ms") <= t("pause_end_ms"),
+                "{v}"
+            );
+            assert!(
+                t("pause_end_ms") <= t("transient_done_ms")
+                    && t("transient_done_ms") <= t("complete_ms"),
+                "{v}"
+            );
+            if let (Some(b), Some(a)) = (v["retrans_before"].as_u64(), v["retrans_after"].as_u64())
+            {
+                retrans_grew.push((
+                    round,
+                    v["vm"].as_str().unwrap().to_string(),
+                    a.saturating_sub(b),
+                ));
             }
         }
         // Committed, listed, and every image and the channel state verify.
         let inspect = env.vmcsnap(&["inspect", &name, "--verify"]);
-        assert!(inspect.status.success(), "inspect --verify {name}: {}", String::from_utf8_lossy(&inspect.stderr));
+        assert!(
+            inspect.status.success(),
+            "inspect --verify {name}: {}",
+            String::from_utf8_lossy(&inspect.stderr)
+        );
         let list = env.json(&["snapshots", "--json"]);
         let listed = list["cluster_snapshots"].as_array().unwrap();
-        assert!(listed.iter().any(|s| s["name"] == name.as_str() && s["valid"] == true), "{list}");
+        assert!(
+            listed
+                .iter()
+                .any(|s| s["name"] == name.as_str() && s["valid"] == true),
+            "{list}"
+        );
     }
     eprintln!("RetransSegs growth per (round, VM): {retrans_grew:?}");
     if retrans_grew.len() != 12 {
         let silent: Vec<String> = (0..3)
             .flat_map(|round| VMS.iter().map(move |vm| (round, *vm)))
             .filter(|(round, vm)| !retrans_grew.iter().any(|r| r.0 == *round && r.1 == *vm))
-            .map(|(round, vm)| format!("round {round}: {vm}, its console ends:\n{}", common::tail(&env.console(vm), 3000)))
+            .map(|(round, vm)| {
+                format!(
+                    "round {round}: {vm}, its console ends:\n{}",
+                    common::tail(&env.console(vm), 3000)
+                )
+            })
             .collect();
-        panic!("every guest reports its RetransSegs in every round; missing:\n{}", silent.join("\n"));
+        panic!(
+            "every guest reports its RetransSegs in every round; missing:\n{}",
+            silent.join("\n")
+        );
     }
     // The bar is 9 of 10 snapshots without a retransmission; with
     // three here, allow one round with a retransmission (TCG on two shared
     // cores can starve a guest past its RTO without any snapshot).
-    let bad_rounds: std::collections::BTreeSet<usize> = retrans_grew.iter().filter(|r| r.2 > 0).map(|r| r.0).collect();
-    assert!(bad_rounds.len() <= 1, "TCP retransmissions in rounds {bad_rounds:?}: {retrans_grew:?}");
+    let bad_rounds: std::collections::BTreeSet<usize> = retrans_grew
+        .iter()
+        .filter(|r| r.2 > 0)
+        .map(|r| r.0)
+        .collect();
+    assert!(
+        bad_rounds.len() <= 1,
+        "TCP retransmissions in rounds {bad_rounds:?}: {retrans_grew:?}"
+    );
     // Wait for a few more seconds of work after the last cut.
     std::thread::sleep(Duration::from_secs(3));
     assert_workloads_clean(&env);
     let d = env.console("d");
-    assert!(last_field(&d, "pingpong:", "conn") == Some(1), "pingpong kept its connection:\n{}", common::tail(&d, 2000));
+    assert!(
+        last_field(&d, "pingpong:", "conn") == Some(1),
+        "pingpong kept its connection:\n{}",
+        common::tail(&d, 2000)
+    );
     env.ok(&["down"]);
     env.assert_clean();
 }
@@ -153,7 +227,14 @@ fn killing_a_vm_mid_snapshot_fails_cleanly_and_the_rest_runs_on() {
     let env = Env::new();
     boot(&env);
     let status = env.json(&["status", "--json"]);
-    let victim_pid = status["vms"].as_array().unwrap().iter().find(|v| v["name"] == "b").unwrap()["pid"].as_u64().unwrap();
+    let victim_pid = status["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "b")
+        .unwrap()["pid"]
+        .as_u64()
+        .unwrap();
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_vmcsnap"))
         .arg("--run-dir")
@@ -171,49 +252,91 @@ fn killing_a_vm_mid_snapshot_fails_cleanly_and_the_rest_runs_on() {
         seen.push(line.clone());
         // b is past its pause: its pages are streaming when it dies.
         if !killed && line.contains("b: transient snapshot done") {
-            let st = Command::new("kill").args(["-9", &victim_pid.to_string()]).status().unwrap();
+            let st = Command::new("kill")
+                .args(["-9", &victim_pid.to_string()])
+                .status()
+                .unwrap();
             assert!(st.success());
             killed = true;
         }
     }
     let out = child.wait_with_output().unwrap();
-    assert!(killed, "never saw b's transient snapshot finish:\n{}", seen.join("\n"));
-    assert!(!out.status.success(), "the cluster snapshot must fail:\n{}", seen.join("\n"));
+    assert!(
+        killed,
+        "never saw b's transient snapshot finish:\n{}",
+        seen.join("\n")
+    );
+    assert!(
+        !out.status.success(),
+        "the cluster snapshot must fail:\n{}",
+        seen.join("\n")
+    );
     let err = seen.join("\n");
     assert!(err.contains("cluster snapshot failed"), "{err}");
 
     // No partial cluster snapshot is listed or left behind.
     let list = env.json(&["snapshots", "--json"]);
-    assert!(list["cluster_snapshots"].as_array().unwrap().is_empty(), "{list}");
+    assert!(
+        list["cluster_snapshots"].as_array().unwrap().is_empty(),
+        "{list}"
+    );
     assert!(list["snapshots"].as_array().unwrap().is_empty(), "{list}");
     let root = env.run_dir().join("snapshots");
     let leftovers: Vec<String> = std::fs::read_dir(&root)
-        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
-    assert!(leftovers.iter().all(|n| n == ".disks"), "left in snapshots/: {leftovers:?}");
-    assert!(!root.join(".disks").join("doomed").exists(), "frozen disks of the failed snapshot removed");
+    assert!(
+        leftovers.iter().all(|n| n == ".disks"),
+        "left in snapshots/: {leftovers:?}"
+    );
+    assert!(
+        !root.join(".disks").join("doomed").exists(),
+        "frozen disks of the failed snapshot removed"
+    );
 
     // The others keep running, with their network: c-d pingpong goes on.
     let status = env.json(&["status", "--json"]);
     for v in status["vms"].as_array().unwrap() {
-        let want = if v["name"] == "b" { "exited" } else { "running" };
+        let want = if v["name"] == "b" {
+            "exited"
+        } else {
+            "running"
+        };
         assert_eq!(v["state"], want, "{v}");
     }
     let before = last_field(&env.console("d"), "pingpong:", "total").unwrap();
-    env.wait_console("d", "pingpong after the failed snapshot", Duration::from_secs(30), |c| {
-        last_field(c, "pingpong:", "total").unwrap_or(0) > before + 100
-    });
+    env.wait_console(
+        "d",
+        "pingpong after the failed snapshot",
+        Duration::from_secs(30),
+        |c| last_field(c, "pingpong:", "total").unwrap_or(0) > before + 100,
+    );
     // Regression: an abandoned background snapshot must not leave guest RAM
     // write-protected (QEMU 7.2 unprotects only on completion): every
     // surviving guest keeps running, not only the pingpong pair.
     for vm in ["a", "c"] {
-        let n = env.console(vm).lines().filter(|l| l.starts_with("memtouch:")).count();
+        let n = env
+            .console(vm)
+            .lines()
+            .filter(|l| l.starts_with("memtouch:"))
+            .count();
         env.wait_console(vm, "memtouch still running", Duration::from_secs(30), |c| {
             c.lines().filter(|l| l.starts_with("memtouch:")).count() >= n + 3
         });
     }
     let sw = env.json(&["status", "--json"])["switch"].clone();
-    assert!(sw["ports"].as_array().unwrap().iter().all(|p| p["holding"] == false), "no port left held: {sw}");
+    assert!(
+        sw["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["holding"] == false),
+        "no port left held: {sw}"
+    );
     for vm in ["a", "c", "d"] {
         let c = env.console(vm);
         assert!(!c.contains("MEMTOUCH-CORRUPTION"), "{vm}");

@@ -42,14 +42,21 @@ fn uptime(console: &str) -> f64 {
         .lines()
         .rev()
         .filter(|l| l.starts_with("vmcsnap-stat"))
-        .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("uptime=")?.parse().ok()))
+        .find_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("uptime=")?.parse().ok())
+        })
         .expect("no vmcsnap-stat line")
 }
 
 /// The `disk_reads` of every `pagecache:` line: block-device reads the guest
 /// needed to read /data/blob once (0 when it came from the page cache).
 fn pagecache_reads(console: &str) -> Vec<u64> {
-    console.lines().filter(|l| l.starts_with("pagecache:")).filter_map(|l| common::field(l, "disk_reads")).collect()
+    console
+        .lines()
+        .filter(|l| l.starts_with("pagecache:"))
+        .filter_map(|l| common::field(l, "disk_reads"))
+        .collect()
 }
 
 fn pingpong_total(env: &Env) -> u64 {
@@ -70,7 +77,12 @@ fn assert_memtouch_clean(env: &Env, vm: &str) {
         last_field(c, "memtouch:", "errors").is_some()
     });
     assert!(!c.contains("MEMTOUCH-CORRUPTION"), "{vm}: corruption:\n{c}");
-    assert_eq!(last_field(&c, "memtouch:", "errors"), Some(0), "{vm}:\n{}", common::tail(&c, 3000));
+    assert_eq!(
+        last_field(&c, "memtouch:", "errors"),
+        Some(0),
+        "{vm}:\n{}",
+        common::tail(&c, 3000)
+    );
 }
 
 fn rejuvenate(env: &Env, vm: &str, mode: &str) -> serde_json::Value {
@@ -96,18 +108,36 @@ fn warm_saved_and_cold_restarts_keep_or_lose_the_guest_as_they_should() {
     let srv = env.wait_console("srv", "blob in page cache", Duration::from_secs(60), |c| {
         pagecache_reads(c).last() == Some(&0)
     });
-    assert!(pagecache_reads(&srv)[0] > 0, "the first read of /data/blob should hit the disk:\n{srv}");
+    assert!(
+        pagecache_reads(&srv)[0] > 0,
+        "the first read of /data/blob should hit the disk:\n{srv}"
+    );
     let reads_before = pagecache_reads(&srv).len();
     let up_before = uptime(&srv);
     let total = pingpong_total(&env);
     let r = rejuvenate(&env, "srv", "warm");
-    assert!(r["state_bytes"].as_u64().unwrap() < 4 << 20, "warm state should hold no RAM: {r}");
+    assert!(
+        r["state_bytes"].as_u64().unwrap() < 4 << 20,
+        "warm state should hold no RAM: {r}"
+    );
     let after = wait_pingpong(&env, total, 30);
-    assert_eq!(last_field(&after, "pingpong:", "conn"), Some(conn), "TCP connection was re-established:\n{after}");
-    env.wait_console("srv", "stat line after warm restart", Duration::from_secs(30), |c| uptime(c) > up_before);
-    let srv = env.wait_console("srv", "page-cache reads after warm restart", Duration::from_secs(30), |c| {
-        pagecache_reads(c).len() >= reads_before + 3
-    });
+    assert_eq!(
+        last_field(&after, "pingpong:", "conn"),
+        Some(conn),
+        "TCP connection was re-established:\n{after}"
+    );
+    env.wait_console(
+        "srv",
+        "stat line after warm restart",
+        Duration::from_secs(30),
+        |c| uptime(c) > up_before,
+    );
+    let srv = env.wait_console(
+        "srv",
+        "page-cache reads after warm restart",
+        Duration::from_secs(30),
+        |c| pagecache_reads(c).len() >= reads_before + 3,
+    );
     let after: Vec<u64> = pagecache_reads(&srv)[reads_before..].to_vec();
     // A lost page cache reads the whole blob again (as many reads as its
     // first, cold read). A kept one may still see a couple of reads: CI saw
@@ -122,7 +152,13 @@ fn warm_saved_and_cold_restarts_keep_or_lose_the_guest_as_they_should() {
     eprintln!("disk reads of /data/blob after the warm restart: {after:?} (cold read: {cold})");
     assert_memtouch_clean(&env, "srv");
     let status = env.json(&["status", "--json"]);
-    let srv = status["vms"].as_array().unwrap().iter().find(|v| v["name"] == "srv").unwrap().clone();
+    let srv = status["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "srv")
+        .unwrap()
+        .clone();
     assert_eq!(srv["pid"], r["new_pid"]);
     assert_eq!(srv["state"], "running");
 
@@ -130,27 +166,54 @@ fn warm_saved_and_cold_restarts_keep_or_lose_the_guest_as_they_should() {
     let up_before = uptime(&env.console("cli"));
     let total = pingpong_total(&env);
     let r = rejuvenate(&env, "cli", "saved");
-    assert!(r["state_bytes"].as_u64().unwrap() > 4 << 20, "saved state should hold RAM: {r}");
+    assert!(
+        r["state_bytes"].as_u64().unwrap() > 4 << 20,
+        "saved state should hold RAM: {r}"
+    );
     let after = wait_pingpong(&env, total, 30);
-    assert_eq!(last_field(&after, "pingpong:", "conn"), Some(conn), "TCP connection was re-established:\n{after}");
-    env.wait_console("cli", "stat line after saved restart", Duration::from_secs(30), |c| uptime(c) > up_before);
+    assert_eq!(
+        last_field(&after, "pingpong:", "conn"),
+        Some(conn),
+        "TCP connection was re-established:\n{after}"
+    );
+    env.wait_console(
+        "cli",
+        "stat line after saved restart",
+        Duration::from_secs(30),
+        |c| uptime(c) > up_before,
+    );
     assert_memtouch_clean(&env, "cli");
 
     // Cold: the server reboots; its uptime starts again and the client has
     // to reconnect.
     let up_before = uptime(&env.console("srv"));
     rejuvenate(&env, "srv", "cold");
-    let srv = env.wait_console("srv", "stat line after cold restart", Duration::from_secs(60), |c| {
-        c.contains("vmcsnap-stat")
-    });
-    assert!(uptime(&srv) < up_before, "uptime did not reset after a cold reboot");
-    let srv = env.wait_console("srv", "page-cache line after cold restart", Duration::from_secs(60), |c| {
-        !pagecache_reads(c).is_empty()
-    });
-    assert!(pagecache_reads(&srv)[0] > 0, "after a cold reboot /data/blob must come from disk:\n{srv}");
-    let after = env.wait_console("cli", "reconnect after cold restart", Duration::from_secs(120), |c| {
-        last_field(c, "pingpong:", "conn").unwrap_or(0) > conn
-    });
+    let srv = env.wait_console(
+        "srv",
+        "stat line after cold restart",
+        Duration::from_secs(60),
+        |c| c.contains("vmcsnap-stat"),
+    );
+    assert!(
+        uptime(&srv) < up_before,
+        "uptime did not reset after a cold reboot"
+    );
+    let srv = env.wait_console(
+        "srv",
+        "page-cache line after cold restart",
+        Duration::from_secs(60),
+        |c| !pagecache_reads(c).is_empty(),
+    );
+    assert!(
+        pagecache_reads(&srv)[0] > 0,
+        "after a cold reboot /data/blob must come from disk:\n{srv}"
+    );
+    let after = env.wait_console(
+        "cli",
+        "reconnect after cold restart",
+        Duration::from_secs(120),
+        |c| last_field(c, "pingpong:", "conn").unwrap_or(0) > conn,
+    );
     assert!(last_field(&after, "pingpong:", "conn").unwrap() > conn);
 
     // The switch dropped nothing for the VMs while they were away.
@@ -164,7 +227,14 @@ fn warm_saved_and_cold_restarts_keep_or_lose_the_guest_as_they_should() {
     // The availability model runs on these measurements: warm beats saved.
     let a = env.json(&["availability", "--t-vmm", "28", "--t-os", "7", "--json"]);
     let avail = |mode: &str| {
-        a["modes"].as_array().unwrap().iter().find(|m| m["mode"] == mode).unwrap()["availability"].as_f64().unwrap()
+        a["modes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["mode"] == mode)
+            .unwrap()["availability"]
+            .as_f64()
+            .unwrap()
     };
     assert!(avail("warm") > avail("saved"), "{a}");
     assert!(avail("warm") < 1.0 && avail("cold") < 1.0, "{a}");
@@ -182,7 +252,10 @@ fn rejuvenate_errors_are_clear() {
     let out = env.vmcsnap(&["rejuvenate", "--vm", "x"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no vmcsnap agent") || err.contains("no cluster"), "{err}");
+    assert!(
+        err.contains("no vmcsnap agent") || err.contains("no cluster"),
+        "{err}"
+    );
 }
 
 /// A new QEMU binary that cannot start: the restart falls back to a copy of
@@ -192,11 +265,26 @@ fn broken_new_qemu_falls_back_to_the_previous_binary() {
     let _l = cluster_lock();
     let mut env = Env::new();
     let wrapper = env.run_dir().join("qemu-wrapper");
-    let real = String::from_utf8(std::process::Command::new("sh").args(["-c", "command -v qemu-system-x86_64"]).output().unwrap().stdout)
+    let real = String::from_utf8(
+        std::process::Command::new("sh")
+            .args(["-c", "command -v qemu-system-x86_64"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nexec {} \"$@\"\n", real.trim()),
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&wrapper)
+        .status()
         .unwrap();
-    std::fs::write(&wrapper, format!("#!/bin/sh\nexec {} \"$@\"\n", real.trim())).unwrap();
-    std::process::Command::new("chmod").arg("+x").arg(&wrapper).status().unwrap();
-    env.extra_env.push(("VMCSNAP_QEMU".into(), wrapper.display().to_string()));
+    env.extra_env
+        .push(("VMCSNAP_QEMU".into(), wrapper.display().to_string()));
     let spec = env.write_spec(SPEC);
     env.ok(&["up", spec.to_str().unwrap()]);
     let total = wait_pingpong(&env, 0, 20);

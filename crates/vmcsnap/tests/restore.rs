@@ -43,19 +43,38 @@ fn console_after(env: &Env, vm: &str, from: usize) -> String {
 /// Waits until the restored `a` has printed two memtouch lines and `b`'s
 /// pingpong client has had replies since the restore.
 fn check_alive(env: &Env, a_from: usize, b_from: usize, what: &str) {
-    env.wait_console("a", &format!("memtouch after {what}"), Duration::from_secs(120), |c| {
-        c.get(a_from..).unwrap_or("").lines().filter(|l| l.starts_with("memtouch: t=")).count() >= 2
-    });
+    env.wait_console(
+        "a",
+        &format!("memtouch after {what}"),
+        Duration::from_secs(120),
+        |c| {
+            c.get(a_from..)
+                .unwrap_or("")
+                .lines()
+                .filter(|l| l.starts_with("memtouch: t="))
+                .count()
+                >= 2
+        },
+    );
     let after = console_after(env, "a", a_from);
-    assert!(!after.contains("MEMTOUCH-CORRUPTION"), "{what}: corruption after the restore:\n{after}");
     assert!(
-        after.lines().filter(|l| l.starts_with("memtouch: t=")).all(|l| common::field(l, "errors") == Some(0)),
+        !after.contains("MEMTOUCH-CORRUPTION"),
+        "{what}: corruption after the restore:\n{after}"
+    );
+    assert!(
+        after
+            .lines()
+            .filter(|l| l.starts_with("memtouch: t="))
+            .all(|l| common::field(l, "errors") == Some(0)),
         "{what}: memtouch counted errors:\n{after}"
     );
     let total0 = last_field(&env.console("b")[..b_from], "pingpong:", "total").unwrap_or(0);
-    env.wait_console("b", &format!("pingpong replies after {what}"), Duration::from_secs(120), |c| {
-        last_field(c.get(b_from..).unwrap_or(""), "pingpong:", "total").unwrap_or(0) > total0
-    });
+    env.wait_console(
+        "b",
+        &format!("pingpong replies after {what}"),
+        Duration::from_secs(120),
+        |c| last_field(c.get(b_from..).unwrap_or(""), "pingpong:", "total").unwrap_or(0) > total0,
+    );
 }
 
 /// Page-by-page comparison of `ram` (a RAM file) with block "mem" of the image.
@@ -74,7 +93,12 @@ fn assert_ram_equals_image(img_dir: &Path, ram: &Path) {
             bad.push(p);
         }
     }
-    assert!(bad.is_empty(), "{} pages differ from the image, first {:?}", bad.len(), &bad[..bad.len().min(10)]);
+    assert!(
+        bad.is_empty(),
+        "{} pages differ from the image, first {:?}",
+        bad.len(),
+        &bad[..bad.len().min(10)]
+    );
 }
 
 #[test]
@@ -83,20 +107,38 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     let env = Env::new();
     let spec = env.write_spec(SPEC);
     env.json(&["up", spec.to_str().unwrap(), "--json"]);
-    env.wait_console("a", "memtouch", Duration::from_secs(60), |c| c.matches("memtouch: t=").count() >= 2);
-    env.wait_console("b", "pingpong", Duration::from_secs(60), |c| last_field(c, "pingpong:", "total").unwrap_or(0) > 0);
-    for (mode, name) in [("hot", "s-hot"), ("stop-copy", "s-sc"), ("precopy", "s-pre")] {
+    env.wait_console("a", "memtouch", Duration::from_secs(60), |c| {
+        c.matches("memtouch: t=").count() >= 2
+    });
+    env.wait_console("b", "pingpong", Duration::from_secs(60), |c| {
+        last_field(c, "pingpong:", "total").unwrap_or(0) > 0
+    });
+    for (mode, name) in [
+        ("hot", "s-hot"),
+        ("stop-copy", "s-sc"),
+        ("precopy", "s-pre"),
+    ] {
         env.json(&["snapshot", "a", "--mode", mode, "--name", name, "--json"]);
     }
 
     // Refused while a runs; unknown snapshot named.
     let out = env.vmcsnap(&["restore", "s-hot"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("is running"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is running"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = env.vmcsnap(&["restore", "nope"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("no snapshot named \"nope\""));
 
-    for (mode, snap) in [("eager", "s-hot"), ("lazy", "s-sc"), ("workingset", "s-pre"), ("sampling-ws", "s-hot"), ("workingset", "s-hot")] {
+    for (mode, snap) in [
+        ("eager", "s-hot"),
+        ("lazy", "s-sc"),
+        ("workingset", "s-pre"),
+        ("sampling-ws", "s-hot"),
+        ("workingset", "s-hot"),
+    ] {
         let (a_from, b_from) = (env.console("a").len(), env.console("b").len());
         env.ok(&["stop", "a"]);
         // One restore opts out of the CPU priorities.
@@ -129,9 +171,18 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
             assert_eq!(r["qemu_threads_raised"], 2, "{r}");
         }
         if opt_out {
-            assert!(r["qemu_threads_raised"].is_null(), "--no-priorities changes nothing: {r}");
+            assert!(
+                r["qemu_threads_raised"].is_null(),
+                "--no-priorities changes nothing: {r}"
+            );
         }
-        assert_eq!(env.json(&["status", "--json"])["vms"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            env.json(&["status", "--json"])["vms"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
         check_alive(&env, a_from, b_from, &format!("{mode} restore of {snap}"));
     }
 
@@ -139,7 +190,15 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     // scores the FAFL working set against those first accesses.
     let (a_from, b_from) = (env.console("a").len(), env.console("b").len());
     env.ok(&["stop", "a"]);
-    let r = env.json(&["restore", "s-hot", "--mode", "lazy", "--trace", "--no-background", "--json"]);
+    let r = env.json(&[
+        "restore",
+        "s-hot",
+        "--mode",
+        "lazy",
+        "--trace",
+        "--no-background",
+        "--json",
+    ]);
     let faults = r["demand_faults"].as_u64().unwrap();
     assert!(faults > 0, "{r}");
     check_alive(&env, a_from, b_from, "traced restore");
@@ -163,14 +222,30 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     // left QEMU's postcopy-ram capability on; a hot snapshot was refused
     // ("Background-snapshot is not compatible with postcopy-ram") and a
     // pre-copy one hung with the guest paused.
-    for (mode, name) in [("hot", "again-hot"), ("precopy", "again-pre"), ("stop-copy", "again-sc")] {
+    for (mode, name) in [
+        ("hot", "again-hot"),
+        ("precopy", "again-pre"),
+        ("stop-copy", "again-sc"),
+    ] {
         let (a_from, b_from) = (env.console("a").len(), env.console("b").len());
         let s = env.json(&["snapshot", "a", "--mode", mode, "--name", name, "--json"]);
-        assert!(s["downtime_ms"].as_f64().is_some(), "{mode} snapshot of a restored VM: {s}");
-        check_alive(&env, a_from, b_from, &format!("{mode} snapshot of a restored VM"));
+        assert!(
+            s["downtime_ms"].as_f64().is_some(),
+            "{mode} snapshot of a restored VM: {s}"
+        );
+        check_alive(
+            &env,
+            a_from,
+            b_from,
+            &format!("{mode} snapshot of a restored VM"),
+        );
     }
     let out = env.vmcsnap(&["inspect", "again-pre", "--verify"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // The destination QEMU dies mid-restore: a clear error, nothing of a left.
     env.ok(&["stop", "a"]);
@@ -184,7 +259,8 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
         .unwrap();
     let incoming = || {
         env.processes().into_iter().find(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains("-incoming"))
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("-incoming"))
         })
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -192,11 +268,14 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
         if let Some(p) = incoming() {
             break p;
         }
-        assert!(std::time::Instant::now() < deadline, "no destination QEMU appeared");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no destination QEMU appeared"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     std::thread::sleep(Duration::from_millis(1500)); // the guest runs, faulting pages in
-    // SAFETY: kill(2) on the destination QEMU's pid, read from /proc just now.
+                                                     // SAFETY: kill(2) on the destination QEMU's pid, read from /proc just now.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     let out = child.wait_with_output().unwrap();
     assert!(!out.status.success());
@@ -210,9 +289,19 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     // running: the killed restore left nothing).
     env.json(&["restore", "s-hot", "--mode", "lazy", "--paused", "--json"]);
     let st = env.json(&["status", "--json"]);
-    let a = st["vms"].as_array().unwrap().iter().find(|v| v["name"] == "a").unwrap().clone();
+    let a = st["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "a")
+        .unwrap()
+        .clone();
     assert_eq!(a["state"], "paused", "{st}");
-    let ram = env.shm_files().into_iter().find(|p| p.to_string_lossy().ends_with("-rs-a")).expect("a's RAM file");
+    let ram = env
+        .shm_files()
+        .into_iter()
+        .find(|p| p.to_string_lossy().ends_with("-rs-a"))
+        .expect("a's RAM file");
     assert_ram_equals_image(&env.run_dir().join("snapshots/s-hot"), &ram);
 
     // A corrupt page is never delivered: the restore fails, nothing of a runs.
@@ -225,7 +314,10 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     let out = env.vmcsnap(&["restore", "s-sc", "--mode", "eager"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("restore of VM \"a\" failed") && err.to_lowercase().contains("crc"), "{err}");
+    assert!(
+        err.contains("restore of VM \"a\" failed") && err.to_lowercase().contains("crc"),
+        "{err}"
+    );
     let st = env.json(&["status", "--json"]);
     assert_eq!(st["vms"].as_array().unwrap().len(), 1, "only b runs: {st}");
 
@@ -242,11 +334,24 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     assert_eq!(st["cluster"], "rs", "{st}");
     assert_eq!(st["vms"].as_array().unwrap().len(), 1, "{st}");
     let from = env.console("a").len();
-    env.wait_console("a", "memtouch after a restore without a cluster", Duration::from_secs(120), |c| {
-        c.get(from..).unwrap_or("").lines().filter(|l| l.starts_with("memtouch: t=")).count() >= 2
-    });
+    env.wait_console(
+        "a",
+        "memtouch after a restore without a cluster",
+        Duration::from_secs(120),
+        |c| {
+            c.get(from..)
+                .unwrap_or("")
+                .lines()
+                .filter(|l| l.starts_with("memtouch: t="))
+                .count()
+                >= 2
+        },
+    );
     let after = console_after(&env, "a", from);
-    assert!(!after.contains("MEMTOUCH-CORRUPTION") && !after.contains("EXT4-fs error"), "{after}");
+    assert!(
+        !after.contains("MEMTOUCH-CORRUPTION") && !after.contains("EXT4-fs error"),
+        "{after}"
+    );
     env.ok(&["down"]);
     env.assert_clean();
 }

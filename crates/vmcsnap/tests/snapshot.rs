@@ -36,7 +36,10 @@ fn memtouch_writes(env: &Env) -> u64 {
 fn wait_memtouch_progress(env: &Env, n: u64) -> String {
     let from = memtouch_writes(env);
     env.wait_console("a", "memtouch progress", Duration::from_secs(120), |c| {
-        let lines: Vec<&str> = c.lines().filter(|l| l.starts_with("memtouch: t=")).collect();
+        let lines: Vec<&str> = c
+            .lines()
+            .filter(|l| l.starts_with("memtouch: t="))
+            .collect();
         lines.len() as u64 >= n && last_field(c, "memtouch:", "writes").unwrap_or(0) > from
     })
 }
@@ -88,11 +91,18 @@ fn max_tick(qcow2: &Path, scratch: &Path) -> Option<u64> {
         .status()
         .expect("qemu-img");
     assert!(st.success(), "qemu-img convert {}", qcow2.display());
-    let out = Command::new("debugfs").args(["-R", "ls -p /"]).arg(&raw).output().expect("debugfs");
+    let out = Command::new("debugfs")
+        .args(["-R", "ls -p /"])
+        .arg(&raw)
+        .output()
+        .expect("debugfs");
     let _ = std::fs::remove_file(&raw);
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| l.split('/').find_map(|f| f.strip_prefix("tick-")?.parse::<u64>().ok()))
+        .filter_map(|l| {
+            l.split('/')
+                .find_map(|f| f.strip_prefix("tick-")?.parse::<u64>().ok())
+        })
         .max()
 }
 
@@ -107,13 +117,32 @@ fn snapshot_modes_are_exact_and_harmless() {
     // A snapshot failing while the VM is paused (here: the debug reference
     // copy cannot be written) leaves the VM running and nothing listed.
     let before = memtouch_writes(&env);
-    let out = env.vmcsnap(&["snapshot", "a", "--mode", "stop-copy", "--name", "bad", "--reference", "/nonexistent/dir/ref"]);
+    let out = env.vmcsnap(&[
+        "snapshot",
+        "a",
+        "--mode",
+        "stop-copy",
+        "--name",
+        "bad",
+        "--reference",
+        "/nonexistent/dir/ref",
+    ]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/dir/ref"), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(env.json(&["status", "--json"])["vms"][0]["state"], "running");
-    env.wait_console("a", "memtouch to continue after a failed snapshot", Duration::from_secs(60), |c| {
-        last_field(c, "memtouch:", "writes").unwrap_or(0) > before
-    });
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/nonexistent/dir/ref"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        env.json(&["status", "--json"])["vms"][0]["state"],
+        "running"
+    );
+    env.wait_console(
+        "a",
+        "memtouch to continue after a failed snapshot",
+        Duration::from_secs(60),
+        |c| last_field(c, "memtouch:", "writes").unwrap_or(0) > before,
+    );
     let out = env.vmcsnap(&["snapshot", "a", "--name", "../x"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("bad snapshot name"));
@@ -130,12 +159,26 @@ fn snapshot_modes_are_exact_and_harmless() {
     // Pre-copy three times: QEMU 7.2 under TCG lost writes in about one
     // pre-copy in four until vmcsnap padded guest RAM (regression test for
     // `qemu::TCG_DIRTY_TRACKING_PAD_KIB`).
-    for (mode, name) in [("hot", "s-hot"), ("stop-copy", "s-stop-copy"), ("precopy", "s-precopy"), ("precopy", "s-precopy2"), ("precopy", "s-precopy3")] {
+    for (mode, name) in [
+        ("hot", "s-hot"),
+        ("stop-copy", "s-stop-copy"),
+        ("precopy", "s-precopy"),
+        ("precopy", "s-precopy2"),
+        ("precopy", "s-precopy3"),
+    ] {
         let name = name.to_string();
         let reference: PathBuf = env.run_dir().join(format!("ref-{name}.bin"));
         let before = memtouch_writes(&env);
         let r = env.json(&[
-            "snapshot", "a", "--mode", mode, "--name", &name, "--reference", reference.to_str().unwrap(), "--json",
+            "snapshot",
+            "a",
+            "--mode",
+            mode,
+            "--name",
+            &name,
+            "--reference",
+            reference.to_str().unwrap(),
+            "--json",
         ]);
         assert_eq!(r["name"], name.as_str());
         assert_eq!(r["mode"], mode);
@@ -144,7 +187,10 @@ fn snapshot_modes_are_exact_and_harmless() {
         let inspect = env.json(&["inspect", &name, "--verify", "--json"]);
         assert_eq!(inspect["verify"]["ok"], true, "{inspect}");
         assert_eq!(inspect["stats"]["pages_absent"], 0);
-        assert_eq!(inspect["manifest"]["metrics"]["downtime_ms"], r["downtime_ms"].as_f64().unwrap().round() as u64);
+        assert_eq!(
+            inspect["manifest"]["metrics"]["downtime_ms"],
+            r["downtime_ms"].as_f64().unwrap().round() as u64
+        );
         let (stored, zero) = compare_with_reference(&dir, &reference);
         let _ = std::fs::remove_file(&reference);
         if mode == "hot" {
@@ -173,8 +219,16 @@ fn snapshot_modes_are_exact_and_harmless() {
     for mode in ["hot", "stop-copy", "precopy"] {
         let name = format!("m-{mode}");
         let r = env.json(&["snapshot", "a", "--mode", mode, "--name", &name, "--json"]);
-        assert_eq!(env.json(&["inspect", &name, "--verify", "--json"])["verify"]["ok"], true);
-        measured.push((mode, r["downtime_ms"].as_f64().unwrap(), r["duration_ms"].as_f64().unwrap(), r["disk_snapshot_ms"].as_f64().unwrap()));
+        assert_eq!(
+            env.json(&["inspect", &name, "--verify", "--json"])["verify"]["ok"],
+            true
+        );
+        measured.push((
+            mode,
+            r["downtime_ms"].as_f64().unwrap(),
+            r["duration_ms"].as_f64().unwrap(),
+            r["disk_snapshot_ms"].as_f64().unwrap(),
+        ));
     }
 
     // The disk frozen by the hot snapshot stays frozen while the guest
@@ -184,35 +238,81 @@ fn snapshot_modes_are_exact_and_harmless() {
     let frozen_bytes = file_bytes(&frozen);
     let frozen_tick = max_tick(&frozen, env.run_dir());
     std::thread::sleep(Duration::from_secs(3));
-    assert!(file_bytes(&frozen) == frozen_bytes, "the frozen disk changed");
+    assert!(
+        file_bytes(&frozen) == frozen_bytes,
+        "the frozen disk changed"
+    );
     let live = env.run_dir().join("cluster/a");
     let overlays: Vec<PathBuf> = std::fs::read_dir(&live)
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("data-"))
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("data-")
+        })
         .collect();
     let newest = overlays.iter().max().expect("an overlay").clone();
     let live_tick = max_tick(&newest, env.run_dir());
-    assert!(live_tick > frozen_tick, "the live disk has no newer file: live {live_tick:?}, frozen {frozen_tick:?}");
+    assert!(
+        live_tick > frozen_tick,
+        "the live disk has no newer file: live {live_tick:?}, frozen {frozen_tick:?}"
+    );
 
     // Listing.
     let list = env.json(&["snapshots", "--json"]);
-    let names: Vec<&str> = list["snapshots"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
-    assert_eq!(names, vec!["m-hot", "m-precopy", "m-stop-copy", "s-hot", "s-precopy", "s-precopy2", "s-precopy3", "s-stop-copy"]);
-    assert!(list["snapshots"].as_array().unwrap().iter().all(|s| s["valid"] == true));
+    let names: Vec<&str> = list["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            "m-hot",
+            "m-precopy",
+            "m-stop-copy",
+            "s-hot",
+            "s-precopy",
+            "s-precopy2",
+            "s-precopy3",
+            "s-stop-copy"
+        ]
+    );
+    assert!(list["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["valid"] == true));
 
     // Rejuvenation still works after snapshots (capabilities were reset,
     // and the new QEMU opens the overlay).
     env.json(&["rejuvenate", "--vm", "a", "--mode", "warm", "--json"]);
     let text = wait_memtouch_progress(&env, 2);
-    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("memtouch: t=")).collect();
-    assert!(lines.iter().all(|l| common::field(l, "errors") == Some(0)), "memtouch saw errors:\n{}", lines.join("\n"));
-    assert!(!text.contains("MEMTOUCH-CORRUPTION"), "corruption reported:\n{}", common::tail(&text, 3000));
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("memtouch: t="))
+        .collect();
+    assert!(
+        lines.iter().all(|l| common::field(l, "errors") == Some(0)),
+        "memtouch saw errors:\n{}",
+        lines.join("\n")
+    );
+    assert!(
+        !text.contains("MEMTOUCH-CORRUPTION"),
+        "corruption reported:\n{}",
+        common::tail(&text, 3000)
+    );
     let writes = memtouch_writes(&env);
-    env.wait_console("a", "memtouch after warm restart", Duration::from_secs(60), |c| {
-        last_field(c, "memtouch:", "writes").unwrap_or(0) > writes
-    });
+    env.wait_console(
+        "a",
+        "memtouch after warm restart",
+        Duration::from_secs(60),
+        |c| last_field(c, "memtouch:", "writes").unwrap_or(0) > writes,
+    );
 
     // One flipped byte in memory.img: verification fails, naming the block.
     let mem = env.run_dir().join("snapshots/s-stop-copy/memory.img");
@@ -224,7 +324,10 @@ fn snapshot_modes_are_exact_and_harmless() {
     assert!(!out.status.success(), "verify passed on a corrupted image");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stderr.contains("failed verification") && stderr.contains("block "), "{stderr}\n{stdout}");
+    assert!(
+        stderr.contains("failed verification") && stderr.contains("block "),
+        "{stderr}\n{stdout}"
+    );
     assert!(stdout.contains("bad blocks"), "{stdout}");
 
     for (mode, d, t, disk) in &measured {

@@ -35,8 +35,14 @@ fn killing_the_agent_mid_snapshot_leaves_the_vm_running_and_lists_nothing() {
     env.ok(&["up", spec.to_str().unwrap()]);
     // memtouch has filled its 160 MiB, so the stream is large enough to
     // interrupt.
-    env.wait_console("a", "memtouch running", Duration::from_secs(120), |c| memtouch_lines(c) >= 3);
-    let agent_pid: i32 = std::fs::read_to_string(env.run_dir().join("agent.pid")).unwrap().trim().parse().unwrap();
+    env.wait_console("a", "memtouch running", Duration::from_secs(120), |c| {
+        memtouch_lines(c) >= 3
+    });
+    let agent_pid: i32 = std::fs::read_to_string(env.run_dir().join("agent.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
 
     let mut snap = Command::new(env!("CARGO_BIN_EXE_vmcsnap"))
         .arg("--run-dir")
@@ -51,12 +57,21 @@ fn killing_the_agent_mid_snapshot_leaves_the_vm_running_and_lists_nothing() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let in_progress = || {
         std::fs::read_dir(&snaps)
-            .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("killed.tmp-")))
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy().starts_with("killed.tmp-"))
+            })
             .unwrap_or(false)
     };
     while !in_progress() {
-        assert!(Instant::now() < deadline, "the snapshot never started writing");
-        assert!(snap.try_wait().unwrap().is_none(), "snapshot finished before it could be interrupted");
+        assert!(
+            Instant::now() < deadline,
+            "the snapshot never started writing"
+        );
+        assert!(
+            snap.try_wait().unwrap().is_none(),
+            "snapshot finished before it could be interrupted"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
     // SAFETY: SIGKILL to the agent's pid, read from its pid file.
@@ -65,21 +80,34 @@ fn killing_the_agent_mid_snapshot_leaves_the_vm_running_and_lists_nothing() {
     assert!(!out.status.success(), "the snapshot cannot have succeeded");
 
     // The VM is running, through its own QMP socket (the agent is gone).
-    let mut qmp = QmpClient::connect(&env.run_dir().join("cluster/a/qmp.sock"), Duration::from_secs(10)).unwrap();
+    let mut qmp = QmpClient::connect(
+        &env.run_dir().join("cluster/a/qmp.sock"),
+        Duration::from_secs(10),
+    )
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let st = qmp.execute("query-status", serde_json::Value::Null).unwrap();
+        let st = qmp
+            .execute("query-status", serde_json::Value::Null)
+            .unwrap();
         if st["status"] == "running" {
             break;
         }
-        assert!(Instant::now() < deadline, "VM not running after the agent died: {st}");
+        assert!(
+            Instant::now() < deadline,
+            "VM not running after the agent died: {st}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     // ... and healthy: memtouch keeps verifying with no corruption.
     let before = memtouch_lines(&console(&env));
     let deadline = Instant::now() + Duration::from_secs(60);
     while memtouch_lines(&console(&env)) < before + 3 {
-        assert!(Instant::now() < deadline, "memtouch stopped progressing:\n{}", console(&env));
+        assert!(
+            Instant::now() < deadline,
+            "memtouch stopped progressing:\n{}",
+            console(&env)
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     let c = console(&env);
@@ -96,6 +124,9 @@ fn killing_the_agent_mid_snapshot_leaves_the_vm_running_and_lists_nothing() {
         .filter(|s| s["valid"].as_bool().unwrap_or(true))
         .filter_map(|s| s["name"].as_str().map(String::from))
         .collect();
-    assert!(!names.iter().any(|n| n.starts_with("killed")), "partial snapshot listed: {list}");
+    assert!(
+        !names.iter().any(|n| n.starts_with("killed")),
+        "partial snapshot listed: {list}"
+    );
     let _ = qmp.execute("quit", serde_json::Value::Null);
 }

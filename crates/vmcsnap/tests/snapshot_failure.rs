@@ -35,9 +35,12 @@ const HANG: Duration = Duration::from_secs(400);
 
 /// Runs vmcsnap; panics if it has not ended within [`HANG`].
 fn run(env: &Env, args: &[&str]) -> (bool, String, String) {
-    let out = env
-        .vmcsnap_within(args, HANG)
-        .unwrap_or_else(|| panic!("vmcsnap {args:?} hung for {HANG:?}; agent log:\n{}", agent_log(env)));
+    let out = env.vmcsnap_within(args, HANG).unwrap_or_else(|| {
+        panic!(
+            "vmcsnap {args:?} hung for {HANG:?}; agent log:\n{}",
+            agent_log(env)
+        )
+    });
     let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
     (out.status.success(), text(out.stdout), text(out.stderr))
 }
@@ -54,12 +57,23 @@ fn assert_guest_healthy(env: &Env, after: &str) {
         assert_eq!(v["state"], "running", "after {after}: {status}");
     }
     let before = memtouch_lines(&env.console("a"));
-    env.wait_console("a", &format!("memtouch progress after {after}"), Duration::from_secs(120), |c| {
-        memtouch_lines(c) >= before + 2
-    });
+    env.wait_console(
+        "a",
+        &format!("memtouch progress after {after}"),
+        Duration::from_secs(120),
+        |c| memtouch_lines(c) >= before + 2,
+    );
     let c = env.console("a");
-    assert!(!c.contains("MEMTOUCH-CORRUPTION"), "after {after}:\n{}", common::tail(&c, 2000));
-    assert_eq!(last_field(&c, "memtouch:", "errors"), Some(0), "after {after}");
+    assert!(
+        !c.contains("MEMTOUCH-CORRUPTION"),
+        "after {after}:\n{}",
+        common::tail(&c, 2000)
+    );
+    assert_eq!(
+        last_field(&c, "memtouch:", "errors"),
+        Some(0),
+        "after {after}"
+    );
 }
 
 /// Nothing of the failed snapshot is listed or left in the snapshots dir.
@@ -68,14 +82,34 @@ fn assert_nothing_left(env: &Env, failed: &str) {
     assert!(!list.contains(failed), "{failed} is listed:\n{list}");
     let dir = env.run_dir().join("snapshots");
     let left: Vec<String> = std::fs::read_dir(&dir)
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
-    assert!(!left.iter().any(|n| n.starts_with(failed)), "{failed} left {left:?} in {}", dir.display());
+    assert!(
+        !left.iter().any(|n| n.starts_with(failed)),
+        "{failed} left {left:?} in {}",
+        dir.display()
+    );
 }
 
 /// A snapshot that fails with `fault`; returns its error output.
 fn failing_snapshot(env: &Env, mode: &str, name: &str, fault: &str) -> String {
-    let (ok, out, err) = run(env, &["snapshot", "a", "--mode", mode, "--name", name, "--inject-fault", fault]);
+    let (ok, out, err) = run(
+        env,
+        &[
+            "snapshot",
+            "a",
+            "--mode",
+            mode,
+            "--name",
+            name,
+            "--inject-fault",
+            fault,
+        ],
+    );
     assert!(!ok, "{mode} snapshot with {fault} succeeded: {out}");
     assert_guest_healthy(env, &format!("a {mode} snapshot with {fault}"));
     assert_nothing_left(env, name);
@@ -84,8 +118,15 @@ fn failing_snapshot(env: &Env, mode: &str, name: &str, fault: &str) -> String {
 
 /// A good snapshot, verified; returns its stream size.
 fn good_snapshot(env: &Env, mode: &str, name: &str) -> u64 {
-    let (ok, out, err) = run(env, &["snapshot", "a", "--mode", mode, "--name", name, "--json"]);
-    assert!(ok, "the {mode} snapshot after a failed one failed: {err}\n{}", agent_log(env));
+    let (ok, out, err) = run(
+        env,
+        &["snapshot", "a", "--mode", mode, "--name", name, "--json"],
+    );
+    assert!(
+        ok,
+        "the {mode} snapshot after a failed one failed: {err}\n{}",
+        agent_log(env)
+    );
     env.ok(&["inspect", name, "--verify"]);
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();
     report["stream_bytes"].as_u64().unwrap()
@@ -99,39 +140,80 @@ fn a_snapshot_whose_capture_fails_or_stalls_leaves_the_guest_running_and_nothing
     env.ok(&["up", spec.to_str().unwrap()]);
     // memtouch has filled its 160 MiB: the stream is far longer than the
     // 50 MB after which the faults strike.
-    env.wait_console("a", "memtouch running", Duration::from_secs(120), |c| memtouch_lines(c) >= 3);
+    env.wait_console("a", "memtouch running", Duration::from_secs(120), |c| {
+        memtouch_lines(c) >= 3
+    });
 
     let mut stop_copy_bytes = 0;
     for mode in ["stop-copy", "precopy", "hot"] {
-        let err = failing_snapshot(&env, mode, &format!("err-{mode}"), "capture-error-after=50000000");
-        assert!(err.contains("injected fault") && err.contains("no snapshot was written"), "{mode}: {err}");
+        let err = failing_snapshot(
+            &env,
+            mode,
+            &format!("err-{mode}"),
+            "capture-error-after=50000000",
+        );
+        assert!(
+            err.contains("injected fault") && err.contains("no snapshot was written"),
+            "{mode}: {err}"
+        );
         let bytes = good_snapshot(&env, mode, &format!("ok-{mode}"));
         if mode == "stop-copy" {
             stop_copy_bytes = bytes;
         }
     }
-    assert!(stop_copy_bytes > 100_000_000, "stream of {stop_copy_bytes} bytes: memtouch's memory is missing");
+    assert!(
+        stop_copy_bytes > 100_000_000,
+        "stream of {stop_copy_bytes} bytes: memtouch's memory is missing"
+    );
 
     // A stop-copy capture that stops reading: early, QEMU blocks while
     // copying RAM with the guest paused; 150 kB before the end, it blocks
     // in its completion phase or has already written everything and
     // reported completion while the capture still holds the data.
     let near_end = stop_copy_bytes - 150_000;
-    for (mode, at) in [("stop-copy", 50_000_000), ("stop-copy", near_end), ("hot", 50_000_000)] {
+    for (mode, at) in [
+        ("stop-copy", 50_000_000),
+        ("stop-copy", near_end),
+        ("hot", 50_000_000),
+    ] {
         let fault = format!("capture-stall-after={at}");
         let err = failing_snapshot(&env, mode, &format!("stall-{mode}"), &fault);
-        assert!(err.contains("made no progress") && err.contains("hung"), "{mode} {fault}: {err}");
+        assert!(
+            err.contains("made no progress") && err.contains("hung"),
+            "{mode} {fault}: {err}"
+        );
     }
     // A commit that hangs (fsync on a hung disk) is given up on at its
     // deadline: the request, and with it the agent, is not held; the
     // image is not committed, now or later.
     for mode in ["hot", "stop-copy"] {
-        let err = failing_snapshot(&env, mode, &format!("commit-stall-{mode}"), "commit-stall-deadline=3");
-        assert!(err.contains("did not finish within 3s") && err.contains("hung"), "{mode}: {err}");
+        let err = failing_snapshot(
+            &env,
+            mode,
+            &format!("commit-stall-{mode}"),
+            "commit-stall-deadline=3",
+        );
+        assert!(
+            err.contains("did not finish within 3s") && err.contains("hung"),
+            "{mode}: {err}"
+        );
     }
     good_snapshot(&env, "stop-copy", "ok-after-stalls");
 
-    let (ok, _, err) = run(&env, &["snapshot", "a", "--name", "typo", "--inject-fault", "capture-error-afterr=1"]);
-    assert!(!ok && err.contains("not a fault vmcsnap can inject"), "{err}");
+    let (ok, _, err) = run(
+        &env,
+        &[
+            "snapshot",
+            "a",
+            "--name",
+            "typo",
+            "--inject-fault",
+            "capture-error-afterr=1",
+        ],
+    );
+    assert!(
+        !ok && err.contains("not a fault vmcsnap can inject"),
+        "{err}"
+    );
     env.ok(&["down"]);
 }

@@ -50,7 +50,9 @@ impl std::str::FromStr for Mode {
             "lazy" => Ok(Mode::Lazy),
             "workingset" => Ok(Mode::Workingset),
             "sampling-ws" => Ok(Mode::SamplingWs),
-            _ => Err(format!("unknown restore mode {s:?}: use eager, lazy, workingset or sampling-ws")),
+            _ => Err(format!(
+                "unknown restore mode {s:?}: use eager, lazy, workingset or sampling-ws"
+            )),
         }
     }
 }
@@ -109,13 +111,23 @@ pub enum PlanError {
 /// Rank of every page in image order: `rank[block][page]`.
 fn ranks(input: &PlanInput) -> Result<Vec<Vec<u32>>, PlanError> {
     let total: u64 = input.block_pages.iter().map(|&n| u64::from(n)).sum();
-    let bad = || PlanError::BadImageOrder { listed: input.image_order.len(), total };
+    let bad = || PlanError::BadImageOrder {
+        listed: input.image_order.len(),
+        total,
+    };
     if input.image_order.len() as u64 != total {
         return Err(bad());
     }
-    let mut r: Vec<Vec<u32>> = input.block_pages.iter().map(|&n| vec![u32::MAX; n as usize]).collect();
+    let mut r: Vec<Vec<u32>> = input
+        .block_pages
+        .iter()
+        .map(|&n| vec![u32::MAX; n as usize])
+        .collect();
     for (i, k) in input.image_order.iter().enumerate() {
-        let slot = r.get_mut(k.ram_block as usize).and_then(|b| b.get_mut(k.page as usize)).ok_or_else(bad)?;
+        let slot = r
+            .get_mut(k.ram_block as usize)
+            .and_then(|b| b.get_mut(k.page as usize))
+            .ok_or_else(bad)?;
         if *slot != u32::MAX {
             return Err(bad());
         }
@@ -126,9 +138,17 @@ fn ranks(input: &PlanInput) -> Result<Vec<Vec<u32>>, PlanError> {
 
 fn check_queue(input: &PlanInput) -> Result<(), PlanError> {
     for k in input.queue {
-        let pages = input.block_pages.get(k.ram_block as usize).copied().unwrap_or(0);
+        let pages = input
+            .block_pages
+            .get(k.ram_block as usize)
+            .copied()
+            .unwrap_or(0);
         if k.page >= pages {
-            return Err(PlanError::QueueOutOfRange { block: k.ram_block, page: k.page, pages });
+            return Err(PlanError::QueueOutOfRange {
+                block: k.ram_block,
+                page: k.page,
+                pages,
+            });
         }
     }
     Ok(())
@@ -138,27 +158,48 @@ fn check_queue(input: &PlanInput) -> Result<(), PlanError> {
 pub fn make_plan(mode: Mode, input: &PlanInput) -> Result<Plan, PlanError> {
     check_queue(input)?;
     let rank = ranks(input)?;
-    let by_image = |v: &mut Vec<PageKey>| v.sort_by_key(|k| rank[k.ram_block as usize][k.page as usize]);
-    let mut taken: Vec<Vec<bool>> = input.block_pages.iter().map(|&n| vec![false; n as usize]).collect();
+    let by_image =
+        |v: &mut Vec<PageKey>| v.sort_by_key(|k| rank[k.ram_block as usize][k.page as usize]);
+    let mut taken: Vec<Vec<bool>> = input
+        .block_pages
+        .iter()
+        .map(|&n| vec![false; n as usize])
+        .collect();
     let mut take = |k: PageKey| -> bool {
         let t = &mut taken[k.ram_block as usize][k.page as usize];
         !std::mem::replace(t, true)
     };
     Ok(match mode {
-        Mode::Eager => Plan { before_run: input.image_order.to_vec(), background: vec![], demand_cluster: 1 },
-        Mode::Lazy => Plan { before_run: vec![], background: vec![], demand_cluster: 1 },
+        Mode::Eager => Plan {
+            before_run: input.image_order.to_vec(),
+            background: vec![],
+            demand_cluster: 1,
+        },
+        Mode::Lazy => Plan {
+            before_run: vec![],
+            background: vec![],
+            demand_cluster: 1,
+        },
         Mode::Workingset => {
             let n = usize::try_from(input.wss).unwrap_or(usize::MAX);
             let mut ws: Vec<PageKey> = Vec::new();
             let mut rest = Vec::new();
             for &k in input.queue {
                 if take(k) {
-                    if ws.len() < n { ws.push(k) } else { rest.push(k) }
+                    if ws.len() < n {
+                        ws.push(k)
+                    } else {
+                        rest.push(k)
+                    }
                 }
             }
             by_image(&mut ws);
             rest.extend(input.image_order.iter().copied().filter(|&k| take(k)));
-            Plan { before_run: ws, background: rest, demand_cluster: DMA_CLUSTER }
+            Plan {
+                before_run: ws,
+                background: rest,
+                demand_cluster: DMA_CLUSTER,
+            }
         }
         Mode::SamplingWs => {
             let n = usize::try_from(input.wss_sample.unwrap_or(input.wss)).unwrap_or(usize::MAX);
@@ -170,8 +211,17 @@ pub fn make_plan(mode: Mode, input: &PlanInput) -> Result<Plan, PlanError> {
                 take(k);
             }
             by_image(&mut traced);
-            let rest = input.image_order.iter().copied().filter(|&k| take(k)).collect();
-            Plan { before_run: traced, background: rest, demand_cluster: 1 }
+            let rest = input
+                .image_order
+                .iter()
+                .copied()
+                .filter(|&k| take(k))
+                .collect();
+            Plan {
+                before_run: traced,
+                background: rest,
+                demand_cluster: 1,
+            }
         }
     })
 }
@@ -186,7 +236,13 @@ mod tests {
 
     /// 8 pages; the image stores 7, 6, 5, 4 first (say, written late), then 0..4.
     fn input<'a>(order: &'a [PageKey], queue: &'a [PageKey], wss: u64) -> PlanInput<'a> {
-        PlanInput { block_pages: &[8], image_order: order, queue, wss, wss_sample: Some(3) }
+        PlanInput {
+            block_pages: &[8],
+            image_order: order,
+            queue,
+            wss,
+            wss_sample: Some(3),
+        }
     }
 
     fn image_order() -> Vec<PageKey> {
@@ -214,7 +270,11 @@ mod tests {
         let o = image_order();
         let q = [k(1), k(6), k(3), k(1), k(0)];
         let p = make_plan(Mode::Workingset, &input(&o, &q, 2)).unwrap();
-        assert_eq!(p.before_run, vec![k(6), k(1)], "queue prefix {{1, 6}} sorted by image offset");
+        assert_eq!(
+            p.before_run,
+            vec![k(6), k(1)],
+            "queue prefix {{1, 6}} sorted by image offset"
+        );
         assert_eq!(p.background, vec![k(3), k(0), k(7), k(5), k(4), k(2)]);
         assert_eq!(p.demand_cluster, DMA_CLUSTER);
         // A size beyond the queue takes the whole queue.
@@ -236,10 +296,23 @@ mod tests {
     fn bad_inputs_are_named() {
         let o = image_order();
         let e = make_plan(Mode::Workingset, &input(&o, &[k(8)], 1)).unwrap_err();
-        assert_eq!(e, PlanError::QueueOutOfRange { block: 0, page: 8, pages: 8 });
+        assert_eq!(
+            e,
+            PlanError::QueueOutOfRange {
+                block: 0,
+                page: 8,
+                pages: 8
+            }
+        );
         let short = [k(0)];
-        assert!(matches!(make_plan(Mode::Eager, &input(&short, &[], 1)), Err(PlanError::BadImageOrder { .. })));
+        assert!(matches!(
+            make_plan(Mode::Eager, &input(&short, &[], 1)),
+            Err(PlanError::BadImageOrder { .. })
+        ));
         let dup = [0, 0, 1, 2, 3, 4, 5, 6].map(k);
-        assert!(matches!(make_plan(Mode::Eager, &input(&dup, &[], 1)), Err(PlanError::BadImageOrder { .. })));
+        assert!(matches!(
+            make_plan(Mode::Eager, &input(&dup, &[], 1)),
+            Err(PlanError::BadImageOrder { .. })
+        ));
     }
 }

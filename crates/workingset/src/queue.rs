@@ -24,7 +24,10 @@ use vmcsnap_image::PageKey;
 /// learned. `learned` is `(preloaded, faults)`: how many pages of the queue
 /// that restore loaded before the guest started, and the pages it faulted
 /// on, in order.
-pub fn fafl_queue(snapshot_writes: &[PageKey], learned: Option<(&[PageKey], &[PageKey])>) -> Vec<PageKey> {
+pub fn fafl_queue(
+    snapshot_writes: &[PageKey],
+    learned: Option<(&[PageKey], &[PageKey])>,
+) -> Vec<PageKey> {
     let mut seen = HashSet::with_capacity(snapshot_writes.len());
     let mut out = Vec::with_capacity(snapshot_writes.len());
     let mut push = |k: PageKey, out: &mut Vec<PageKey>| {
@@ -56,7 +59,10 @@ mod tests {
 
     #[test]
     fn snapshot_order_alone_without_duplicates() {
-        assert_eq!(fafl_queue(&[k(5), k(1), k(5), k(3)], None), vec![k(5), k(1), k(3)]);
+        assert_eq!(
+            fafl_queue(&[k(5), k(1), k(5), k(3)], None),
+            vec![k(5), k(1), k(3)]
+        );
     }
 
     #[test]

@@ -100,7 +100,11 @@ impl LoadedCount {
             if gate.is_open() || gate.is_aborted() {
                 return false;
             }
-            n = self.changed.wait_timeout(n, Duration::from_millis(50)).unwrap_or_else(PoisonError::into_inner).0;
+            n = self
+                .changed
+                .wait_timeout(n, Duration::from_millis(50))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
     }
 }
@@ -120,14 +124,28 @@ pub struct Outcome {
 /// Waits for LOAD, restores the VM, reports to the Cohort as it goes, and
 /// replays the VM's logged frames once its guest runs.
 pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
-    let mut out = Outcome { vm: job.vm.clone(), result: Err("abandoned before LOAD".into()), started_unix_us: None, replayed: 0 };
+    let mut out = Outcome {
+        vm: job.vm.clone(),
+        result: Err("abandoned before LOAD".into()),
+        started_unix_us: None,
+        replayed: 0,
+    };
     match job.cmds.recv() {
         Ok(Cmd::Load) => {}
         Ok(Cmd::Abandon) | Err(_) => return out,
     }
     let (ev_tx, ev_rx) = mpsc::channel::<RestoreEvent>();
-    job.opts.cluster = Some(InCluster { dir: job.dir.clone(), gate: job.gate.clone(), events: ev_tx });
-    let (inbox, switch, vm, replay) = (job.inbox.clone(), job.switch.clone(), job.vm.clone(), std::mem::take(&mut job.replay));
+    job.opts.cluster = Some(InCluster {
+        dir: job.dir.clone(),
+        gate: job.gate.clone(),
+        events: ev_tx,
+    });
+    let (inbox, switch, vm, replay) = (
+        job.inbox.clone(),
+        job.switch.clone(),
+        job.vm.clone(),
+        std::mem::take(&mut job.replay),
+    );
     let progress = job.progress.clone();
     let (loaded, fault, gate) = (job.loaded.clone(), job.when_peers_loaded, job.gate.clone());
     let (result, (started, replayed)) = std::thread::scope(|s| {
@@ -180,9 +198,16 @@ pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
             (started, replayed)
         });
         let progress = job.progress.clone();
-        let r = restore::restore_into(&job.switch, &job.cluster, run, &job.opts, &job.dir, &mut |line| {
-            let _ = progress.send(line.to_string());
-        });
+        let r = restore::restore_into(
+            &job.switch,
+            &job.cluster,
+            run,
+            &job.opts,
+            &job.dir,
+            &mut |line| {
+                let _ = progress.send(line.to_string());
+            },
+        );
         job.opts.cluster = None; // closes the event channel: the forwarder ends
         (r, fwd.join().expect("restore event forwarder panicked"))
     });
@@ -226,17 +251,29 @@ fn inject(kind: WhenPeersLoaded, vm: &str, all: usize, qemu_pid: u32, inbox: &Se
 
 /// Queues `frames` for `vm`'s port (held, so they wait for the guest in
 /// order): what was in flight to it at the cut.
-fn replay_to(switch: &SwitchHandle, port: vmcsnap_switch::PortId, vm: &str, frames: &[Vec<u8>], progress: &Sender<String>) -> u64 {
+fn replay_to(
+    switch: &SwitchHandle,
+    port: vmcsnap_switch::PortId,
+    vm: &str,
+    frames: &[Vec<u8>],
+    progress: &Sender<String>,
+) -> u64 {
     if frames.is_empty() {
         return 0;
     }
     match switch.inject(port, frames.to_vec()) {
         Ok(r) => {
-            let _ = progress.send(format!("{vm}: {} frames in flight at the cut queued for it ({} dropped)", r.queued, r.dropped));
+            let _ = progress.send(format!(
+                "{vm}: {} frames in flight at the cut queued for it ({} dropped)",
+                r.queued, r.dropped
+            ));
             r.queued
         }
         Err(e) => {
-            crate::log(format!("cluster restore: replaying to {vm}: {}", AgentError::from(e)));
+            crate::log(format!(
+                "cluster restore: replaying to {vm}: {}",
+                AgentError::from(e)
+            ));
             0
         }
     }

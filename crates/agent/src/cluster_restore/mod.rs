@@ -29,7 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vmcsnap_coord::restore::{
-    run_cohort, run_coordinator, Cohort, CohortOutcome, Coordinator, CoordinatorOutcome, Deps, Msg, Policy, Timeouts,
+    run_cohort, run_coordinator, Cohort, CohortOutcome, Coordinator, CoordinatorOutcome, Deps, Msg,
+    Policy, Timeouts,
 };
 use vmcsnap_coord::transport::InProcessNetwork;
 use vmcsnap_image::cluster::{check_cluster_committed, ClusterManifest};
@@ -130,32 +131,48 @@ fn restore_cluster_journaled(
         )));
     }
     let dir = crate::cluster_snapshot::resolve(run, Path::new(&opts.snapshot));
-    let m = check_cluster_committed(&dir)
-        .map_err(|e| AgentError::BadRequest(format!("cluster snapshot {:?}: {e} (see `vmcsnap snapshots`)", opts.snapshot)))?;
+    let m = check_cluster_committed(&dir).map_err(|e| {
+        AgentError::BadRequest(format!(
+            "cluster snapshot {:?}: {e} (see `vmcsnap snapshots`)",
+            opts.snapshot
+        ))
+    })?;
     let plan = plan(&m, &dir, opts.mode)?;
     crate::restore_journal::begin(
         run,
-        &crate::restore_journal::Restoring::Cluster { snapshot: opts.snapshot.clone(), vms: plan.vms.iter().map(|v| v.name.clone()).collect() },
+        &crate::restore_journal::Restoring::Cluster {
+            snapshot: opts.snapshot.clone(),
+            vms: plan.vms.iter().map(|v| v.name.clone()).collect(),
+        },
     )?;
     if let Some(RestoreFault { vm, .. }) = &opts.fault {
         if !plan.vms.iter().any(|v| &v.name == vm) {
             return Err(AgentError::BadRequest(format!(
                 "the fault names VM {vm:?}, which is not in cluster snapshot {:?} (its VMs: {})",
                 opts.snapshot,
-                plan.vms.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(", ")
+                plan.vms
+                    .iter()
+                    .map(|v| v.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
     }
     let first = restore::saved_vm(
-        &vmcsnap_image::Image::open(&plan.vms[0].dir).map_err(|e| AgentError::BadRequest(e.to_string()))?,
+        &vmcsnap_image::Image::open(&plan.vms[0].dir)
+            .map_err(|e| AgentError::BadRequest(e.to_string()))?,
         &opts.snapshot,
     )?;
     let mut specs = Vec::new();
     for v in &plan.vms {
-        let img = vmcsnap_image::Image::open(&v.dir).map_err(|e| AgentError::BadRequest(format!("VM {}: {e}", v.name)))?;
+        let img = vmcsnap_image::Image::open(&v.dir)
+            .map_err(|e| AgentError::BadRequest(format!("VM {}: {e}", v.name)))?;
         specs.push(restore::saved_vm(&img, &opts.snapshot)?.spec);
     }
-    let spec = ClusterSpec { cluster: first.cluster.clone(), vm: specs };
+    let spec = ClusterSpec {
+        cluster: first.cluster.clone(),
+        vm: specs,
+    };
     let mut c = Cluster::empty(run, spec, first.qemu.accel)?;
     progress(&format!(
         "restoring cluster {} from {} ({} VMs, mode {})",
@@ -173,7 +190,10 @@ fn restore_cluster_journaled(
     let mut restored = Vec::new();
     for o in outcomes {
         if o.result.is_ok() {
-            log(format!("cluster restore: {} restored, {} frames replayed", o.vm, o.replayed));
+            log(format!(
+                "cluster restore: {} restored, {} frames replayed",
+                o.vm, o.replayed
+            ));
         }
         match o.result {
             Ok((member, rep)) => restored.push((member, rep, o.started_unix_us, o.replayed)),
@@ -185,7 +205,9 @@ fn restore_cluster_journaled(
     // too: a cluster restore never silently leaves a VM out.
     let failed = match &outcome {
         CoordinatorOutcome::Aborted { reason } => Some(reason.clone()),
-        CoordinatorOutcome::Completed if !errors.is_empty() => Some("a VM failed after the protocol completed".to_string()),
+        CoordinatorOutcome::Completed if !errors.is_empty() => {
+            Some("a VM failed after the protocol completed".to_string())
+        }
         CoordinatorOutcome::Completed => None,
     };
     if let Some(reason) = &failed {
@@ -196,9 +218,15 @@ fn restore_cluster_journaled(
         c.teardown();
         // The failed VM's error is usually the reason already: once is enough.
         errors.retain(|e| !reason.contains(e.as_str()));
-        let detail = if errors.is_empty() { reason.clone() } else { format!("{reason} ({})", errors.join("; ")) };
+        let detail = if errors.is_empty() {
+            reason.clone()
+        } else {
+            format!("{reason} ({})", errors.join("; "))
+        };
         log(format!("cluster restore of {} failed: {detail}", m.name));
-        return Err(AgentError::BadRequest(format!("cluster restore failed: {detail}; nothing was left running")));
+        return Err(AgentError::BadRequest(format!(
+            "cluster restore failed: {detail}; nothing was left running"
+        )));
     }
     let report = report::build(&m, &plan, &opts, &restored, &start_order, t0, start_unix_us);
     for (member, ..) in restored {
@@ -239,14 +267,20 @@ pub struct Plan {
 fn plan(m: &ClusterManifest, dir: &Path, mode: Mode) -> Result<Plan, AgentError> {
     let names: Vec<String> = m.vms.iter().map(|v| v.name.clone()).collect();
     let edges = graph_edges(m, &names);
-    let rdg = Rdg::new(names.clone(), edges).map_err(|e| AgentError::BadRequest(format!("restore dependency graph: {e}")))?;
+    let rdg = Rdg::new(names.clone(), edges)
+        .map_err(|e| AgentError::BadRequest(format!("restore dependency graph: {e}")))?;
     let mut vms = Vec::new();
     let mut sizes = BTreeMap::new();
     for v in &m.vms {
         let vdir = dir.join(&v.snapshot);
         let hybrid = restore::hybrid_size(&vdir)?;
         sizes.insert(v.name.clone(), hybrid);
-        vms.push(PlannedVm { name: v.name.clone(), dir: vdir, hybrid, size: hybrid });
+        vms.push(PlannedVm {
+            name: v.name.clone(),
+            dir: vdir,
+            hybrid,
+            size: hybrid,
+        });
     }
     let (line, lp_objective) = if mode == Mode::HotrestoreRl {
         let r = revise_wss_scaled(&rdg, &sizes, PAGES_PER_FRAME)
@@ -258,7 +292,12 @@ fn plan(m: &ClusterManifest, dir: &Path, mode: Mode) -> Result<Plan, AgentError>
     } else {
         (names, 0.0)
     };
-    Ok(Plan { vms, rdg, line, lp_objective })
+    Ok(Plan {
+        vms,
+        rdg,
+        line,
+        lp_objective,
+    })
 }
 
 /// The edges of the restore dependency graph: VM i → VM j with W(i,j) =
@@ -279,18 +318,29 @@ fn graph_edges(m: &ClusterManifest, names: &[String]) -> Vec<Edge> {
         *w.entry((e.from.clone(), e.to.clone())).or_default() += e.frames;
     }
     let known = |n: &str| names.iter().any(|x| x == n);
-    for p in m.metrics["switch"]["pairs"].as_array().into_iter().flatten() {
-        let (Some(from), Some(to)) = (p["from"].as_str(), p["to"].as_str()) else { continue };
+    for p in m.metrics["switch"]["pairs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let (Some(from), Some(to)) = (p["from"].as_str(), p["to"].as_str()) else {
+            continue;
+        };
         if p["unicast_frames"].as_u64().unwrap_or(0) > 0 && from != to && known(from) && known(to) {
             let e = w.entry((from.to_string(), to.to_string())).or_default();
             *e = (*e).max(1);
         }
     }
-    w.into_iter().map(|((from, to), weight)| Edge::new(from, to, weight)).collect()
+    w.into_iter()
+        .map(|((from, to), weight)| Edge::new(from, to, weight))
+        .collect()
 }
 
 /// The frames logged at the cut, by receiver.
-fn replay_frames(dir: &Path, m: &ClusterManifest) -> Result<HashMap<String, Vec<Vec<u8>>>, AgentError> {
+fn replay_frames(
+    dir: &Path,
+    m: &ClusterManifest,
+) -> Result<HashMap<String, Vec<Vec<u8>>>, AgentError> {
     let frames = vmcsnap_image::channel_log::read_channel_log(&dir.join(&m.channel_state.file))
         .map_err(|e| AgentError::BadRequest(format!("channel state of {}: {e}", m.name)))?;
     let mut by = HashMap::new();
@@ -327,10 +377,25 @@ fn run_protocol(
     });
     let (ptx, prx) = mpsc::channel::<String>();
     let names: Vec<String> = plan.vms.iter().map(|v| v.name.clone()).collect();
-    let coordinator = Coordinator::new(epoch, COORDINATOR.to_string(), names.clone(), deps, policy, timeouts.clone());
+    let coordinator = Coordinator::new(
+        epoch,
+        COORDINATOR.to_string(),
+        names.clone(),
+        deps,
+        policy,
+        timeouts.clone(),
+    );
     let mut coordinator = match coordinator {
         Ok(co) => co,
-        Err(e) => return (CoordinatorOutcome::Aborted { reason: format!("restore dependencies: {e}") }, vec![], vec![]),
+        Err(e) => {
+            return (
+                CoordinatorOutcome::Aborted {
+                    reason: format!("restore dependencies: {e}"),
+                },
+                vec![],
+                vec![],
+            )
+        }
     };
     let loaded = Arc::new(cohort::LoadedCount::default());
     std::thread::scope(|s| {
@@ -415,10 +480,15 @@ fn run_protocol(
         for h in cohorts {
             let (name, o) = h.join().expect("cohort thread panicked");
             if let CohortOutcome::Abandoned { reason } = o {
-                log(format!("cluster restore: cohort {name} abandoned: {reason}"));
+                log(format!(
+                    "cluster restore: cohort {name} abandoned: {reason}"
+                ));
             }
         }
-        let outcomes: Vec<cohort::Outcome> = restores.into_iter().map(|h| h.join().expect("restore thread panicked")).collect();
+        let outcomes: Vec<cohort::Outcome> = restores
+            .into_iter()
+            .map(|h| h.join().expect("restore thread panicked"))
+            .collect();
         let (outcome, order) = coord.join().expect("coordinator thread panicked");
         (outcome, outcomes, order)
     })
@@ -484,18 +554,29 @@ pub struct RdgReport {
 
 /// The restore dependency graph of the cluster snapshot in `dir`.
 pub fn dependency_report(dir: &Path) -> Result<RdgReport, AgentError> {
-    let m = check_cluster_committed(dir).map_err(|e| AgentError::BadRequest(format!("cluster snapshot {}: {e}", dir.display())))?;
+    let m = check_cluster_committed(dir)
+        .map_err(|e| AgentError::BadRequest(format!("cluster snapshot {}: {e}", dir.display())))?;
     let p = plan(&m, dir, Mode::HotrestoreRl)?;
     let sizes: BTreeMap<String, u64> = p.vms.iter().map(|v| (v.name.clone(), v.hybrid)).collect();
     let revised: BTreeMap<String, u64> = p.vms.iter().map(|v| (v.name.clone(), v.size)).collect();
     Ok(RdgReport {
         snapshot: m.name.clone(),
         vms: p.vms.iter().map(|v| v.name.clone()).collect(),
-        edges: p.rdg.edges().iter().map(|e| (e.from.clone(), e.to.clone(), e.weight)).collect(),
+        edges: p
+            .rdg
+            .edges()
+            .iter()
+            .map(|e| (e.from.clone(), e.to.clone(), e.weight))
+            .collect(),
         rings: p.rdg.rings(),
         orphans: p.rdg.orphans(),
         causal_order: p.rdg.causal_order(),
-        must_start_after: p.rdg.nodes().iter().map(|n| (n.clone(), p.rdg.must_start_before(n))).collect(),
+        must_start_after: p
+            .rdg
+            .nodes()
+            .iter()
+            .map(|n| (n.clone(), p.rdg.must_start_before(n)))
+            .collect(),
         dot: p.rdg.to_dot(Some(&revised)),
         sizes,
         revised,
@@ -535,11 +616,21 @@ mod tests {
             ]),
         );
         let names: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
-        let e: Vec<(String, String, u64)> = graph_edges(&m, &names).into_iter().map(|e| (e.from, e.to, e.weight)).collect();
+        let e: Vec<(String, String, u64)> = graph_edges(&m, &names)
+            .into_iter()
+            .map(|e| (e.from, e.to, e.weight))
+            .collect();
         // Logged frames keep their count; a talking pair adds weight 1;
         // broadcasts only (no unicast) and unknown VMs add nothing.
-        assert_eq!(e, vec![("a".into(), "b".into(), 3), ("b".into(), "a".into(), 1)]);
-        let rdg = Rdg::new(names, graph_edges(&m, &["a".into(), "b".into(), "c".into()])).unwrap();
+        assert_eq!(
+            e,
+            vec![("a".into(), "b".into(), 3), ("b".into(), "a".into(), 1)]
+        );
+        let rdg = Rdg::new(
+            names,
+            graph_edges(&m, &["a".into(), "b".into(), "c".into()]),
+        )
+        .unwrap();
         assert_eq!(rdg.rings(), vec![vec!["a".to_string(), "b".to_string()]]);
         assert_eq!(rdg.orphans(), vec!["c".to_string()]);
     }
@@ -549,6 +640,9 @@ mod tests {
         assert_eq!("hotrestore-rl".parse::<Mode>().unwrap(), Mode::HotrestoreRl);
         assert_eq!("eager".parse::<Mode>().unwrap(), Mode::Eager);
         assert_eq!("eager-rl".parse::<Mode>().unwrap(), Mode::EagerRl);
-        assert!("lazy".parse::<Mode>().unwrap_err().contains("eager, eager-rl, workingset-restore, hotrestore or hotrestore-rl"));
+        assert!("lazy"
+            .parse::<Mode>()
+            .unwrap_err()
+            .contains("eager, eager-rl, workingset-restore, hotrestore or hotrestore-rl"));
     }
 }

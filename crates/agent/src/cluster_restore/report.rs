@@ -149,7 +149,12 @@ pub fn build(
     t0: Instant,
     start_unix_us: u64,
 ) -> ClusterRestoreReport {
-    let start_of = |vm: &str| restored.iter().find(|r| r.0.vm.name == vm).and_then(|r| r.2);
+    let start_of = |vm: &str| {
+        restored
+            .iter()
+            .find(|r| r.0.vm.name == vm)
+            .and_then(|r| r.2)
+    };
     let rel = |us: u64| us.saturating_sub(start_unix_us) as f64 / 1000.0;
     // The guests' retransmission counters: first stat line after the
     // restore vs one a few seconds later.
@@ -157,17 +162,31 @@ pub fn build(
     // again once the lab guests' wait is over (and at least
     // GUEST_AGENT_LATER after the first reading).
     let configs: Vec<&crate::qemu::QemuConfig> = restored.iter().map(|r| &r.0.vm.config).collect();
-    let agents: Vec<&crate::qemu::QemuConfig> = configs.iter().copied().filter(|c| guest_counters::from_agent(c)).collect();
+    let agents: Vec<&crate::qemu::QemuConfig> = configs
+        .iter()
+        .copied()
+        .filter(|c| guest_counters::from_agent(c))
+        .collect();
     let agents_first = guest_counters::guest_counters_all(&agents);
     let t = Instant::now();
     let mut views: Vec<GuestView> = loop {
         let v: Vec<GuestView> = restored
             .iter()
-            .map(|r| crate::cluster_snapshot::parse_console(&crate::cluster_snapshot::console_text(&r.0.vm.config.console_log)))
+            .map(|r| {
+                crate::cluster_snapshot::parse_console(&crate::cluster_snapshot::console_text(
+                    &r.0.vm.config.console_log,
+                ))
+            })
             .collect();
-        let lab = || v.iter().zip(&configs).filter(|(_, c)| !guest_counters::from_agent(c)).map(|(g, _)| g);
+        let lab = || {
+            v.iter()
+                .zip(&configs)
+                .filter(|(_, c)| !guest_counters::from_agent(c))
+                .map(|(g, _)| g)
+        };
         let waited = t.elapsed();
-        let enough = lab().all(|g| g.stat_lines >= 3) && (agents.is_empty() || waited >= GUEST_AGENT_LATER);
+        let enough =
+            lab().all(|g| g.stat_lines >= 3) && (agents.is_empty() || waited >= GUEST_AGENT_LATER);
         let some = lab().all(|g| g.stat_lines >= 1);
         if enough || (some && waited > GUEST_STAT_WAIT) || waited > GUEST_FIRST_STAT_WAIT {
             break v;
@@ -185,7 +204,11 @@ pub fn build(
     let mut vms: Vec<VmRestoreReport> = Vec::new();
     for ((member, rep, started, replayed), view) in restored.iter().zip(views) {
         let name = member.vm.name.clone();
-        let tcp_at_cut = m.vms.iter().find(|v| v.name == name).map_or(view.tcp_first, |v| counters_at_cut(&v.metrics, &view));
+        let tcp_at_cut = m
+            .vms
+            .iter()
+            .find(|v| v.name == name)
+            .map_or(view.tcp_first, |v| counters_at_cut(&v.metrics, &view));
         let first = tcp_at_cut.retrans;
         let growth = view.tcp.growth_since(&tcp_at_cut);
         let start = started.map(rel).unwrap_or(rep.restore_latency_ms);
@@ -259,7 +282,12 @@ pub fn build(
         restore_line: plan.line.clone(),
         starts_follow_dependencies: follows,
         rings: plan.rdg.rings(),
-        edges: plan.rdg.edges().iter().map(|e| (e.from.clone(), e.to.clone(), e.weight)).collect(),
+        edges: plan
+            .rdg
+            .edges()
+            .iter()
+            .map(|e| (e.from.clone(), e.to.clone(), e.weight))
+            .collect(),
         lp_objective: plan.lp_objective,
         duration_ms: t0.elapsed().as_secs_f64() * 1000.0,
     }
@@ -276,9 +304,19 @@ fn counters_at_cut(metrics: &serde_json::Value, view: &GuestView) -> TcpCounters
         (Some(b), Some(a)) if b == a && b.retrans.is_some() => b,
         (Some(_), Some(_)) => view.tcp_first,
         _ => {
-            let (b, a) = (metrics["retrans_before"].as_u64(), metrics["retrans_after"].as_u64());
-            let retrans = if b.is_some() && b == a { b } else { view.tcp_first.retrans };
-            TcpCounters { retrans, ..view.tcp_first }
+            let (b, a) = (
+                metrics["retrans_before"].as_u64(),
+                metrics["retrans_after"].as_u64(),
+            );
+            let retrans = if b.is_some() && b == a {
+                b
+            } else {
+                view.tcp_first.retrans
+            };
+            TcpCounters {
+                retrans,
+                ..view.tcp_first
+            }
         }
     }
 }
@@ -299,9 +337,15 @@ mod tests {
             "tcp_after": {"retrans": 10, "tlp": 4, "tlp_recovered": 0, "rto": 0},
         });
         let c = counters_at_cut(&steady, &v);
-        assert_eq!((c.retrans, c.tlp, c.tlp_recovered), (Some(10), Some(4), Some(0)));
+        assert_eq!(
+            (c.retrans, c.tlp, c.tlp_recovered),
+            (Some(10), Some(4), Some(0))
+        );
         let g = v.tcp.growth_since(&c);
-        assert_eq!((g.retrans, g.tlp, g.tlp_recovered, g.rto), (Some(2), Some(1), Some(1), Some(0)));
+        assert_eq!(
+            (g.retrans, g.tlp, g.tlp_recovered, g.rto),
+            (Some(2), Some(1), Some(1), Some(0))
+        );
         // Grew during the snapshot: the value at the cut is unknown; the
         // first line after the restore stands in.
         let moving = serde_json::json!({

@@ -48,26 +48,46 @@ pub struct Backoff {
 /// snapshot completion (pre-copy, stop-copy: the VM is only consistent with
 /// its peer once its snapshot is complete). Pairs naming a VM without
 /// moments are skipped.
-pub fn backoff(mode: Mode, moments: &BTreeMap<String, Moments>, pairs: &[(String, String)]) -> Backoff {
+pub fn backoff(
+    mode: Mode,
+    moments: &BTreeMap<String, Moments>,
+    pairs: &[(String, String)],
+) -> Backoff {
     let mut out = Vec::new();
     for (a, b) in pairs {
-        let (Some(ma), Some(mb)) = (moments.get(a), moments.get(b)) else { continue };
+        let (Some(ma), Some(mb)) = (moments.get(a), moments.get(b)) else {
+            continue;
+        };
         let start = ma.pause_start_us.min(mb.pause_start_us);
         let end = match mode {
             Mode::Hot => ma.pause_end_us.max(mb.pause_end_us),
             Mode::StopCopy | Mode::Precopy => ma.complete_us.max(mb.complete_us),
         };
-        out.push(PairBackoff { a: a.clone(), b: b.clone(), backoff_ms: end.saturating_sub(start) as f64 / 1000.0 });
+        out.push(PairBackoff {
+            a: a.clone(),
+            b: b.clone(),
+            backoff_ms: end.saturating_sub(start) as f64 / 1000.0,
+        });
     }
     let n = out.len();
-    let avg_ms = if n == 0 { 0.0 } else { out.iter().map(|p| p.backoff_ms).sum::<f64>() / n as f64 };
+    let avg_ms = if n == 0 {
+        0.0
+    } else {
+        out.iter().map(|p| p.backoff_ms).sum::<f64>() / n as f64
+    };
     let max_ms = out.iter().map(|p| p.backoff_ms).fold(0.0, f64::max);
-    Backoff { pairs: out, avg_ms, max_ms }
+    Backoff {
+        pairs: out,
+        avg_ms,
+        max_ms,
+    }
 }
 
 /// Unordered pairs of distinct VMs with traffic in either direction, from
 /// directed (from, to, frames) counts; sorted, each pair once.
-pub fn communicating_pairs<'a>(directed: impl IntoIterator<Item = (&'a str, &'a str, u64)>) -> Vec<(String, String)> {
+pub fn communicating_pairs<'a>(
+    directed: impl IntoIterator<Item = (&'a str, &'a str, u64)>,
+) -> Vec<(String, String)> {
     let mut set = std::collections::BTreeSet::new();
     for (from, to, frames) in directed {
         if frames == 0 || from == to {
@@ -219,7 +239,8 @@ pub fn tcp_now(path: &Path) -> TcpCounters {
 }
 
 fn field(line: &str, key: &str) -> Option<u64> {
-    line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }
 
 #[cfg(test)]
@@ -227,7 +248,11 @@ mod tests {
     use super::*;
 
     fn m(ps: u64, pe: u64, c: u64) -> Moments {
-        Moments { pause_start_us: ps, pause_end_us: pe, complete_us: c }
+        Moments {
+            pause_start_us: ps,
+            pause_end_us: pe,
+            complete_us: c,
+        }
     }
 
     #[test]
@@ -236,9 +261,17 @@ mod tests {
         mo.insert("a".to_string(), m(1_000, 21_000, 900_000));
         mo.insert("b".to_string(), m(5_000, 30_000, 2_000_000));
         mo.insert("c".to_string(), m(2_000, 12_000, 400_000));
-        let pairs = vec![("a".into(), "b".into()), ("b".into(), "c".into()), ("a".into(), "zz".into())];
+        let pairs = vec![
+            ("a".into(), "b".into()),
+            ("b".into(), "c".into()),
+            ("a".into(), "zz".into()),
+        ];
         let hot = backoff(Mode::Hot, &mo, &pairs);
-        assert_eq!(hot.pairs.len(), 2, "the pair naming an unknown VM is skipped");
+        assert_eq!(
+            hot.pairs.len(),
+            2,
+            "the pair naming an unknown VM is skipped"
+        );
         assert_eq!(hot.pairs[0].backoff_ms, 29.0); // 1 ms .. 30 ms
         assert_eq!(hot.pairs[1].backoff_ms, 28.0); // 2 ms .. 30 ms
         assert_eq!(hot.avg_ms, 28.5);
@@ -250,8 +283,20 @@ mod tests {
 
     #[test]
     fn pairs_are_unordered_distinct_and_need_traffic() {
-        let p = communicating_pairs([("b", "a", 3), ("a", "b", 1), ("a", "c", 0), ("c", "c", 9), ("c", "a", 2)]);
-        assert_eq!(p, vec![("a".to_string(), "b".to_string()), ("a".to_string(), "c".to_string())]);
+        let p = communicating_pairs([
+            ("b", "a", 3),
+            ("a", "b", 1),
+            ("a", "c", 0),
+            ("c", "c", 9),
+            ("c", "a", 2),
+        ]);
+        assert_eq!(
+            p,
+            vec![
+                ("a".to_string(), "b".to_string()),
+                ("a".to_string(), "c".to_string())
+            ]
+        );
     }
 
     #[test]
@@ -264,15 +309,38 @@ mod tests {
         let v = parse_console(text);
         assert_eq!(v.tcp.retrans, Some(5));
         assert_eq!((v.tcp.tlp, v.tcp.rto), (Some(2), Some(1)));
-        assert_eq!(parse_console("vmcsnap-stat name=a uptime=2.0 retrans=5\n").tcp.tlp, None, "older guests print no tlp");
+        assert_eq!(
+            parse_console("vmcsnap-stat name=a uptime=2.0 retrans=5\n")
+                .tcp
+                .tlp,
+            None,
+            "older guests print no tlp"
+        );
         assert_eq!(v.pingpong_max_gap_ms, Some(31));
-        assert_eq!(v.tcp, TcpCounters { retrans: Some(5), tlp: Some(2), tlp_recovered: None, rto: Some(1), dsack: None });
+        assert_eq!(
+            v.tcp,
+            TcpCounters {
+                retrans: Some(5),
+                tlp: Some(2),
+                tlp_recovered: None,
+                rto: Some(1),
+                dsack: None
+            }
+        );
         assert_eq!(v.tcp_first.retrans, Some(3));
-        let later = TcpCounters::parse("vmcsnap-stat name=a uptime=3.0 retrans=9 tlp=4 tlprec=1 rto=1");
+        let later =
+            TcpCounters::parse("vmcsnap-stat name=a uptime=3.0 retrans=9 tlp=4 tlprec=1 rto=1");
         assert_eq!(later.tlp_recovered, Some(1));
         let g = later.growth_since(&v.tcp);
-        assert_eq!((g.retrans, g.tlp, g.tlp_recovered, g.rto), (Some(4), Some(2), None, Some(0)));
-        assert_eq!(g.lost(), None, "no dsack= on the earlier line: loss unknown");
+        assert_eq!(
+            (g.retrans, g.tlp, g.tlp_recovered, g.rto),
+            (Some(4), Some(2), None, Some(0))
+        );
+        assert_eq!(
+            g.lost(),
+            None,
+            "no dsack= on the earlier line: loss unknown"
+        );
         assert_eq!(v.stat_lines, 2);
         assert_eq!(parse_console("").tcp.retrans, None);
     }
@@ -285,7 +353,11 @@ mod tests {
     fn a_line_still_being_written_is_not_read() {
         let done = "vmcsnap-stat name=a uptime=1.0 retrans=12 tlp=3 tlprec=0 rto=0 dsack=3\n\
                     pingpong: t=1 conn=1 reqs=700 total=700 maxgap_ms=40 maxgap_all_ms=40\n";
-        for cut in ["vmcsnap-stat name=a uptime=2.0 retr", "vmcsnap-stat name=a uptime=2.0 retrans=1", "pingpong: t=2 maxgap_ms=9"] {
+        for cut in [
+            "vmcsnap-stat name=a uptime=2.0 retr",
+            "vmcsnap-stat name=a uptime=2.0 retrans=1",
+            "pingpong: t=2 maxgap_ms=9",
+        ] {
             let v = parse_console(&format!("{done}{cut}"));
             assert_eq!(v.stat_lines, 1, "{cut:?}");
             assert_eq!(v.tcp.retrans, Some(12), "{cut:?}");
@@ -293,24 +365,40 @@ mod tests {
             assert_eq!(v.pingpong_max_gap_ms, Some(40), "{cut:?}");
         }
         let v = parse_console("vmcsnap-stat name=a upt\n[   12.3] kernel says\nvmcsnap-stat name=a uptime=3.0 retrans=14\n");
-        assert_eq!((v.stat_lines, v.tcp_first.retrans), (1, Some(14)), "a stat line cut by a kernel message is skipped");
-        assert_eq!(parse_console("vmcsnap-stat name=a uptime=2.0 retrans=5").stat_lines, 0);
+        assert_eq!(
+            (v.stat_lines, v.tcp_first.retrans),
+            (1, Some(14)),
+            "a stat line cut by a kernel message is skipped"
+        );
+        assert_eq!(
+            parse_console("vmcsnap-stat name=a uptime=2.0 retrans=5").stat_lines,
+            0
+        );
     }
 
     #[test]
     fn retransmissions_without_a_duplicate_sack_bound_the_losses() {
-        let at = TcpCounters::parse("vmcsnap-stat name=a uptime=3.0 retrans=9 tlp=4 tlprec=0 rto=1 dsack=2");
-        let spurious = TcpCounters::parse("vmcsnap-stat name=a uptime=9.0 retrans=12 tlp=6 tlprec=0 rto=1 dsack=5");
+        let at = TcpCounters::parse(
+            "vmcsnap-stat name=a uptime=3.0 retrans=9 tlp=4 tlprec=0 rto=1 dsack=2",
+        );
+        let spurious = TcpCounters::parse(
+            "vmcsnap-stat name=a uptime=9.0 retrans=12 tlp=6 tlprec=0 rto=1 dsack=5",
+        );
         let g = spurious.growth_since(&at);
         assert_eq!((g.retrans, g.dsack, g.lost()), (Some(3), Some(3), Some(0)));
-        let lossy = TcpCounters::parse("vmcsnap-stat name=a uptime=9.0 retrans=13 tlp=6 tlprec=1 rto=2 dsack=4");
+        let lossy = TcpCounters::parse(
+            "vmcsnap-stat name=a uptime=9.0 retrans=13 tlp=6 tlprec=1 rto=2 dsack=4",
+        );
         assert_eq!(lossy.growth_since(&at).lost(), Some(2));
         // More duplicate SACKs than retransmissions (the peer also saw a
         // duplicate the network made): never a negative loss.
-        let dup = TcpCounters::parse("vmcsnap-stat name=a uptime=9.0 retrans=9 tlp=4 tlprec=0 rto=1 dsack=3");
+        let dup = TcpCounters::parse(
+            "vmcsnap-stat name=a uptime=9.0 retrans=9 tlp=4 tlprec=0 rto=1 dsack=3",
+        );
         assert_eq!(dup.growth_since(&at).lost(), Some(0));
         // Snapshots written before `dsack` existed still load.
-        let old: TcpCounters = serde_json::from_str(r#"{"retrans":1,"tlp":0,"tlp_recovered":0,"rto":0}"#).unwrap();
+        let old: TcpCounters =
+            serde_json::from_str(r#"{"retrans":1,"tlp":0,"tlp_recovered":0,"rto":0}"#).unwrap();
         assert_eq!(old.dsack, None);
     }
 }

@@ -34,13 +34,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use vmcsnap_coord::snapshot::{
-    run_initiator, run_peer, Initiator, InitiatorEvent, InitiatorEventKind, InitiatorOutcome, Msg, Peer, PeerInput,
-    PeerOutcome, Timeouts,
+    run_initiator, run_peer, Initiator, InitiatorEvent, InitiatorEventKind, InitiatorOutcome, Msg,
+    Peer, PeerInput, PeerOutcome, Timeouts,
 };
 use vmcsnap_coord::transport::InProcessNetwork;
 use vmcsnap_switch::PortId;
 
-pub use metrics::{console_text, parse_console, tcp_now, Backoff, GuestView, PairBackoff, TcpCounters, TcpGrowth};
+pub use metrics::{
+    console_text, parse_console, tcp_now, Backoff, GuestView, PairBackoff, TcpCounters, TcpGrowth,
+};
 pub use report::{ClusterReport, VmReport};
 
 use crate::cluster::Cluster;
@@ -69,7 +71,12 @@ pub struct Options {
 /// Everything a restore needs to rebuild one VM: its spec entry, the
 /// cluster section, its QEMU configuration and address.
 pub fn vm_config(c: &mut Cluster, vm: &str) -> Result<Value, AgentError> {
-    let vm_spec = c.spec.vm.iter().find(|v| v.name == vm).map(|v| serde_json::to_value(v).unwrap_or_default());
+    let vm_spec = c
+        .spec
+        .vm
+        .iter()
+        .find(|v| v.name == vm)
+        .map(|v| serde_json::to_value(v).unwrap_or_default());
     let cluster_section = serde_json::to_value(&c.spec.cluster).unwrap_or_default();
     let m = c.member_mut(vm)?;
     Ok(json!({
@@ -88,7 +95,9 @@ pub fn snapshot_cluster(
     let t0 = Instant::now();
     let start_unix_us = snapshot::unix_us();
     if c.members.is_empty() {
-        return Err(AgentError::BadRequest("the cluster has no VM to snapshot".into()));
+        return Err(AgentError::BadRequest(
+            "the cluster has no VM to snapshot".into(),
+        ));
     }
     for m in c.members.iter_mut() {
         let state = m.vm.run_state();
@@ -100,8 +109,13 @@ pub fn snapshot_cluster(
         }
     }
     let root = run.snapshots_dir();
-    let (name, final_dir) = snapshot::new_snapshot_dir(&root, opts.name.clone(), &c.spec.cluster.name)?;
-    let tmp = root.join(format!("{name}{}{}-0", vmcsnap_image::list::TEMP_MARKER, std::process::id()));
+    let (name, final_dir) =
+        snapshot::new_snapshot_dir(&root, opts.name.clone(), &c.spec.cluster.name)?;
+    let tmp = root.join(format!(
+        "{name}{}{}-0",
+        vmcsnap_image::list::TEMP_MARKER,
+        std::process::id()
+    ));
     let disks = root.join(".disks").join(&name);
     let _ = std::fs::remove_dir_all(&tmp);
     let _ = std::fs::remove_dir_all(&disks);
@@ -119,23 +133,39 @@ pub fn snapshot_cluster(
     let (trig_tx, trig_rx) = mpsc::channel();
     let ports: Vec<PortId> = c.members.iter().map(|m| m.port).collect();
     c.switch.begin_cut_session(epoch, &ports, trig_tx)?;
-    progress(&format!("cluster snapshot {name}: {} VMs, mode {}", names.len(), mode_name(opts.mode)));
-    let ctx = ProtocolCtx { run, epoch, mode: opts.mode, tmp: &tmp, disks: &disks, cut_probes: opts.cut_probes };
+    progress(&format!(
+        "cluster snapshot {name}: {} VMs, mode {}",
+        names.len(),
+        mode_name(opts.mode)
+    ));
+    let ctx = ProtocolCtx {
+        run,
+        epoch,
+        mode: opts.mode,
+        tmp: &tmp,
+        disks: &disks,
+        cut_probes: opts.cut_probes,
+    };
     let (outcome, vms, protocol) = run_protocol(c, &ctx, configs, trig_rx, progress);
 
     let done = match outcome {
-        InitiatorOutcome::Completed => report::finish(c, &report::Finish {
-            name: &name,
-            mode: opts.mode,
-            tmp: &tmp,
-            final_dir: &final_dir,
-            start_unix_us,
-            t0,
-            vms,
-            before,
-            protocol,
-        }),
-        InitiatorOutcome::Aborted { reason } => Err(AgentError::ClusterSnapshot(abort_detail(&reason, &vms))),
+        InitiatorOutcome::Completed => report::finish(
+            c,
+            &report::Finish {
+                name: &name,
+                mode: opts.mode,
+                tmp: &tmp,
+                final_dir: &final_dir,
+                start_unix_us,
+                t0,
+                vms,
+                before,
+                protocol,
+            },
+        ),
+        InitiatorOutcome::Aborted { reason } => {
+            Err(AgentError::ClusterSnapshot(abort_detail(&reason, &vms)))
+        }
     };
     match done {
         Ok(r) => {
@@ -147,7 +177,9 @@ pub fn snapshot_cluster(
         }
         Err(e) => {
             if let Err(se) = c.switch.abort_cut_session() {
-                log(format!("cluster snapshot {name}: ending the switch session: {se}"));
+                log(format!(
+                    "cluster snapshot {name}: ending the switch session: {se}"
+                ));
             }
             let _ = std::fs::remove_dir_all(&tmp);
             let _ = std::fs::remove_dir_all(&disks);
@@ -188,8 +220,16 @@ fn run_protocol(
 ) -> (InitiatorOutcome, Vec<VmOutcome>, ProtocolStats) {
     // Stop-copy and pre-copy finish their "transient" pause only once all
     // of memory is copied.
-    let transient_deadline = if ctx.mode == Mode::Hot { Duration::from_secs(120) } else { Duration::from_secs(900) };
-    let timeouts = Timeouts { retry: Duration::from_millis(200), transient_deadline, full_deadline: Duration::from_secs(1800) };
+    let transient_deadline = if ctx.mode == Mode::Hot {
+        Duration::from_secs(120)
+    } else {
+        Duration::from_secs(900)
+    };
+    let timeouts = Timeouts {
+        retry: Duration::from_millis(200),
+        transient_deadline,
+        full_deadline: Duration::from_secs(1800),
+    };
     let net = InProcessNetwork::<Msg>::new();
     let (init_tx, init_rx) = mpsc::channel();
     // Dropped once every peer has finished: the initiator then stops
@@ -247,7 +287,10 @@ fn run_protocol(
                 reference: None,
                 fault: None,
                 vm_config: config,
-                target: Some(snapshot::Target { root: ctx.tmp.join("vms"), disks_dir: ctx.disks.join(&vm) }),
+                target: Some(snapshot::Target {
+                    root: ctx.tmp.join("vms"),
+                    disks_dir: ctx.disks.join(&vm),
+                }),
             };
             let job = Job {
                 opts,
@@ -261,7 +304,12 @@ fn run_protocol(
             };
             let run = ctx.run;
             snaps.push(s.spawn(move || peer::snapshot_thread(m, run, job)));
-            workers.push(Worker { start: start_tx, cancel, progress: progress_tx.clone(), vm });
+            workers.push(Worker {
+                start: start_tx,
+                cancel,
+                progress: progress_tx.clone(),
+                vm,
+            });
         }
         drop(ready_tx);
         let mut prep_errors = Vec::new();
@@ -274,7 +322,10 @@ fn run_protocol(
         }
         let mut peer_threads = Vec::new();
         let init = if prep_errors.is_empty() {
-            let _ = progress_tx.send(format!("every VM is prepared after {:.1} ms; starting the protocol", t0.elapsed().as_secs_f64() * 1000.0));
+            let _ = progress_tx.send(format!(
+                "every VM is prepared after {:.1} ms; starting the protocol",
+                t0.elapsed().as_secs_f64() * 1000.0
+            ));
             for (mut worker, (_, rx, ep)) in workers.into_iter().zip(peers) {
                 let (epoch, timeouts, vm) = (ctx.epoch, timeouts.clone(), worker.vm.clone());
                 peer_threads.push(s.spawn(move || {
@@ -293,7 +344,11 @@ fn run_protocol(
                         let _ = ptx.send(format!("protocol: {line}"));
                     }
                 });
-                let events: Vec<String> = i.events().iter().filter_map(|e| describe(e, t_start)).collect();
+                let events: Vec<String> = i
+                    .events()
+                    .iter()
+                    .filter_map(|e| describe(e, t_start))
+                    .collect();
                 (outcome, events)
             }))
         } else {
@@ -312,7 +367,8 @@ fn run_protocol(
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
-            let peers_done = peer_threads.iter().all(|h| h.is_finished()) && snaps.iter().all(|h| h.is_finished());
+            let peers_done = peer_threads.iter().all(|h| h.is_finished())
+                && snaps.iter().all(|h| h.is_finished());
             if peers_done {
                 init_inbox.lock().unwrap_or_else(|p| p.into_inner()).take();
                 if init.as_ref().is_none_or(|h| h.is_finished()) {
@@ -338,7 +394,9 @@ fn run_protocol(
         let (outcome, events) = match init {
             Some(h) => h.join().expect("initiator thread panicked"),
             None => (
-                InitiatorOutcome::Aborted { reason: format!("preparing failed: {}", prep_errors.join("; ")) },
+                InitiatorOutcome::Aborted {
+                    reason: format!("preparing failed: {}", prep_errors.join("; ")),
+                },
                 vec![],
             ),
         };
@@ -348,7 +406,10 @@ fn run_protocol(
                 log(format!("cluster snapshot: peer {vm} abandoned: {reason}"));
             }
         }
-        let vms: Vec<VmOutcome> = snaps.into_iter().map(|h| h.join().expect("snapshot thread panicked")).collect();
+        let vms: Vec<VmOutcome> = snaps
+            .into_iter()
+            .map(|h| h.join().expect("snapshot thread panicked"))
+            .collect();
         (outcome, events, vms)
     });
     let ns = net.stats();
@@ -356,7 +417,13 @@ fn run_protocol(
     let protocol = ProtocolStats {
         messages_sent: ns.sent,
         messages_dropped: ns.dropped,
-        events: events.into_iter().chain(std::iter::once(format!("protocol ended after {:.1} ms", elapsed.as_secs_f64() * 1000.0))).collect(),
+        events: events
+            .into_iter()
+            .chain(std::iter::once(format!(
+                "protocol ended after {:.1} ms",
+                elapsed.as_secs_f64() * 1000.0
+            )))
+            .collect(),
     };
     (outcome, vms, protocol)
 }
@@ -380,7 +447,10 @@ fn describe(ev: &InitiatorEvent, t0: Instant) -> Option<String> {
 
 /// The abort reason, with the VMs' own errors.
 fn abort_detail(reason: &str, vms: &[VmOutcome]) -> String {
-    let errors: Vec<String> = vms.iter().filter_map(|v| v.error.as_ref().map(|e| format!("{}: {e}", v.vm))).collect();
+    let errors: Vec<String> = vms
+        .iter()
+        .filter_map(|v| v.error.as_ref().map(|e| format!("{}: {e}", v.vm)))
+        .collect();
     if errors.is_empty() {
         format!("abandoned: {reason}")
     } else {

@@ -56,7 +56,9 @@ impl PeerWorker for Worker {
     fn abandon(&mut self, reason: &str) {
         *self.cancel.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.to_string());
         let _ = self.start.send(WorkerCmd::Abandon);
-        let _ = self.progress.send(format!("{}: abandoning its snapshot ({reason})", self.vm));
+        let _ = self
+            .progress
+            .send(format!("{}: abandoning its snapshot ({reason})", self.vm));
     }
 }
 
@@ -99,7 +101,10 @@ pub struct Job {
 /// start (or abandon) and takes the snapshot.
 pub fn snapshot_thread(member: &mut Member, run: &RunDir, job: Job) -> VmOutcome {
     let vm = member.vm.name.clone();
-    let mut out = VmOutcome { vm: vm.clone(), ..VmOutcome::default() };
+    let mut out = VmOutcome {
+        vm: vm.clone(),
+        ..VmOutcome::default()
+    };
     let mut hooks = CutHooks {
         switch: job.switch.clone(),
         port: member.port,
@@ -174,14 +179,22 @@ impl Hooks for CutHooks {
     }
 
     fn before_pause(&mut self) -> Result<(), AgentError> {
-        self.prepare = Some(self.switch.prepare_cut_with(self.port, CUT_DRAIN_BOUND, self.probes)?);
+        self.prepare = Some(self.switch.prepare_cut_with(
+            self.port,
+            CUT_DRAIN_BOUND,
+            self.probes,
+        )?);
         Ok(())
     }
 
     fn paused(&mut self) -> Result<(), AgentError> {
         if self.prepare.is_none() {
             // Pre-copy: QEMU paused the VM by itself; hold the port now.
-            self.prepare = Some(self.switch.prepare_cut_with(self.port, CUT_DRAIN_BOUND, self.probes)?);
+            self.prepare = Some(self.switch.prepare_cut_with(
+                self.port,
+                CUT_DRAIN_BOUND,
+                self.probes,
+            )?);
         }
         self.cut = Some(self.switch.cut(self.port)?);
         Ok(())
@@ -189,13 +202,21 @@ impl Hooks for CutHooks {
 
     fn running(&mut self) {
         if let Err(e) = self.switch.release(self.port) {
-            crate::log(format!("VM {}: releasing its switch port after the cut: {e}", self.vm));
+            crate::log(format!(
+                "VM {}: releasing its switch port after the cut: {e}",
+                self.vm
+            ));
         }
-        let _ = self.progress.send(format!("{}: transient snapshot done", self.vm));
+        let _ = self
+            .progress
+            .send(format!("{}: transient snapshot done", self.vm));
         let _ = self.inbox.send(PeerInput::TransientDone);
     }
 
     fn cancelled(&self) -> Option<String> {
-        self.cancel.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.cancel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }

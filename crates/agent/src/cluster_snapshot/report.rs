@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::json;
 use vmcsnap_image::channel_log::{write_channel_log, ChannelFrame, FrameReason};
-use vmcsnap_image::cluster::{commit_cluster_dir, ChannelStateRef, ClusterManifest, ClusterVm, Edge, Timeline, CHANNEL_LOG};
+use vmcsnap_image::cluster::{
+    commit_cluster_dir, ChannelStateRef, ClusterManifest, ClusterVm, Edge, Timeline, CHANNEL_LOG,
+};
 use vmcsnap_switch::{LogReason, SessionStats};
 
 use super::metrics::{self, Backoff, Moments, TcpCounters};
@@ -184,7 +186,10 @@ pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentErr
         return Err(fail(format!("the switch delivered {} post-snapshot frames to pre-snapshot VMs; the cut is not consistent", st.violations)));
     }
     if st.log_overflow > 0 {
-        return Err(fail(format!("{} in-flight frames did not fit the switch's channel-state log", st.log_overflow)));
+        return Err(fail(format!(
+            "{} in-flight frames did not fit the switch's channel-state log",
+            st.log_overflow
+        )));
     }
     let frames: Vec<ChannelFrame> = log
         .frames
@@ -201,25 +206,46 @@ pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentErr
             data: l.data.clone(),
         })
         .collect();
-    let summary = write_channel_log(&f.tmp.join(CHANNEL_LOG), &frames).map_err(|e| fail(format!("writing the channel state: {e}")))?;
+    let summary = write_channel_log(&f.tmp.join(CHANNEL_LOG), &frames)
+        .map_err(|e| fail(format!("writing the channel state: {e}")))?;
     let mut w: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
     for fr in &frames {
-        let e = w.entry((fr.sender.clone(), fr.receiver.clone())).or_default();
+        let e = w
+            .entry((fr.sender.clone(), fr.receiver.clone()))
+            .or_default();
         e.0 += 1;
         e.1 += fr.data.len() as u64;
     }
-    let edges: Vec<Edge> =
-        w.into_iter().map(|((from, to), (frames, bytes))| Edge { from, to, frames, bytes }).collect();
+    let edges: Vec<Edge> = w
+        .into_iter()
+        .map(|((from, to), (frames, bytes))| Edge {
+            from,
+            to,
+            frames,
+            bytes,
+        })
+        .collect();
 
     let mut moments = BTreeMap::new();
     for v in &f.vms {
-        let r = v.report.as_ref().ok_or_else(|| fail(format!("VM {} has no snapshot", v.vm)))?;
+        let r = v
+            .report
+            .as_ref()
+            .ok_or_else(|| fail(format!("VM {} has no snapshot", v.vm)))?;
         moments.insert(
             v.vm.clone(),
-            Moments { pause_start_us: r.pause_start_unix_us, pause_end_us: r.pause_end_unix_us, complete_us: r.complete_unix_us },
+            Moments {
+                pause_start_us: r.pause_start_unix_us,
+                pause_end_us: r.pause_end_unix_us,
+                complete_us: r.complete_unix_us,
+            },
         );
     }
-    let pairs = metrics::communicating_pairs(st.pairs.iter().map(|p| (p.from.as_str(), p.to.as_str(), p.unicast_frames)));
+    let pairs = metrics::communicating_pairs(
+        st.pairs
+            .iter()
+            .map(|p| (p.from.as_str(), p.to.as_str(), p.unicast_frames)),
+    );
     let backoff = metrics::backoff(f.mode, &moments, &pairs);
 
     // The guests' own view: wait for a stat line written after completion.
@@ -229,9 +255,15 @@ pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentErr
     // second since the snapshot started), and want one more than elapsed.
     let min_lines = after_us.saturating_sub(f.start_unix_us) / 1_000_000 + 2;
     let mut views = loop {
-        let views: Vec<metrics::GuestView> =
-            f.before.iter().map(|b| metrics::parse_console(&metrics::console_since(&b.path, b.offset))).collect();
-        let waiting = views.iter().zip(&f.before).any(|(v, b)| b.agent.is_none() && v.stat_lines < min_lines);
+        let views: Vec<metrics::GuestView> = f
+            .before
+            .iter()
+            .map(|b| metrics::parse_console(&metrics::console_since(&b.path, b.offset)))
+            .collect();
+        let waiting = views
+            .iter()
+            .zip(&f.before)
+            .any(|(v, b)| b.agent.is_none() && v.stat_lines < min_lines);
         if !waiting || Instant::now() > wait_until {
             break views;
         }
@@ -319,8 +351,11 @@ pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentErr
             "duration_ms": duration_ms, "switch": st, "protocol": f.protocol,
         }),
     };
-    manifest.save(f.tmp).map_err(|e| fail(format!("writing cluster.json: {e}")))?;
-    commit_cluster_dir(f.tmp, f.final_dir).map_err(|e| fail(format!("committing {}: {e}", f.final_dir.display())))?;
+    manifest
+        .save(f.tmp)
+        .map_err(|e| fail(format!("writing cluster.json: {e}")))?;
+    commit_cluster_dir(f.tmp, f.final_dir)
+        .map_err(|e| fail(format!("committing {}: {e}", f.final_dir.display())))?;
     crate::log(format!(
         "cluster snapshot {} ({:?}) committed: {} VMs, backoff avg {:.1} ms max {:.1} ms, {} frames logged",
         f.name, f.mode, vms.len(), backoff.avg_ms, backoff.max_ms, summary.frames
@@ -348,7 +383,10 @@ mod tests {
     use super::*;
 
     fn before(agent: bool) -> GuestBefore {
-        let tcp = TcpCounters { retrans: Some(5), ..TcpCounters::default() };
+        let tcp = TcpCounters {
+            retrans: Some(5),
+            ..TcpCounters::default()
+        };
         let config: Option<QemuConfig> = agent.then(|| {
             serde_json::from_value(serde_json::json!({
                 "name": "a", "accel": "tcg", "memory_mib": 64, "vcpus": 1, "ram_file": "/r", "kernel": "/k",
@@ -358,7 +396,12 @@ mod tests {
             }))
             .unwrap()
         });
-        GuestBefore { path: "/c.log".into(), offset: 0, tcp, agent: config }
+        GuestBefore {
+            path: "/c.log".into(),
+            offset: 0,
+            tcp,
+            agent: config,
+        }
     }
 
     #[test]
@@ -368,7 +411,15 @@ mod tests {
         assert_eq!(before(false).tcp_after(&silent).retrans, Some(5));
         // An image VM whose agent did not answer: unknown, not "unchanged".
         assert_eq!(before(true).tcp_after(&silent).retrans, None);
-        let read = TcpCounters { retrans: Some(8), ..TcpCounters::default() };
-        assert_eq!(before(true).tcp_after(&crate::guest_counters::agent_view(Some(read), Some(read))).retrans, Some(8));
+        let read = TcpCounters {
+            retrans: Some(8),
+            ..TcpCounters::default()
+        };
+        assert_eq!(
+            before(true)
+                .tcp_after(&crate::guest_counters::agent_view(Some(read), Some(read)))
+                .retrans,
+            Some(8)
+        );
     }
 }

@@ -32,7 +32,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 use vmcsnap_image::PageKey;
-use vmcsnap_migstream::postcopy::{self, BackgroundHold, DestBlock, PageId, PostcopyError, SourceConfig, SourceEvent};
+use vmcsnap_migstream::postcopy::{
+    self, BackgroundHold, DestBlock, PageId, PostcopyError, SourceConfig, SourceEvent,
+};
 
 use super::pages::ImagePages;
 use super::priority::{self, Priorities};
@@ -133,11 +135,28 @@ fn priorities() -> Option<Priorities> {
     (*AVAILABLE.get_or_init(Priorities::available)).then_some(Priorities::DEFAULT)
 }
 
-pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Result<Report, AgentError> {
-    let Job { opts, img, snap_dir, planned, t0, t0_wall, .. } = job;
+pub(super) fn feed(
+    vm: &mut Vm,
+    job: &Job,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Report, AgentError> {
+    let Job {
+        opts,
+        img,
+        snap_dir,
+        planned,
+        t0,
+        t0_wall,
+        ..
+    } = job;
     let (t0, t0_wall) = (*t0, *t0_wall);
     let name = vm.name.clone();
-    let vm_dir = vm.config.qmp_socket.parent().expect("in the VM dir").to_path_buf();
+    let vm_dir = vm
+        .config
+        .qmp_socket
+        .parent()
+        .expect("in the VM dir")
+        .to_path_buf();
     let incoming = vm_dir.join("incoming.sock");
     let _ = std::fs::remove_file(&incoming);
     vm.qmp()?.set_timeout(Duration::from_secs(60));
@@ -145,17 +164,27 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
         "migrate-set-capabilities",
         json!({ "capabilities": [ { "capability": "postcopy-ram", "state": true } ] }),
     )?;
-    vm.execute("migrate-incoming", json!({ "uri": format!("unix:{}", incoming.display()) }))?;
+    vm.execute(
+        "migrate-incoming",
+        json!({ "uri": format!("unix:{}", incoming.display()) }),
+    )?;
     let stream = connect(vm, &incoming)?;
     // To stop the source early (the caller then stops QEMU).
-    let stop = stream.try_clone().map_err(AgentError::io("cloning the socket to", &incoming))?;
+    let stop = stream
+        .try_clone()
+        .map_err(AgentError::io("cloning the socket to", &incoming))?;
     let _ = std::fs::remove_file(&incoming);
 
     // In a cluster restore QEMU runs with -S: RUN loads the device state
     // while the VM waits for START, and START is a `cont`.
     let prepared = opts.cluster.is_some();
-    let to_id = |k: &PageKey| PageId { block: k.ram_block, page: k.page };
-    let device_state = img.device_state().map_err(|e| fail(&name, format!("device state: {e}")))?;
+    let to_id = |k: &PageKey| PageId {
+        block: k.ram_block,
+        page: k.page,
+    };
+    let device_state = img
+        .device_state()
+        .map_err(|e| fail(&name, format!("device state: {e}")))?;
     let hold = BackgroundHold::default();
     // Only demand faults for `start_quiet` once the guest starts: from RUN
     // where RUN starts it, from `cont` in a cluster restore (`hold`).
@@ -167,7 +196,14 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
     };
     let scfg = SourceConfig {
         machine: img.manifest().qemu.machine.clone(),
-        blocks: img.ram_blocks().iter().map(|b| DestBlock { name: b.name.clone(), used_length: b.used_length }).collect(),
+        blocks: img
+            .ram_blocks()
+            .iter()
+            .map(|b| DestBlock {
+                name: b.name.clone(),
+                used_length: b.used_length,
+            })
+            .collect(),
         page_size: img.page_size(),
         ram_section_id: RAM_SECTION_ID,
         device_state,
@@ -222,18 +258,31 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
         // Where the guest was when its QEMU was found dead.
         let mut qemu_died = None;
         loop {
-            let wait = if phase == Phase::Preparing { PREPARE_POLL } else { Duration::from_millis(20) };
+            let wait = if phase == Phase::Preparing {
+                PREPARE_POLL
+            } else {
+                Duration::from_millis(20)
+            };
             match rx.recv_timeout(wait) {
                 Ok((Input::Source(SourceEvent::RunSent), at)) => {
                     st.run_sent_ms = Some(ms_since_t0(at));
                     if let Some(p) = prio {
                         let pid = vm.pid;
                         let done = &source_done;
-                        raiser = Some(s.spawn(move || priority::raise_qemu_fault_path(pid, p.fault_path, RAISE_WITHIN, done)));
+                        raiser = Some(s.spawn(move || {
+                            priority::raise_qemu_fault_path(pid, p.fault_path, RAISE_WITHIN, done)
+                        }));
                     }
                     st.bytes_before = bytes_read.load(Ordering::Relaxed);
-                    let next = if prepared { "QEMU loads the device state, the guest waits for START" } else { "guest starting" };
-                    progress(&format!("{name}: {} pages and the device state sent, {next}", planned.plan.before_run.len()));
+                    let next = if prepared {
+                        "QEMU loads the device state, the guest waits for START"
+                    } else {
+                        "guest starting"
+                    };
+                    progress(&format!(
+                        "{name}: {} pages and the device state sent, {next}",
+                        planned.plan.before_run.len()
+                    ));
                     (phase, since) = match (opts.paused, prepared) {
                         (true, _) => {
                             st.latency_ms = st.run_sent_ms;
@@ -244,7 +293,9 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
                     };
                 }
                 Ok((Input::Source(SourceEvent::AllSent), _)) => tell(RestoreEvent::AllLoaded),
-                Ok((Input::Source(SourceEvent::Progress { sent, total }), _)) if last_progress.elapsed() > Duration::from_millis(500) => {
+                Ok((Input::Source(SourceEvent::Progress { sent, total }), _))
+                    if last_progress.elapsed() > Duration::from_millis(500) =>
+                {
                     last_progress = Instant::now();
                     progress(&format!("{name}: {sent} of {total} pages loaded"));
                 }
@@ -264,7 +315,10 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
                     start_requested = true;
                 }
                 Ok((Input::Gate { opened: false }, _)) => {
-                    st.failure.get_or_insert_with(|| AgentError::Abandoned { vm: name.clone(), during: phase.during() });
+                    st.failure.get_or_insert_with(|| AgentError::Abandoned {
+                        vm: name.clone(),
+                        during: phase.during(),
+                    });
                     break;
                 }
                 Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -282,13 +336,20 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
                 Phase::Preparing => match device_state_loaded(vm) {
                     Ok(true) => {
                         let n = pages_read.load(Ordering::Relaxed);
-                        progress(&format!("{name}: device state and {n} pages loaded, waiting for START"));
+                        progress(&format!(
+                            "{name}: device state and {n} pages loaded, waiting for START"
+                        ));
                         tell(RestoreEvent::Loaded { qemu_pid: vm.pid });
                         (phase, since) = (Phase::Ready, Instant::now());
                     }
                     Ok(false) if since.elapsed() < PREPARE_TIMEOUT => {}
                     Ok(false) => {
-                        st.failure = Some(fail(&name, format!("QEMU did not load the device state within {PREPARE_TIMEOUT:?}")));
+                        st.failure = Some(fail(
+                            &name,
+                            format!(
+                                "QEMU did not load the device state within {PREPARE_TIMEOUT:?}"
+                            ),
+                        ));
                         break;
                     }
                     Err(e) => {
@@ -308,10 +369,16 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
                     // The guest starts once QEMU has loaded the package (or
                     // on `cont`); its QMP may stall meanwhile (it faults on
                     // missing pages).
-                    let limit = if source_finished || since.elapsed() > RESUME_TIMEOUT { Duration::from_secs(2) } else { Duration::from_millis(20) };
+                    let limit = if source_finished || since.elapsed() > RESUME_TIMEOUT {
+                        Duration::from_secs(2)
+                    } else {
+                        Duration::from_millis(20)
+                    };
                     match vm.qmp().map(|q| q.wait_event("RESUME", limit)) {
                         Ok(Ok(e)) => {
-                            st.latency_ms = Some(e.timestamp_us.saturating_sub(unix_us(t0_wall)) as f64 / 1000.0);
+                            st.latency_ms = Some(
+                                e.timestamp_us.saturating_sub(unix_us(t0_wall)) as f64 / 1000.0,
+                            );
                             if prepared {
                                 // Pages pushed while it waited count as loaded before its start.
                                 st.bytes_before = bytes_read.load(Ordering::Relaxed);
@@ -322,7 +389,8 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
                             tell(RestoreEvent::Started(e.timestamp_us));
                         }
                         _ if limit > Duration::from_millis(20) => {
-                            st.failure = Some(fail(&name, "the guest did not start (no RESUME event)"));
+                            st.failure =
+                                Some(fail(&name, "the guest did not start (no RESUME event)"));
                             break;
                         }
                         _ => {}
@@ -341,7 +409,11 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
         }
         source_done.store(true, Ordering::Relaxed);
         let raised = raiser.map(|r| r.join().expect("priority thread panicked"));
-        (h.join().expect("postcopy source thread panicked"), raised, qemu_died)
+        (
+            h.join().expect("postcopy source thread panicked"),
+            raised,
+            qemu_died,
+        )
     });
     let (outcome, qemu_threads_raised, qemu_died) = outcome;
     if let Some(e) = st.failure {
@@ -352,17 +424,28 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
         // broken stream, which QEMU then dies of: its error is the cause.
         // Otherwise the dead QEMU is, and the source's socket error only
         // follows from it.
-        if !matches!(&outcome, Err(PostcopyError::PageSource { .. } | PostcopyError::InvalidConfig { .. })) {
+        if !matches!(
+            &outcome,
+            Err(PostcopyError::PageSource { .. } | PostcopyError::InvalidConfig { .. })
+        ) {
             return Err(fail(&name, format!("its QEMU died {}", phase.during())));
         }
     }
     let rep = outcome.map_err(|e| fail(&name, e))?;
-    let full_load_ms = (source_start.duration_since(t0) + rep.all_sent_after).as_secs_f64() * 1000.0;
+    let full_load_ms =
+        (source_start.duration_since(t0) + rep.all_sent_after).as_secs_f64() * 1000.0;
     wait_completed(vm)?;
-    let restore_latency_ms = st.latency_ms.ok_or_else(|| fail(&name, "the guest did not start (no RESUME event)"))?;
+    let restore_latency_ms = st
+        .latency_ms
+        .ok_or_else(|| fail(&name, "the guest did not start (no RESUME event)"))?;
     let run_sent_ms = st.run_sent_ms.unwrap_or(restore_latency_ms);
-    let start_after_run = Duration::from_secs_f64((restore_latency_ms - run_sent_ms).max(0.0) / 1000.0);
-    let faults_before_start = rep.demand.iter().filter(|(d, _)| *d < start_after_run).count() as u64;
+    let start_after_run =
+        Duration::from_secs_f64((restore_latency_ms - run_sent_ms).max(0.0) / 1000.0);
+    let faults_before_start = rep
+        .demand
+        .iter()
+        .filter(|(d, _)| *d < start_after_run)
+        .count() as u64;
     let mut per_100ms = vec![0u64; 100];
     for (d, _) in &rep.demand {
         let i = (d.as_millis() / 100) as usize;
@@ -374,10 +457,20 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
         unix_ms: crate::handover::unix_ms(SystemTime::now()),
         mode: opts.mode.name().to_string(),
         trace: opts.trace,
-        preloaded: planned.plan.before_run.iter().map(|k| (k.ram_block, k.page)).collect(),
-        faults: rep.demand.iter().map(|(d, id)| (id.block, id.page, d.as_secs_f64() * 1000.0)).collect(),
+        preloaded: planned
+            .plan
+            .before_run
+            .iter()
+            .map(|k| (k.ram_block, k.page))
+            .collect(),
+        faults: rep
+            .demand
+            .iter()
+            .map(|(d, id)| (id.block, id.page, d.as_secs_f64() * 1000.0))
+            .collect(),
     };
-    let record_path = traces::save(snap_dir, &record).map_err(AgentError::io("writing the restore record in", snap_dir))?;
+    let record_path = traces::save(snap_dir, &record)
+        .map_err(AgentError::io("writing the restore record in", snap_dir))?;
     Ok(Report {
         vm: name,
         snapshot: opts.snapshot.clone(),
@@ -389,7 +482,11 @@ pub(super) fn feed(vm: &mut Vm, job: &Job, progress: &mut dyn FnMut(&str)) -> Re
         request_unix_us: unix_us(t0_wall),
         // Exact from the source up to RUN; in a cluster restore, what had
         // been read by the start (pages pushed while it waited count).
-        ws_pages: if prepared { st.pages_before } else { rep.pages_before_run },
+        ws_pages: if prepared {
+            st.pages_before
+        } else {
+            rep.pages_before_run
+        },
         wss: planned.wss,
         wss_sample: planned.wss_sample,
         wss_snapshot: planned.wss_snapshot,
@@ -416,10 +513,19 @@ fn connect(vm: &mut Vm, path: &Path) -> Result<UnixStream, AgentError> {
             Ok(s) => return Ok(s),
             Err(e) => {
                 if let Some(status) = vm.exited() {
-                    return Err(fail(&vm.name, format!("QEMU exited ({status}): {}", crate::vm::tail(&vm.qemu_log, 1500))));
+                    return Err(fail(
+                        &vm.name,
+                        format!(
+                            "QEMU exited ({status}): {}",
+                            crate::vm::tail(&vm.qemu_log, 1500)
+                        ),
+                    ));
                 }
                 if Instant::now() > deadline {
-                    return Err(AgentError::io("connecting to the restore destination", path)(e));
+                    return Err(AgentError::io(
+                        "connecting to the restore destination",
+                        path,
+                    )(e));
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
@@ -435,9 +541,17 @@ fn wait_completed(vm: &mut Vm) -> Result<(), AgentError> {
         match st["status"].as_str().unwrap_or("") {
             "completed" => return Ok(()),
             "failed" | "cancelled" => {
-                return Err(fail(&vm.name, format!("the destination reports {}", st["status"])));
+                return Err(fail(
+                    &vm.name,
+                    format!("the destination reports {}", st["status"]),
+                ));
             }
-            _ if Instant::now() > deadline => return Err(fail(&vm.name, "the destination did not complete within 60 s")),
+            _ if Instant::now() > deadline => {
+                return Err(fail(
+                    &vm.name,
+                    "the destination did not complete within 60 s",
+                ))
+            }
             _ => std::thread::sleep(Duration::from_millis(20)),
         }
     }

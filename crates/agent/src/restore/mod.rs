@@ -40,5 +40,8 @@ mod run;
 mod start_gate;
 pub mod traces;
 
+pub use run::{
+    hybrid_size, restore, restore_into, saved_vm, InCluster, Options, Report, RestoreEvent, Saved,
+    WssChoice, CLUSTER_START_QUIET,
+};
 pub use start_gate::StartGate;
-pub use run::{hybrid_size, restore, restore_into, saved_vm, InCluster, Options, Report, RestoreEvent, Saved, WssChoice, CLUSTER_START_QUIET};

@@ -46,7 +46,15 @@ impl<'a> ImagePages<'a> {
                 planned.insert(k, (i, off as usize));
             }
         }
-        Ok(ImagePages { img, plan, planned, loaded: None, buf: Vec::new(), bytes_read: Arc::default(), pages_read: Arc::default() })
+        Ok(ImagePages {
+            img,
+            plan,
+            planned,
+            loaded: None,
+            buf: Vec::new(),
+            bytes_read: Arc::default(),
+            pages_read: Arc::default(),
+        })
     }
 }
 
@@ -70,7 +78,8 @@ impl PageSource for ImagePages<'_> {
         }
         match self.img.read_page(key, buf).map_err(to_io)? {
             PageState::Stored(_) => {
-                self.bytes_read.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                self.bytes_read
+                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
                 Ok(true)
             }
             PageState::Zero => Ok(false),

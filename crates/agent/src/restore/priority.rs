@@ -40,7 +40,11 @@ pub struct Priorities {
 impl Priorities {
     /// The defaults: fault path -10, background +10, preload 0 (measured
     /// in docs/restore.md, "CPU priorities").
-    pub const DEFAULT: Priorities = Priorities { fault_path: -10, background: 10, preload: 0 };
+    pub const DEFAULT: Priorities = Priorities {
+        fault_path: -10,
+        background: 10,
+        preload: 0,
+    };
 
     /// Whether this process may raise priorities (it tries, on itself).
     pub fn available() -> bool {
@@ -96,10 +100,17 @@ pub fn raise_qemu_fault_path(pid: u32, nice: i32, within: Duration, stop: &Atomi
     let end = Instant::now() + within;
     let mut done: Vec<u32> = Vec::new();
     let tasks = format!("/proc/{pid}/task");
-    while done.len() < QEMU_FAULT_PATH_THREADS.len() && Instant::now() < end && !stop.load(Ordering::Relaxed) {
-        let Ok(dir) = std::fs::read_dir(&tasks) else { break };
+    while done.len() < QEMU_FAULT_PATH_THREADS.len()
+        && Instant::now() < end
+        && !stop.load(Ordering::Relaxed)
+    {
+        let Ok(dir) = std::fs::read_dir(&tasks) else {
+            break;
+        };
         for entry in dir.flatten() {
-            let Ok(tid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let Ok(tid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
             if done.contains(&tid) || !is_fault_path_thread(&entry.path()) {
                 continue;
             }
@@ -113,7 +124,8 @@ pub fn raise_qemu_fault_path(pid: u32, nice: i32, within: Duration, stop: &Atomi
 }
 
 fn is_fault_path_thread(task: &Path) -> bool {
-    std::fs::read_to_string(task.join("comm")).is_ok_and(|c| QEMU_FAULT_PATH_THREADS.contains(&c.trim()))
+    std::fs::read_to_string(task.join("comm"))
+        .is_ok_and(|c| QEMU_FAULT_PATH_THREADS.contains(&c.trim()))
 }
 
 #[cfg(test)]
@@ -122,7 +134,11 @@ mod tests {
 
     #[test]
     fn work_kinds_map_to_their_priorities() {
-        let p = Priorities { fault_path: -7, background: 3, preload: 1 };
+        let p = Priorities {
+            fault_path: -7,
+            background: 3,
+            preload: 1,
+        };
         assert_eq!(p.for_work(Work::Demand), -7);
         assert_eq!(p.for_work(Work::Background), 3);
         assert_eq!(p.for_work(Work::Preload), 1);
@@ -163,7 +179,10 @@ mod tests {
         });
         // Nothing to find: returns once stopped.
         stop.store(true, Ordering::Relaxed);
-        assert_eq!(raise_qemu_fault_path(std::process::id(), 0, Duration::from_secs(60), &stop), 0);
+        assert_eq!(
+            raise_qemu_fault_path(std::process::id(), 0, Duration::from_secs(60), &stop),
+            0
+        );
     }
 
     #[test]

@@ -161,7 +161,10 @@ pub struct Report {
 }
 
 pub(super) fn fail(vm: &str, detail: impl std::fmt::Display) -> AgentError {
-    AgentError::Restore { vm: vm.to_string(), detail: detail.to_string() }
+    AgentError::Restore {
+        vm: vm.to_string(),
+        detail: detail.to_string(),
+    }
 }
 
 /// What the snapshot says about the VM it was taken of.
@@ -187,9 +190,19 @@ pub fn saved_vm(img: &Image, snapshot: &str) -> Result<Saved, AgentError> {
     };
     let qemu: QemuConfig = serde_json::from_value(c["qemu"].clone()).map_err(|_| old())?;
     let spec: VmSpec = serde_json::from_value(c["spec"].clone()).map_err(|_| old())?;
-    let cluster: ClusterSection = serde_json::from_value(c["cluster"].clone()).map_err(|_| old())?;
-    let address = parse_address(c["ip"].as_str().unwrap_or(""), c["mac"].as_str().unwrap_or("")).ok_or_else(old)?;
-    Ok(Saved { qemu, spec, cluster, address })
+    let cluster: ClusterSection =
+        serde_json::from_value(c["cluster"].clone()).map_err(|_| old())?;
+    let address = parse_address(
+        c["ip"].as_str().unwrap_or(""),
+        c["mac"].as_str().unwrap_or(""),
+    )
+    .ok_or_else(old)?;
+    Ok(Saved {
+        qemu,
+        spec,
+        cluster,
+        address,
+    })
 }
 
 fn parse_address(cidr: &str, mac: &str) -> Option<VmAddress> {
@@ -202,7 +215,11 @@ fn parse_address(cidr: &str, mac: &str) -> Option<VmAddress> {
     for (i, p) in parts.iter().enumerate() {
         m[i] = u8::from_str_radix(p, 16).ok()?;
     }
-    Some(VmAddress { ip: ip.parse().ok()?, prefix: prefix.parse().ok()?, mac: m })
+    Some(VmAddress {
+        ip: ip.parse().ok()?,
+        prefix: prefix.parse().ok()?,
+        mac: m,
+    })
 }
 
 /// Restores `opts.snapshot` into `cluster` (creating a cluster of its own
@@ -222,7 +239,8 @@ pub fn restore(
             root.display()
         )));
     }
-    let img = Image::open(&dir).map_err(|e| AgentError::BadRequest(format!("snapshot {:?}: {e}", opts.snapshot)))?;
+    let img = Image::open(&dir)
+        .map_err(|e| AgentError::BadRequest(format!("snapshot {:?}: {e}", opts.snapshot)))?;
     let saved = saved_vm(&img, &opts.snapshot)?;
     let name = saved.qemu.name.clone();
     if let Some(c) = cluster.as_ref() {
@@ -236,12 +254,21 @@ pub fn restore(
     // The cluster to join.
     let created = cluster.is_none();
     if created {
-        let spec = ClusterSpec { cluster: saved.cluster.clone(), vm: vec![saved.spec.clone()] };
+        let spec = ClusterSpec {
+            cluster: saved.cluster.clone(),
+            vm: vec![saved.spec.clone()],
+        };
         *cluster = Some(Cluster::empty(run, spec, saved.qemu.accel)?);
     }
     let c = cluster.as_mut().expect("set above");
     // Should the agent die before this restore ends, the next one redoes it.
-    if let Err(e) = crate::restore_journal::begin(run, &crate::restore_journal::Restoring::Vm { snapshot: opts.snapshot.clone(), vm: name.clone() }) {
+    if let Err(e) = crate::restore_journal::begin(
+        run,
+        &crate::restore_journal::Restoring::Vm {
+            snapshot: opts.snapshot.clone(),
+            vm: name.clone(),
+        },
+    ) {
         if created {
             if let Some(mut c) = cluster.take() {
                 c.teardown();
@@ -249,7 +276,14 @@ pub fn restore(
         }
         return Err(e);
     }
-    let result = restore_into(&c.switch.clone(), &c.spec.cluster.name.clone(), run, &opts, &dir, progress);
+    let result = restore_into(
+        &c.switch.clone(),
+        &c.spec.cluster.name.clone(),
+        run,
+        &opts,
+        &dir,
+        progress,
+    );
     crate::restore_journal::end(run);
     match result {
         Ok((member, report)) => {
@@ -283,7 +317,8 @@ pub fn restore_into(
 ) -> Result<(Member, Report), AgentError> {
     let t0 = Instant::now();
     let t0_wall = SystemTime::now();
-    let img = Image::open(dir).map_err(|e| AgentError::BadRequest(format!("snapshot {:?}: {e}", opts.snapshot)))?;
+    let img = Image::open(dir)
+        .map_err(|e| AgentError::BadRequest(format!("snapshot {:?}: {e}", opts.snapshot)))?;
     let saved = saved_vm(&img, &opts.snapshot)?;
     let name = saved.qemu.name.clone();
     let qemu_bin = qemu::find_qemu()?;
@@ -295,7 +330,10 @@ pub fn restore_into(
         .map(|d| PathBuf::from(&d.path))
         .ok_or_else(|| fail(&name, "the snapshot has no frozen disk"))?;
     if !frozen.is_file() {
-        return Err(fail(&name, format!("its frozen disk {} is gone", frozen.display())));
+        return Err(fail(
+            &name,
+            format!("its frozen disk {} is gone", frozen.display()),
+        ));
     }
     let planned = plan(&img, opts, dir)?;
     // In a cluster restore every VM would say the same about the assets.
@@ -304,7 +342,19 @@ pub fn restore_into(
     } else {
         vmcsnap_guest::ensure_assets(&vmcsnap_guest::default_cache_root(), progress)?
     };
-    let job = Job { opts, img: &img, snap_dir: dir, saved, qemu_bin, qemu_img, frozen, assets, planned, t0, t0_wall };
+    let job = Job {
+        opts,
+        img: &img,
+        snap_dir: dir,
+        saved,
+        qemu_bin,
+        qemu_img,
+        frozen,
+        assets,
+        planned,
+        t0,
+        t0_wall,
+    };
     let (member, report) = start_and_feed(switch, cluster_name, run, &job, progress)?;
     log(format!(
         "restore {} of {name} ({}): latency {:.1} ms, {} pages before start, {} demand faults, full load {:.1} ms",
@@ -322,10 +372,20 @@ pub fn restore_into(
 /// asks for (pages), before any revision: HotRestore's hybrid size, or the
 /// pages an earlier restore was seen to touch if that is more.
 pub fn hybrid_size(dir: &Path) -> Result<u64, AgentError> {
-    let img = Image::open(dir).map_err(|e| AgentError::BadRequest(format!("snapshot {}: {e}", dir.display())))?;
-    let wss_sample = img.manifest().metrics.other.get("wss_sample_pages").and_then(Value::as_u64);
+    let img = Image::open(dir)
+        .map_err(|e| AgentError::BadRequest(format!("snapshot {}: {e}", dir.display())))?;
+    let wss_sample = img
+        .manifest()
+        .metrics
+        .other
+        .get("wss_sample_pages")
+        .and_then(Value::as_u64);
     let learned = traces::newest(dir, |r| !r.faults.is_empty());
-    Ok(elastic_size(ws::hybrid_wss(wss_sample, img.fafl().len() as u64), Mode::Workingset, learned.as_ref()))
+    Ok(elastic_size(
+        ws::hybrid_wss(wss_sample, img.fafl().len() as u64),
+        Mode::Workingset,
+        learned.as_ref(),
+    ))
 }
 
 /// HotRestore's elastic working set: the hybrid size, grown to the pages
@@ -367,24 +427,56 @@ pub(super) struct Job<'a> {
 fn plan(img: &Image, opts: &Options, dir: &Path) -> Result<Planned, AgentError> {
     let bad = |e: String| AgentError::BadRequest(format!("snapshot {:?}: {e}", opts.snapshot));
     let order = image_order(img).map_err(|e| bad(e.to_string()))?;
-    let block_pages: Vec<u32> = (0..img.ram_blocks().len() as u32).map(|b| img.ram_block_pages(b)).collect();
+    let block_pages: Vec<u32> = (0..img.ram_blocks().len() as u32)
+        .map(|b| img.ram_block_pages(b))
+        .collect();
     let fafl = img.fafl();
     let learned = traces::newest(dir, |r| !r.faults.is_empty());
-    let learned_keys = learned.as_ref().map(|r| (r.preloaded_keys(), r.fault_keys()));
-    let queue = ws::fafl_queue(fafl, learned_keys.as_ref().map(|(p, f)| (p.as_slice(), f.as_slice())));
-    let wss_sample = img.manifest().metrics.other.get("wss_sample_pages").and_then(Value::as_u64);
+    let learned_keys = learned
+        .as_ref()
+        .map(|r| (r.preloaded_keys(), r.fault_keys()));
+    let queue = ws::fafl_queue(
+        fafl,
+        learned_keys
+            .as_ref()
+            .map(|(p, f)| (p.as_slice(), f.as_slice())),
+    );
+    let wss_sample = img
+        .manifest()
+        .metrics
+        .other
+        .get("wss_sample_pages")
+        .and_then(Value::as_u64);
     let wss_snapshot = fafl.len() as u64;
     let wss = match opts.wss {
-        WssChoice::Auto => elastic_size(ws::hybrid_wss(wss_sample, wss_snapshot), opts.mode, learned.as_ref()),
+        WssChoice::Auto => elastic_size(
+            ws::hybrid_wss(wss_sample, wss_snapshot),
+            opts.mode,
+            learned.as_ref(),
+        ),
         WssChoice::Pages(n) => n,
     };
-    let input = ws::PlanInput { block_pages: &block_pages, image_order: &order, queue: &queue, wss, wss_sample };
+    let input = ws::PlanInput {
+        block_pages: &block_pages,
+        image_order: &order,
+        queue: &queue,
+        wss,
+        wss_sample,
+    };
     let plan = ws::make_plan(opts.mode, &input).map_err(|e| bad(e.to_string()))?;
-    Ok(Planned { plan, wss, wss_sample, wss_snapshot, learned: learned.is_some() })
+    Ok(Planned {
+        plan,
+        wss,
+        wss_sample,
+        wss_snapshot,
+        learned: learned.is_some(),
+    })
 }
 
 pub(super) fn unix_us(t: SystemTime) -> u64 {
-    t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
 }
 
 fn start_and_feed(
@@ -394,7 +486,13 @@ fn start_and_feed(
     job: &Job,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(Member, Report), AgentError> {
-    let Job { opts, img, saved, assets, .. } = job;
+    let Job {
+        opts,
+        img,
+        saved,
+        assets,
+        ..
+    } = job;
     let name = saved.qemu.name.clone();
     let dir = run.vm_dir(&name);
     std::fs::create_dir_all(&dir).map_err(AgentError::io("creating", &dir))?;
@@ -407,7 +505,14 @@ fn start_and_feed(
         .output()
         .map_err(AgentError::io("running qemu-img for", &overlay))?;
     if !out.status.success() {
-        return Err(fail(&name, format!("qemu-img create {}: {}", overlay.display(), String::from_utf8_lossy(&out.stderr).trim())));
+        return Err(fail(
+            &name,
+            format!(
+                "qemu-img create {}: {}",
+                overlay.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
     }
     let mut config = saved.qemu.clone();
     config.ram_file = run.shm_path(cluster_name, &name);
@@ -430,7 +535,9 @@ fn start_and_feed(
     config.paused = opts.paused || opts.cluster.is_some();
     config.data_dir = None;
     config.module_dir = None;
-    let mem = img.ram_block_id("mem").map(|b| img.ram_blocks()[b as usize].used_length);
+    let mem = img
+        .ram_block_id("mem")
+        .map(|b| img.ram_blocks()[b as usize].used_length);
     if mem != Some(config.ram_kib() * 1024) {
         let _ = std::fs::remove_file(&overlay);
         return Err(fail(&name, format!(
@@ -451,11 +558,21 @@ fn start_and_feed(
             return Err(e);
         }
     };
-    progress(&format!("{name}: restoring {} ({}), QEMU pid {}", opts.snapshot, opts.mode.name(), vm.pid));
+    progress(&format!(
+        "{name}: restoring {} ({}), QEMU pid {}",
+        opts.snapshot,
+        opts.mode.name(),
+        vm.pid
+    ));
     match feed(&mut vm, job, progress) {
         Ok(mut report) => {
             report.overlay = overlay.clone();
-            let member = Member { vm, address: saved.address, port, disk: overlay };
+            let member = Member {
+                vm,
+                address: saved.address,
+                port,
+                disk: overlay,
+            };
             Ok((member, report))
         }
         Err(e) => {
@@ -469,7 +586,10 @@ fn start_and_feed(
                         e => e.to_string(),
                     };
                     detail += &format!("; QEMU exited ({status})");
-                    for (what, path) in [("its log", &vm.qemu_log), ("the guest console", &config.console_log)] {
+                    for (what, path) in [
+                        ("its log", &vm.qemu_log),
+                        ("the guest console", &config.console_log),
+                    ] {
                         let tail = crate::vm::tail(path, 1500);
                         if !tail.trim().is_empty() {
                             detail += &format!("; {what} ends:\n{}\n", tail.trim_end());
@@ -504,7 +624,15 @@ mod tests {
         };
         assert_eq!(elastic_size(300, Mode::Workingset, None), 300);
         assert_eq!(elastic_size(300, Mode::Workingset, Some(&rec)), 600);
-        assert_eq!(elastic_size(900, Mode::Workingset, Some(&rec)), 900, "never smaller than the hybrid size");
-        assert_eq!(elastic_size(300, Mode::SamplingWs, Some(&rec)), 300, "other modes keep their size");
+        assert_eq!(
+            elastic_size(900, Mode::Workingset, Some(&rec)),
+            900,
+            "never smaller than the hybrid size"
+        );
+        assert_eq!(
+            elastic_size(300, Mode::SamplingWs, Some(&rec)),
+            300,
+            "other modes keep their size"
+        );
     }
 }

@@ -173,7 +173,10 @@ mod tests {
     /// restore.
     #[test]
     fn a_watch_after_the_decision_is_told_at_once() {
-        for (decide, want) in [(StartGate::abort as fn(&StartGate), false), (StartGate::open, true)] {
+        for (decide, want) in [
+            (StartGate::abort as fn(&StartGate), false),
+            (StartGate::open, true),
+        ] {
             let g = StartGate::new();
             decide(&g);
             let (tx, rx) = std::sync::mpsc::channel();

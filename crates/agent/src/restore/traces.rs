@@ -36,7 +36,10 @@ pub struct Record {
 impl Record {
     /// The preloaded pages as keys.
     pub fn preloaded_keys(&self) -> Vec<PageKey> {
-        self.preloaded.iter().map(|&(b, p)| PageKey::new(b, p)).collect()
+        self.preloaded
+            .iter()
+            .map(|&(b, p)| PageKey::new(b, p))
+            .collect()
     }
 
     /// Distinct pages the guest touched early in that restore: the pages
@@ -54,7 +57,10 @@ impl Record {
 
     /// The faults as keys, in order.
     pub fn fault_keys(&self) -> Vec<PageKey> {
-        self.faults.iter().map(|&(b, p, _)| PageKey::new(b, p)).collect()
+        self.faults
+            .iter()
+            .map(|&(b, p, _)| PageKey::new(b, p))
+            .collect()
     }
 }
 
@@ -64,7 +70,10 @@ pub fn save(snapshot: &Path, rec: &Record) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(&dir)?;
     let path = dir.join(format!("{}-{}.json", rec.unix_ms, rec.mode));
     let tmp = dir.join(format!(".{}-{}.json.tmp", rec.unix_ms, rec.mode));
-    std::fs::write(&tmp, serde_json::to_vec(rec).map_err(std::io::Error::other)?)?;
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec(rec).map_err(std::io::Error::other)?,
+    )?;
     std::fs::rename(&tmp, &path)?;
     prune(&dir);
     Ok(path)
@@ -79,12 +88,21 @@ fn records(dir: &Path) -> Vec<PathBuf> {
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json") && !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "json")
+                && !p.file_name().unwrap().to_string_lossy().starts_with('.')
+        })
         .collect();
     // Oldest first, by the Unix-ms prefix of the name.
     names.sort_by_key(|p| {
         let n = p.file_name().unwrap().to_string_lossy().into_owned();
-        (n.split('-').next().and_then(|t| t.parse::<u64>().ok()).unwrap_or(0), n)
+        (
+            n.split('-')
+                .next()
+                .and_then(|t| t.parse::<u64>().ok())
+                .unwrap_or(0),
+            n,
+        )
     });
     names
 }
@@ -114,7 +132,13 @@ mod tests {
     fn newest_matching_record_wins() {
         let d = tempfile::tempdir().unwrap();
         assert!(newest(d.path(), |_| true).is_none());
-        let r = |t: u64, trace: bool| Record { unix_ms: t, mode: "lazy".into(), trace, preloaded: vec![(0, 1)], faults: vec![(0, 2, 1.5)] };
+        let r = |t: u64, trace: bool| Record {
+            unix_ms: t,
+            mode: "lazy".into(),
+            trace,
+            preloaded: vec![(0, 1)],
+            faults: vec![(0, 2, 1.5)],
+        };
         save(d.path(), &r(10, true)).unwrap();
         save(d.path(), &r(20, false)).unwrap();
         std::fs::write(d.path().join(DIR).join("30-lazy.json"), b"garbage").unwrap();
@@ -124,8 +148,15 @@ mod tests {
         for t in 100..100 + KEEP as u64 + 2 {
             save(d.path(), &r(t, false)).unwrap();
         }
-        assert_eq!(records(&d.path().join(DIR)).len(), KEEP, "older records are pruned");
-        assert_eq!(newest(d.path(), |_| true).unwrap().unix_ms, 100 + KEEP as u64 + 1);
+        assert_eq!(
+            records(&d.path().join(DIR)).len(),
+            KEEP,
+            "older records are pruned"
+        );
+        assert_eq!(
+            newest(d.path(), |_| true).unwrap().unix_ms,
+            100 + KEEP as u64 + 1
+        );
     }
 }
 

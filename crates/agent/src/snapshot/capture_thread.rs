@@ -102,26 +102,40 @@ impl CaptureThread {
             if sh.abort.load(Ordering::SeqCst) {
                 return Err("aborted".into());
             }
-            let stream = Counting { inner: FaultyReader::new(stream, fault, sh.abort.clone()), shared: sh.clone() };
-            capture(std::io::BufReader::with_capacity(1 << 20, stream), &final_dir, opts, &mut |p| {
-                sh.reports.fetch_add(1, Ordering::Relaxed);
-                let what = match p.phase {
-                    Phase::Receiving => "receiving",
-                    Phase::WritingImage => "writing image",
-                    Phase::Done => "image complete",
-                };
-                let _ = tx.send(format!(
-                    "{what}: {} MiB of stream, {} pages written, {:.1} s",
-                    p.stream_bytes >> 20,
-                    p.pages_written,
-                    p.elapsed.as_secs_f64()
-                ));
-            })
+            let stream = Counting {
+                inner: FaultyReader::new(stream, fault, sh.abort.clone()),
+                shared: sh.clone(),
+            };
+            capture(
+                std::io::BufReader::with_capacity(1 << 20, stream),
+                &final_dir,
+                opts,
+                &mut |p| {
+                    sh.reports.fetch_add(1, Ordering::Relaxed);
+                    let what = match p.phase {
+                        Phase::Receiving => "receiving",
+                        Phase::WritingImage => "writing image",
+                        Phase::Done => "image complete",
+                    };
+                    let _ = tx.send(format!(
+                        "{what}: {} MiB of stream, {} pages written, {:.1} s",
+                        p.stream_bytes >> 20,
+                        p.pages_written,
+                        p.elapsed.as_secs_f64()
+                    ));
+                },
+            )
             .map_err(|e| e.to_string())
         });
         let sh = shared.clone();
         std::thread::spawn(move || watchdog(&sh, stall));
-        CaptureThread { handle: Some(handle), shared, stall, progress: rx, result: None }
+        CaptureThread {
+            handle: Some(handle),
+            shared,
+            stall,
+            progress: rx,
+            result: None,
+        }
     }
 
     /// Whether a lack of progress counts as a stall from now on: armed
@@ -144,7 +158,10 @@ impl CaptureThread {
     pub(super) fn finished(&mut self) -> bool {
         if self.result.is_none() && self.handle.as_ref().is_some_and(|h| h.is_finished()) {
             let h = self.handle.take().expect("checked");
-            self.result = Some(h.join().unwrap_or_else(|_| Err("capture thread panicked".into())));
+            self.result = Some(
+                h.join()
+                    .unwrap_or_else(|_| Err("capture thread panicked".into())),
+            );
         }
         self.result.is_some()
     }
@@ -190,7 +207,9 @@ impl CaptureThread {
         let t = Instant::now();
         while !self.finished() {
             if t.elapsed() > ABORT_WAIT {
-                crate::log(format!("the stopped capture has not ended after {ABORT_WAIT:?}; leaving it behind"));
+                crate::log(format!(
+                    "the stopped capture has not ended after {ABORT_WAIT:?}; leaving it behind"
+                ));
                 return;
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -204,14 +223,21 @@ const ABORT_WAIT: Duration = Duration::from_secs(5);
 /// Stops the capture once it has made no progress for `stall` while armed;
 /// ends with the capture.
 fn watchdog(sh: &Shared, stall: Duration) {
-    let progress = || (sh.received.load(Ordering::Relaxed), sh.reports.load(Ordering::Relaxed));
+    let progress = || {
+        (
+            sh.received.load(Ordering::Relaxed),
+            sh.reports.load(Ordering::Relaxed),
+        )
+    };
     let mut seen = (progress(), Instant::now());
     while !sh.ended.load(Ordering::SeqCst) && !sh.abort.load(Ordering::SeqCst) {
         let now = progress();
         if now != seen.0 || !sh.armed.load(Ordering::SeqCst) {
             seen = (now, Instant::now());
         } else if seen.1.elapsed() > stall {
-            crate::log(format!("the capture made no progress for {stall:?}; stopping it"));
+            crate::log(format!(
+                "the capture made no progress for {stall:?}; stopping it"
+            ));
             sh.stalled.store(true, Ordering::SeqCst);
             sh.stop();
             return;

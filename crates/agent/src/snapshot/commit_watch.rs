@@ -67,12 +67,14 @@ pub fn commit_within(
     let cancelled = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel();
     let flag = cancelled.clone();
-    let spawned = std::thread::Builder::new().name("image-commit".into()).spawn(move || {
-        while stall && !flag.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = tx.send(captured.commit_unless(&flag).map_err(|e| e.to_string()));
-    });
+    let spawned = std::thread::Builder::new()
+        .name("image-commit".into())
+        .spawn(move || {
+            while stall && !flag.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = tx.send(captured.commit_unless(&flag).map_err(|e| e.to_string()));
+        });
     if let Err(e) = spawned {
         return Err(format!("starting the commit thread: {e}"));
     }
@@ -80,9 +82,14 @@ pub fn commit_within(
     loop {
         match rx.recv_timeout(PROGRESS_EVERY.min(deadline.saturating_sub(t.elapsed()))) {
             Ok(r) => return r,
-            Err(mpsc::RecvTimeoutError::Disconnected) => return Err("the commit thread ended without a result".into()),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err("the commit thread ended without a result".into())
+            }
             Err(mpsc::RecvTimeoutError::Timeout) if t.elapsed() < deadline => {
-                progress(&format!("committing the image: waiting for the disk to complete its writes ({:.0} s)", t.elapsed().as_secs_f64()));
+                progress(&format!(
+                    "committing the image: waiting for the disk to complete its writes ({:.0} s)",
+                    t.elapsed().as_secs_f64()
+                ));
             }
             Err(mpsc::RecvTimeoutError::Timeout) => break,
         }
@@ -111,6 +118,9 @@ mod tests {
     #[test]
     fn the_deadline_grows_with_the_image() {
         assert_eq!(deadline_for(0), COMMIT_BASE);
-        assert_eq!(deadline_for(16 << 30), COMMIT_BASE + Duration::from_secs(1024));
+        assert_eq!(
+            deadline_for(16 << 30),
+            COMMIT_BASE + Duration::from_secs(1024)
+        );
     }
 }

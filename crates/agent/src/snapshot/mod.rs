@@ -80,7 +80,9 @@ impl std::str::FromStr for Mode {
             "hot" => Ok(Mode::Hot),
             "stop-copy" => Ok(Mode::StopCopy),
             "precopy" => Ok(Mode::Precopy),
-            _ => Err(format!("unknown snapshot mode {s:?}: use hot, stop-copy or precopy")),
+            _ => Err(format!(
+                "unknown snapshot mode {s:?}: use hot, stop-copy or precopy"
+            )),
         }
     }
 }
@@ -218,24 +220,41 @@ pub fn snapshot(
     let start_unix_us = unix_us();
     let vm = &mut member.vm;
     let vm_name = vm.name.clone();
-    let fail = |detail: String| AgentError::Snapshot { vm: vm_name.clone(), detail };
+    let fail = |detail: String| AgentError::Snapshot {
+        vm: vm_name.clone(),
+        detail,
+    };
     // A VM the operator paused is taken as it is and stays paused: no
     // background snapshot (QEMU would resume the guest when it starts
     // one) and no `cont` after. Its "pause" costs the guest nothing.
     let was_running = vm.run_state() == "running";
     let mut opts = opts;
     if !was_running {
-        progress(&format!("{}: the VM is paused; copying it as it is (stop-copy), it stays paused", vm.name));
+        progress(&format!(
+            "{}: the VM is paused; copying it as it is (stop-copy), it stays paused",
+            vm.name
+        ));
         opts.mode = Mode::StopCopy;
     }
-    let root = opts.target.as_ref().map_or_else(|| run.snapshots_dir(), |t| t.root.clone());
+    let root = opts
+        .target
+        .as_ref()
+        .map_or_else(|| run.snapshots_dir(), |t| t.root.clone());
     let (name, final_dir) = new_snapshot_dir(&root, opts.name.clone(), &vm.name)?;
 
     // Outside the pause: the frozen disk (hard links of the chain the VM
     // runs on now, whose top becomes read-only backing once the overlay is
     // on top; see `disk_chain`), the overlay, the capture socket.
-    let vm_dir = vm.config.console_log.parent().expect("console log is in the VM dir").to_path_buf();
-    let disks_dir = opts.target.as_ref().map_or_else(|| root.join(".disks").join(&name), |t| t.disks_dir.clone());
+    let vm_dir = vm
+        .config
+        .console_log
+        .parent()
+        .expect("console log is in the VM dir")
+        .to_path_buf();
+    let disks_dir = opts
+        .target
+        .as_ref()
+        .map_or_else(|| root.join(".disks").join(&name), |t| t.disks_dir.clone());
     let _ = std::fs::remove_dir_all(&disks_dir);
     std::fs::create_dir_all(&disks_dir).map_err(AgentError::io("creating", &disks_dir))?;
     let current_disk = vm.config.disks[0].path.clone();
@@ -281,14 +300,22 @@ pub fn snapshot(
         format: "qcow2".into(),
         extra,
     }];
-    copts.labels.insert("snapshot_mode".into(), mode_name(opts.mode));
+    copts
+        .labels
+        .insert("snapshot_mode".into(), mode_name(opts.mode));
 
     let saved_params = vm.execute("query-migrate-parameters", Value::Null)?;
     // A stop-copy snapshot completes with QEMU's main loop locked: QMP
     // answers only once the whole RAM is written (7 s for a busy 1 GiB
     // guest under TCG in the benchmark), so wait longer than usual.
     vm.qmp()?.set_timeout(SNAPSHOT_QMP_TIMEOUT);
-    let mut cap = CaptureThread::start(listener, final_dir.clone(), copts, opts.fault, STALL_TIMEOUT);
+    let mut cap = CaptureThread::start(
+        listener,
+        final_dir.clone(),
+        copts,
+        opts.fault,
+        STALL_TIMEOUT,
+    );
     let mut ctx = Ctx {
         t: Timings::default(),
         disk_done: false,
@@ -298,8 +325,23 @@ pub fn snapshot(
         reference: opts.reference.clone(),
     };
     // Should this agent die while the VM is paused, the next one resumes it.
-    let marked = if was_running { crate::intent::set(&vm.config, &crate::intent::Intent::Resume) } else { Ok(()) };
-    let result = marked.and_then(|()| run_mode(vm, opts.mode, was_running, &sock, &mut cap, &mut ctx, hooks, progress));
+    let marked = if was_running {
+        crate::intent::set(&vm.config, &crate::intent::Intent::Resume)
+    } else {
+        Ok(())
+    };
+    let result = marked.and_then(|()| {
+        run_mode(
+            vm,
+            opts.mode,
+            was_running,
+            &sock,
+            &mut cap,
+            &mut ctx,
+            hooks,
+            progress,
+        )
+    });
     // Whatever happened: the VM must run on, with rejuvenation's settings
     // back to what they were.
     let mut cap = Some(cap);
@@ -319,7 +361,10 @@ pub fn snapshot(
             // guest hangs at its next write. So a hot snapshot is never
             // cancelled but left to finish into the relay; the others are.
             if let Err(e) = vm.execute("migrate_cancel", Value::Null) {
-                log(format!("VM {}: cancelling the failed snapshot's migration: {e}", vm.name));
+                log(format!(
+                    "VM {}: cancelling the failed snapshot's migration: {e}",
+                    vm.name
+                ));
             }
         }
         // Until the migration has ended, QEMU refuses the settings below
@@ -330,7 +375,11 @@ pub fn snapshot(
     if let Ok(q) = vm.qmp() {
         q.set_timeout(Duration::from_secs(10));
     }
-    let resumed = if was_running { ensure_running(vm) } else { Ok(()) };
+    let resumed = if was_running {
+        ensure_running(vm)
+    } else {
+        Ok(())
+    };
     if resumed.is_ok() {
         crate::intent::clear(&vm.config);
     }
@@ -342,7 +391,8 @@ pub fn snapshot(
     let captured = match (with_resume(&vm.name, result, resumed), cap.take()) {
         (Ok(()), Some(cap)) => {
             let name = vm.name.clone();
-            cap.join(&mut |m| progress(&format!("{name}: {m}"))).map_err(&fail)
+            cap.join(&mut |m| progress(&format!("{name}: {m}")))
+                .map_err(&fail)
         }
         (Ok(()), None) => Err(fail("the capture was stopped".into())),
         (Err(e), cap) => {
@@ -371,7 +421,10 @@ pub fn snapshot(
         m.downtime_ms = Some(t.downtime_ms.round() as u64);
         m.disk_snapshot_ms = Some(t.disk_snapshot_ms.round() as u64);
         m.duration_ms = Some(duration_ms.round() as u64);
-        m.other.insert("downtime_us".into(), json!((t.downtime_ms * 1000.0).round() as u64));
+        m.other.insert(
+            "downtime_us".into(),
+            json!((t.downtime_ms * 1000.0).round() as u64),
+        );
         // HotRestore's WSS_sample: the sampler's mean over the last minutes.
         let samples = crate::sampler::load(&vm_dir);
         if let Some(p) = crate::sampler::mean_pages(&samples) {
@@ -381,7 +434,9 @@ pub fn snapshot(
     }
     let deadline = commit_watch::deadline_for(stats.stream_bytes);
     let vm_name = vm.name.clone();
-    let committed = match commit_watch::commit_within(captured, deadline, opts.fault, &mut |m| progress(&format!("{vm_name}: {m}"))) {
+    let committed = match commit_watch::commit_within(captured, deadline, opts.fault, &mut |m| {
+        progress(&format!("{vm_name}: {m}"))
+    }) {
         Ok(c) => c,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&disks_dir);
@@ -454,7 +509,10 @@ fn run_mode(
     if mode == Mode::Hot && !vm.ram_populated {
         populate_ram(vm, hooks, progress)?;
     }
-    vm.execute("migrate-set-parameters", json!({ "max-bandwidth": SNAPSHOT_BANDWIDTH }))?;
+    vm.execute(
+        "migrate-set-parameters",
+        json!({ "max-bandwidth": SNAPSHOT_BANDWIDTH }),
+    )?;
     set_caps(vm, mode == Mode::Hot, mode == Mode::Precopy)?;
     take_events(vm)?;
     // QEMU writes to a relay it owns, not to our socket: see `relay`.
@@ -466,7 +524,15 @@ fn run_mode(
     hooks.ready()?;
     match mode {
         Mode::Hot | Mode::StopCopy => {
-            progress(&format!("{}: pausing for the {} snapshot", vm.name, if mode == Mode::Hot { "hot" } else { "stop-copy" }));
+            progress(&format!(
+                "{}: pausing for the {} snapshot",
+                vm.name,
+                if mode == Mode::Hot {
+                    "hot"
+                } else {
+                    "stop-copy"
+                }
+            ));
             hooks.before_pause()?;
             if was_running {
                 vm.execute("stop", Value::Null)?;
@@ -523,7 +589,10 @@ fn run_mode(
 /// start besides its writable disks, the cloud-init seed and the workload
 /// script, into `dir`, and points the recorded QEMU configuration there.
 fn freeze_aux_files(vm_config: &mut Value, dir: &Path) -> Result<(), AgentError> {
-    let Ok(mut q) = serde_json::from_value::<crate::qemu::QemuConfig>(vm_config["qemu"].clone()) else { return Ok(()) };
+    let Ok(mut q) = serde_json::from_value::<crate::qemu::QemuConfig>(vm_config["qemu"].clone())
+    else {
+        return Ok(());
+    };
     if q.image.is_none() {
         return Ok(());
     }
@@ -548,7 +617,10 @@ fn freeze_aux_files(vm_config: &mut Value, dir: &Path) -> Result<(), AgentError>
 
 /// How `value` (a mode) is named in JSON and on the command line.
 pub(crate) fn serde_name(value: impl Serialize) -> String {
-    serde_json::to_value(value).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 fn mode_name(mode: Mode) -> String {
@@ -559,9 +631,16 @@ fn mode_name(mode: Mode) -> String {
 /// `-2`, `-3`... if taken) under `root`, creates `root` and removes what
 /// interrupted snapshots left there; returns the name and the directory
 /// the snapshot will be committed to. Shared by VM and cluster snapshots.
-pub(crate) fn new_snapshot_dir(root: &Path, name: Option<String>, base: &str) -> Result<(String, PathBuf), AgentError> {
+pub(crate) fn new_snapshot_dir(
+    root: &Path,
+    name: Option<String>,
+    base: &str,
+) -> Result<(String, PathBuf), AgentError> {
     let name = name.unwrap_or_else(|| default_name(root, base));
-    if !vmcsnap_image::manifest::is_plain_name(&name) || name.starts_with('.') || name.contains(vmcsnap_image::list::TEMP_MARKER) {
+    if !vmcsnap_image::manifest::is_plain_name(&name)
+        || name.starts_with('.')
+        || name.contains(vmcsnap_image::list::TEMP_MARKER)
+    {
         return Err(AgentError::BadRequest(format!(
             "bad snapshot name {name:?}: use a plain file name (no '/', not starting with '.')"
         )));
@@ -575,7 +654,10 @@ pub(crate) fn new_snapshot_dir(root: &Path, name: Option<String>, base: &str) ->
         )));
     }
     if let Err(e) = vmcsnap_image::cleanup_stale(root) {
-        log(format!("snapshot: cleaning stale temporary directories in {}: {e}", root.display()));
+        log(format!(
+            "snapshot: cleaning stale temporary directories in {}: {e}",
+            root.display()
+        ));
     }
     Ok((name, final_dir))
 }
@@ -594,11 +676,17 @@ fn default_name(root: &Path, base: &str) -> String {
 
 /// Microseconds since the Unix epoch.
 pub(crate) fn unix_us() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -610,7 +698,13 @@ mod tests {
         assert_eq!("hot".parse::<Mode>().unwrap(), Mode::Hot);
         assert_eq!("stop-copy".parse::<Mode>().unwrap(), Mode::StopCopy);
         assert_eq!("precopy".parse::<Mode>().unwrap(), Mode::Precopy);
-        assert!("cold".parse::<Mode>().unwrap_err().contains("hot, stop-copy or precopy"));
-        assert_eq!(serde_json::to_value(Mode::StopCopy).unwrap(), json!("stop-copy"));
+        assert!("cold"
+            .parse::<Mode>()
+            .unwrap_err()
+            .contains("hot, stop-copy or precopy"));
+        assert_eq!(
+            serde_json::to_value(Mode::StopCopy).unwrap(),
+            json!("stop-copy")
+        );
     }
 }

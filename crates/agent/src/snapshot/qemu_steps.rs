@@ -16,29 +16,49 @@ use super::*;
 /// QEMU process. (A pre-copy migration cancelled after its first pass does
 /// the same but may complete on its own for an idle guest, which leaves the
 /// disks inactive: QEMU 7.2 then aborts at the next migration.)
-pub(super) fn populate_ram(vm: &mut Vm, hooks: &dyn Hooks, progress: &mut dyn FnMut(&str)) -> Result<(), AgentError> {
+pub(super) fn populate_ram(
+    vm: &mut Vm,
+    hooks: &dyn Hooks,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(), AgentError> {
     /// Bytes read per `pmemsave` (about 10 ms of QEMU's main loop under TCG).
     const CHUNK: u64 = 8 << 20;
     /// microvm maps RAM below 3 GiB, and the rest from 4 GiB.
     const LOW_RAM: u64 = 3 << 30;
     let t = Instant::now();
-    progress(&format!("{}: first hot snapshot of this QEMU: reading guest RAM once so that the pause stays short", vm.name));
+    progress(&format!(
+        "{}: first hot snapshot of this QEMU: reading guest RAM once so that the pause stays short",
+        vm.name
+    ));
     let ram = vm.config.ram_kib() * 1024;
-    let ranges = [(0, ram.min(LOW_RAM)), (4 << 30, ram.saturating_sub(LOW_RAM))];
+    let ranges = [
+        (0, ram.min(LOW_RAM)),
+        (4 << 30, ram.saturating_sub(LOW_RAM)),
+    ];
     for (base, len) in ranges {
         let mut off = 0;
         while off < len {
             if let Some(why) = hooks.cancelled() {
-                return Err(AgentError::Snapshot { vm: vm.name.clone(), detail: format!("cancelled: {why}") });
+                return Err(AgentError::Snapshot {
+                    vm: vm.name.clone(),
+                    detail: format!("cancelled: {why}"),
+                });
             }
             let n = CHUNK.min(len - off);
-            vm.execute("pmemsave", json!({ "val": base + off, "size": n, "filename": "/dev/null" }))?;
+            vm.execute(
+                "pmemsave",
+                json!({ "val": base + off, "size": n, "filename": "/dev/null" }),
+            )?;
             off += n;
             std::thread::sleep(Duration::from_millis(1));
         }
     }
     vm.ram_populated = true;
-    crate::log(format!("VM {}: guest RAM read once in {:.0} ms", vm.name, t.elapsed().as_secs_f64() * 1000.0));
+    crate::log(format!(
+        "VM {}: guest RAM read once in {:.0} ms",
+        vm.name,
+        t.elapsed().as_secs_f64() * 1000.0
+    ));
     Ok(())
 }
 
@@ -51,13 +71,25 @@ pub(super) fn wait_resume(vm: &mut Vm) -> Result<u64, AgentError> {
         match vm.qmp()?.wait_event("RESUME", Duration::from_millis(20)) {
             Ok(ev) => return Ok(ev.timestamp_us),
             Err(vmcsnap_qmp::QmpError::Timeout(..)) => {}
-            Err(source) => return Err(AgentError::Qmp { vm: vm_name, source }),
+            Err(source) => {
+                return Err(AgentError::Qmp {
+                    vm: vm_name,
+                    source,
+                })
+            }
         }
         let st = vm.execute("query-migrate", Value::Null)?;
         let status = st["status"].as_str().unwrap_or("");
         if status == "failed" || status == "cancelled" {
-            let detail = st["error-desc"].as_str().unwrap_or("no detail from QEMU").to_string();
-            return Err(AgentError::Migration { vm: vm.name.clone(), what: "snapshot".into(), detail });
+            let detail = st["error-desc"]
+                .as_str()
+                .unwrap_or("no detail from QEMU")
+                .to_string();
+            return Err(AgentError::Migration {
+                vm: vm.name.clone(),
+                what: "snapshot".into(),
+                detail,
+            });
         }
         if start.elapsed() > ACCEPT_TIMEOUT {
             return Err(AgentError::Snapshot {
@@ -74,7 +106,11 @@ pub(super) fn wait_resume(vm: &mut Vm) -> Result<u64, AgentError> {
 /// with postcopy-ram"); a pre-copy or stop-copy stream would announce
 /// postcopy, which the capture does not take. `return-path` is off too: QEMU
 /// would expect answers on it, and the relay never sends any.
-pub(super) fn set_caps(vm: &mut Vm, background: bool, pause_before_switchover: bool) -> Result<Value, AgentError> {
+pub(super) fn set_caps(
+    vm: &mut Vm,
+    background: bool,
+    pause_before_switchover: bool,
+) -> Result<Value, AgentError> {
     vm.execute(
         "migrate-set-capabilities",
         json!({ "capabilities": [
@@ -91,7 +127,10 @@ pub(super) fn set_caps(vm: &mut Vm, background: bool, pause_before_switchover: b
 /// the ones it needs), bandwidth and downtime limit as they were.
 pub(super) fn restore_settings(vm: &mut Vm, saved: &Value) {
     if let Err(e) = set_caps(vm, false, false) {
-        log(format!("VM {}: resetting migration capabilities: {e}", vm.name));
+        log(format!(
+            "VM {}: resetting migration capabilities: {e}",
+            vm.name
+        ));
     }
     let mut p = serde_json::Map::new();
     for k in ["max-bandwidth", "downtime-limit"] {
@@ -100,7 +139,10 @@ pub(super) fn restore_settings(vm: &mut Vm, saved: &Value) {
         }
     }
     if let Err(e) = vm.execute("migrate-set-parameters", Value::Object(p)) {
-        log(format!("VM {}: resetting migration parameters: {e}", vm.name));
+        log(format!(
+            "VM {}: resetting migration parameters: {e}",
+            vm.name
+        ));
     }
 }
 
@@ -109,7 +151,10 @@ pub(super) fn ensure_running(vm: &mut Vm) -> Result<(), AgentError> {
     let st = vm.execute("query-status", Value::Null)?;
     let status = st["status"].as_str().unwrap_or("");
     if status != "running" {
-        log(format!("VM {}: {status} after the snapshot; resuming it", vm.name));
+        log(format!(
+            "VM {}: {status} after the snapshot; resuming it",
+            vm.name
+        ));
         vm.execute("cont", Value::Null)?;
     }
     Ok(())
@@ -118,7 +163,11 @@ pub(super) fn ensure_running(vm: &mut Vm) -> Result<(), AgentError> {
 /// A snapshot's outcome once [`ensure_running`] has tried to resume the
 /// guest. A failure to resume is never dropped: a guest left paused is what
 /// the user must hear about, with or without a snapshot error before it.
-pub(super) fn with_resume(vm: &str, result: Result<(), AgentError>, resumed: Result<(), AgentError>) -> Result<(), AgentError> {
+pub(super) fn with_resume(
+    vm: &str,
+    result: Result<(), AgentError>,
+    resumed: Result<(), AgentError>,
+) -> Result<(), AgentError> {
     let Err(r) = resumed else { return result };
     let paused = format!(
         "the guest may be left paused: resuming it failed: {r} (`vmcsnap status` shows its state; `vmcsnap stop {vm}` ends it)"
@@ -127,12 +176,17 @@ pub(super) fn with_resume(vm: &str, result: Result<(), AgentError>, resumed: Res
         Ok(()) => paused,
         Err(e) => format!("{e}; {paused}"),
     };
-    Err(AgentError::Snapshot { vm: vm.to_string(), detail })
+    Err(AgentError::Snapshot {
+        vm: vm.to_string(),
+        detail,
+    })
 }
 
 pub(super) fn take_events(vm: &mut Vm) -> Result<(), AgentError> {
     let name = vm.name.clone();
-    vm.qmp()?.take_events().map_err(|source| AgentError::Qmp { vm: name, source })?;
+    vm.qmp()?
+        .take_events()
+        .map_err(|source| AgentError::Qmp { vm: name, source })?;
     Ok(())
 }
 
@@ -142,7 +196,9 @@ pub(super) fn top_node(vm: &mut Vm) -> String {
     vm.execute("query-block", Value::Null)
         .ok()
         .and_then(|v| {
-            v.as_array()?.iter().find_map(|d| d["inserted"]["node-name"].as_str().map(str::to_string))
+            v.as_array()?
+                .iter()
+                .find_map(|d| d["inserted"]["node-name"].as_str().map(str::to_string))
         })
         .unwrap_or_else(|| crate::qemu::DISK_NODE.to_string())
 }
@@ -179,7 +235,13 @@ pub(super) fn copy_reference(vm: &Vm, ctx: &Ctx) -> Result<(), AgentError> {
 /// Waits for the QMP event `name` and returns its timestamp (µs).
 pub(super) fn event_ts(vm: &mut Vm, name: &str) -> Result<u64, AgentError> {
     let vm_name = vm.name.clone();
-    let ev = vm.qmp()?.wait_event(name, Duration::from_secs(10)).map_err(|source| AgentError::Qmp { vm: vm_name, source })?;
+    let ev = vm
+        .qmp()?
+        .wait_event(name, Duration::from_secs(10))
+        .map_err(|source| AgentError::Qmp {
+            vm: vm_name,
+            source,
+        })?;
     Ok(ev.timestamp_us)
 }
 
@@ -210,37 +272,63 @@ fn poll_migration(
     let mut relaxed = false;
     loop {
         if let Some(why) = hooks.cancelled() {
-            return Err(AgentError::Snapshot { vm: vm.name.clone(), detail: format!("cancelled: {why}") });
+            return Err(AgentError::Snapshot {
+                vm: vm.name.clone(),
+                detail: format!("cancelled: {why}"),
+            });
         }
         for m in cap.progress.try_iter() {
             progress(&format!("{}: {m}", vm.name));
         }
         let st = vm.execute("query-migrate", Value::Null)?;
         if let Some(e) = cap.stalled() {
-            return Err(AgentError::Snapshot { vm: vm.name.clone(), detail: e });
+            return Err(AgentError::Snapshot {
+                vm: vm.name.clone(),
+                detail: e,
+            });
         }
         let status = st["status"].as_str().unwrap_or("");
         if until.contains(&status) {
             return Ok(());
         }
         if status == "failed" || status == "cancelled" {
-            let mut detail = st["error-desc"].as_str().unwrap_or("no detail from QEMU").to_string();
+            let mut detail = st["error-desc"]
+                .as_str()
+                .unwrap_or("no detail from QEMU")
+                .to_string();
             if cap.finished() {
                 if let Some(e) = cap.error() {
                     detail = format!("{detail}; capture: {e}");
                 }
             }
-            return Err(AgentError::Migration { vm: vm.name.clone(), what: "snapshot".into(), detail });
+            return Err(AgentError::Migration {
+                vm: vm.name.clone(),
+                what: "snapshot".into(),
+                detail,
+            });
         }
         if cap.finished() {
             if let Some(e) = cap.error() {
-                return Err(AgentError::Snapshot { vm: vm.name.clone(), detail: format!("capture: {e}") });
+                return Err(AgentError::Snapshot {
+                    vm: vm.name.clone(),
+                    detail: format!("capture: {e}"),
+                });
             }
         }
-        if !relaxed && status == "active" && start.elapsed() > PRECOPY_RELAX_AFTER && until.contains(&"pre-switchover") {
+        if !relaxed
+            && status == "active"
+            && start.elapsed() > PRECOPY_RELAX_AFTER
+            && until.contains(&"pre-switchover")
+        {
             relaxed = true;
-            log(format!("VM {}: pre-copy not converging; raising downtime-limit to 5 s", vm.name));
-            progress(&format!("{}: pre-copy not converging, raising the downtime limit", vm.name));
+            log(format!(
+                "VM {}: pre-copy not converging; raising downtime-limit to 5 s",
+                vm.name
+            ));
+            progress(&format!(
+                "{}: pre-copy not converging, raising the downtime limit",
+                vm.name
+            ));
             let _ = vm.execute("migrate-set-parameters", json!({ "downtime-limit": 5000 }));
         }
         if start.elapsed() > MIGRATION_TIMEOUT {
@@ -259,20 +347,44 @@ mod tests {
     use super::*;
 
     fn err(detail: &str) -> AgentError {
-        AgentError::Snapshot { vm: "a".into(), detail: detail.into() }
+        AgentError::Snapshot {
+            vm: "a".into(),
+            detail: detail.into(),
+        }
     }
 
     #[test]
     fn a_guest_left_paused_is_always_reported() {
         assert!(with_resume("a", Ok(()), Ok(())).is_ok());
-        let only_snapshot = with_resume("a", Err(err("capture broke")), Ok(())).unwrap_err().to_string();
-        assert!(only_snapshot.contains("capture broke") && !only_snapshot.contains("paused"), "{only_snapshot}");
+        let only_snapshot = with_resume("a", Err(err("capture broke")), Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            only_snapshot.contains("capture broke") && !only_snapshot.contains("paused"),
+            "{only_snapshot}"
+        );
         // Regression: a pre-copy snapshot stuck in QEMU's completion timed
         // out, `cont` failed, and the error said only "not finished after
         // 600s" while the guest stayed paused.
-        let both = with_resume("a", Err(err("not finished after 600s")), Err(err("Migration is not finished"))).unwrap_err().to_string();
-        assert!(both.contains("not finished after 600s") && both.contains("left paused") && both.contains("Migration is not finished"), "{both}");
-        let only_resume = with_resume("a", Ok(()), Err(err("cont failed"))).unwrap_err().to_string();
-        assert!(only_resume.contains("left paused") && only_resume.contains("vmcsnap stop a"), "{only_resume}");
+        let both = with_resume(
+            "a",
+            Err(err("not finished after 600s")),
+            Err(err("Migration is not finished")),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            both.contains("not finished after 600s")
+                && both.contains("left paused")
+                && both.contains("Migration is not finished"),
+            "{both}"
+        );
+        let only_resume = with_resume("a", Ok(()), Err(err("cont failed")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            only_resume.contains("left paused") && only_resume.contains("vmcsnap stop a"),
+            "{only_resume}"
+        );
     }
 }

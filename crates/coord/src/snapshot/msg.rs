@@ -91,7 +91,8 @@ impl Msg {
     /// Parses one line written by [`to_json_line`](Self::to_json_line)
     /// (surrounding whitespace, including the newline, is ignored).
     pub fn from_json_line(line: &str) -> Result<Msg, MsgError> {
-        crate::transport::parse_json_line(line).map_err(|(line, source)| MsgError::Decode { line, source })
+        crate::transport::parse_json_line(line)
+            .map_err(|(line, source)| MsgError::Decode { line, source })
     }
 }
 

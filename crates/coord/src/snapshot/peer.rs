@@ -262,7 +262,8 @@ impl Peer {
         });
         self.end = Some(End::Abandoned);
         self.failure = error;
-        self.timers.linger(now, self.t.retry, self.t.transient_deadline);
+        self.timers
+            .linger(now, self.t.retry, self.t.transient_deadline);
         out
     }
 

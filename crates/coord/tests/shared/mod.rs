@@ -37,7 +37,9 @@ pub struct Log<A> {
 
 impl<A> Default for Log<A> {
     fn default() -> Self {
-        Log { entries: Mutex::new(Vec::new()) }
+        Log {
+            entries: Mutex::new(Vec::new()),
+        }
     }
 }
 

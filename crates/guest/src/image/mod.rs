@@ -174,9 +174,14 @@ pub fn find_image(cache_root: &Path, name: &str) -> Result<Option<BuiltImage>, I
         .into_iter()
         .filter(|i| i.name == name)
         .filter_map(|i| {
-            let recipe = ImageRecipe { name: i.name.clone(), ..ImageRecipe::base() };
+            let recipe = ImageRecipe {
+                name: i.name.clone(),
+                ..ImageRecipe::base()
+            };
             let b = built_in(&i.dir, &recipe, &i.key)?;
-            let t = fs::metadata(i.dir.join("complete")).and_then(|m| m.modified()).ok()?;
+            let t = fs::metadata(i.dir.join("complete"))
+                .and_then(|m| m.modified())
+                .ok()?;
             Some((t, b))
         })
         .collect();
@@ -231,7 +236,9 @@ pub fn ensure_image(
     let (bash, work, src) = crate::build_workspace(
         cache_root,
         &format!(".image-{name}-{key}-"),
-        EMBEDDED.iter().map(|(path, contents)| (*path, *contents, path.ends_with(".sh"))),
+        EMBEDDED
+            .iter()
+            .map(|(path, contents)| (*path, *contents, path.ends_with(".sh"))),
     )?;
     let out = work.path().join("out");
     progress(&format!(

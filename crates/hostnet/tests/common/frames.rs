@@ -39,7 +39,10 @@ pub struct Arp {
 }
 
 pub fn parse_arp(f: &[u8]) -> Option<Arp> {
-    if f.len() < 42 || u16::from_be_bytes([f[12], f[13]]) != ETH_ARP || f[14..20] != [0, 1, 8, 0, 6, 4] {
+    if f.len() < 42
+        || u16::from_be_bytes([f[12], f[13]]) != ETH_ARP
+        || f[14..20] != [0, 1, 8, 0, 6, 4]
+    {
         return None;
     }
     let ip = |o: usize| Ipv4Addr::new(f[o], f[o + 1], f[o + 2], f[o + 3]);
@@ -56,7 +59,11 @@ pub fn parse_arp(f: &[u8]) -> Option<Arp> {
 pub fn checksum(data: &[u8]) -> u16 {
     let mut sum: u32 = 0;
     for c in data.chunks(2) {
-        let w = if c.len() == 2 { u16::from_be_bytes([c[0], c[1]]) } else { u16::from_be_bytes([c[0], 0]) };
+        let w = if c.len() == 2 {
+            u16::from_be_bytes([c[0], c[1]])
+        } else {
+            u16::from_be_bytes([c[0], 0])
+        };
         sum += u32::from(w);
     }
     while sum >> 16 != 0 {

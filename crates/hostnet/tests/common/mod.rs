@@ -28,7 +28,11 @@ pub struct NetnsGuard(pub String);
 impl NetnsGuard {
     pub fn new(label: &str) -> Self {
         static N: AtomicUsize = AtomicUsize::new(0);
-        let name = format!("vmcsnap-t{}-{}-{label}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let name = format!(
+            "vmcsnap-t{}-{}-{label}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
         let _ = destroy_netns(&name);
         NetnsGuard(name)
     }
@@ -51,8 +55,13 @@ pub struct FakeSwitch {
 impl FakeSwitch {
     pub fn connect(path: &Path) -> Self {
         let stream = UnixStream::connect(path).expect("connect to the relay");
-        stream.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-        FakeSwitch { stream, dec: Decoder::new() }
+        stream
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        FakeSwitch {
+            stream,
+            dec: Decoder::new(),
+        }
     }
 
     pub fn send(&mut self, frame: &[u8]) {
@@ -66,17 +75,28 @@ impl FakeSwitch {
         let deadline = Instant::now() + PATIENCE;
         let mut buf = [0u8; 4096];
         loop {
-            if let Some(f) = self.dec.next_frame().expect("well-formed stream from the relay") {
+            if let Some(f) = self
+                .dec
+                .next_frame()
+                .expect("well-formed stream from the relay")
+            {
                 return Some(f.to_vec());
             }
             match self.stream.read(&mut buf) {
                 Ok(0) => return None,
                 Ok(n) => self.dec.feed(&buf[..n]),
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
                 Err(e) => panic!("read from the relay: {e}"),
             }
-            assert!(Instant::now() < deadline, "no frame from the relay within {PATIENCE:?}");
+            assert!(
+                Instant::now() < deadline,
+                "no frame from the relay within {PATIENCE:?}"
+            );
         }
     }
 
@@ -102,7 +122,13 @@ impl FakeSwitch {
         let reply = self.wait_for(|f| parse_arp(f).filter(|a| a.op == 2));
         assert_eq!(
             reply,
-            Arp { eth_dst: VM_MAC, op: 2, sha: HOST_MAC, spa: HOST_ADDRESS, tpa: VM_IP },
+            Arp {
+                eth_dst: VM_MAC,
+                op: 2,
+                sha: HOST_MAC,
+                spa: HOST_ADDRESS,
+                tpa: VM_IP
+            },
             "ARP reply of the host interface"
         );
     }
@@ -110,11 +136,28 @@ impl FakeSwitch {
     /// Ping the host and check the echo reply.
     pub fn ping_host(&mut self, seq: u16) {
         let payload: Vec<u8> = (0..48u8).map(|b| b ^ seq as u8).collect();
-        self.send(&icmp_echo(8, VM_MAC, HOST_MAC, VM_IP, HOST_ADDRESS, 0x4242, seq, &payload));
+        self.send(&icmp_echo(
+            8,
+            VM_MAC,
+            HOST_MAC,
+            VM_IP,
+            HOST_ADDRESS,
+            0x4242,
+            seq,
+            &payload,
+        ));
         let reply = self.wait_for(|f| parse_echo(f).filter(|e| e.ty == 0 && e.seq == seq));
         assert_eq!(
             reply,
-            Echo { eth_src: HOST_MAC, ty: 0, src: HOST_ADDRESS, dst: VM_IP, id: 0x4242, seq, payload },
+            Echo {
+                eth_src: HOST_MAC,
+                ty: 0,
+                src: HOST_ADDRESS,
+                dst: VM_IP,
+                id: 0x4242,
+                seq,
+                payload
+            },
             "echo reply of the host interface"
         );
     }

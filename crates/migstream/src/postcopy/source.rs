@@ -332,7 +332,10 @@ impl Sender<'_> {
         while self.sent_count < self.total {
             self.poll(None)?;
             let background_at = cfg.hold.until().map_or(after_run, |h| h.max(after_run));
-            if !self.demand.is_empty() || !self.neighbours.is_empty() || Instant::now() < background_at {
+            if !self.demand.is_empty()
+                || !self.neighbours.is_empty()
+                || Instant::now() < background_at
+            {
                 self.work(Work::Demand);
             }
             if let Some(id) = self.demand.pop_front() {

@@ -209,7 +209,12 @@ pub fn start_background_snapshot(
     let mig_path = dir.join(format!("{prefix}mig.sock"));
     let listener = UnixListener::bind(&mig_path).unwrap();
     let args = writer_args(kernel, "memory-backend-memfd,id=mem,size=16M,share=on");
-    let qemu = spawn_qemu(qemu_bin, &args, &qmp_path, &dir.join(format!("{prefix}qemu.log")));
+    let qemu = spawn_qemu(
+        qemu_bin,
+        &args,
+        &qmp_path,
+        &dir.join(format!("{prefix}qemu.log")),
+    );
     let mut qmp = Qmp::connect(&qmp_path);
     std::thread::sleep(Duration::from_millis(300)); // let the guest run
     qmp.cmd(

@@ -21,7 +21,10 @@ impl SwitchCore {
     /// Registers (or replaces) a static lease, answered to requests from
     /// `port` only. See [`DhcpServer::set_lease`].
     pub fn set_dhcp_lease(&mut self, port: PortId, lease: DhcpLease) -> Result<(), DhcpError> {
-        self.dhcp.as_mut().ok_or(DhcpError::Disabled)?.set_lease(port, lease)
+        self.dhcp
+            .as_mut()
+            .ok_or(DhcpError::Disabled)?
+            .set_lease(port, lease)
     }
 
     /// Removes the lease of `mac`; returns whether there was one.
@@ -108,12 +111,22 @@ mod tests {
         assert_eq!(reply.tag.sender(), None, "untagged, like injected frames");
         assert_eq!((queued(&c, p[1]), queued(&c, p[2])), (0, 0), "not flooded");
         let counters = c.port(p[0]).unwrap().counters;
-        assert_eq!((counters.rx_frames, counters.dhcp_requests, counters.dhcp_replies), (1, 1, 1));
+        assert_eq!(
+            (
+                counters.rx_frames,
+                counters.dhcp_requests,
+                counters.dhcp_replies
+            ),
+            (1, 1, 1)
+        );
 
         // An unknown MAC: intercepted, counted, unanswered, not forwarded.
         let d = c.receive(p[1], &discover_frame(vm_mac(9)));
         assert_eq!(d, Decision::Answered(None));
-        assert_eq!((queued(&c, p[0]), queued(&c, p[1]), queued(&c, p[2])), (0, 0, 0));
+        assert_eq!(
+            (queued(&c, p[0]), queued(&c, p[1]), queued(&c, p[2])),
+            (0, 0, 0)
+        );
         assert_eq!((c.totals().dhcp_requests, c.totals().dhcp_replies), (2, 1));
 
         // Removing a port removes its leases.
@@ -126,9 +139,16 @@ mod tests {
     fn without_dhcp_requests_are_switched_as_usual() {
         let (mut c, p) = setup(2);
         c.set_dhcp(None).unwrap();
-        assert_eq!(c.receive(p[0], &discover_frame(vm_mac(2))), Decision::Flood(vec![p[1]]));
+        assert_eq!(
+            c.receive(p[0], &discover_frame(vm_mac(2))),
+            Decision::Flood(vec![p[1]])
+        );
         assert_eq!(c.totals().dhcp_requests, 0);
-        let lease = DhcpLease { mac: vm_mac(2), ip: Ipv4Addr::new(10, 77, 0, 2), hostname: "a".into() };
+        let lease = DhcpLease {
+            mac: vm_mac(2),
+            ip: Ipv4Addr::new(10, 77, 0, 2),
+            hostname: "a".into(),
+        };
         assert_eq!(c.set_dhcp_lease(p[0], lease), Err(DhcpError::Disabled));
     }
 
@@ -140,7 +160,10 @@ mod tests {
         assert_eq!(c.pop_tx(p[0]), None);
         assert_eq!(c.port(p[0]).unwrap().counters.held, 1);
         c.release(p[0]);
-        assert_eq!(reply_kind(&c.pop_tx(p[0]).unwrap()), Some(MessageType::Offer));
+        assert_eq!(
+            reply_kind(&c.pop_tx(p[0]).unwrap()),
+            Some(MessageType::Offer)
+        );
     }
 
     #[test]
@@ -153,23 +176,35 @@ mod tests {
         c.release(p[0]);
         // A post VM's request: its reply is not logged as channel state.
         c.receive(p[0], &discover_frame(vm_mac(2)));
-        assert_eq!(reply_kind(&c.pop_tx(p[0]).unwrap()), Some(MessageType::Offer));
+        assert_eq!(
+            reply_kind(&c.pop_tx(p[0]).unwrap()),
+            Some(MessageType::Offer)
+        );
         // A pre VM's request, answered after another VM's cut: no auto
         // hold, no trigger.
         c.receive(p[1], &discover_frame(vm_mac(3)));
         assert!(!c.port(p[1]).unwrap().holding);
         assert!(c.take_triggers().is_empty());
-        assert_eq!(reply_kind(&c.pop_tx(p[1]).unwrap()), Some(MessageType::Offer));
+        assert_eq!(
+            reply_kind(&c.pop_tx(p[1]).unwrap()),
+            Some(MessageType::Offer)
+        );
         // A request read while the pre VM is held for its cut, answered
         // across the cut: not channel state either.
         c.prepare_cut(p[1]).unwrap();
         c.receive(p[1], &discover_frame(vm_mac(3)));
         c.cut(p[1], false).unwrap();
         c.release(p[1]);
-        assert_eq!(reply_kind(&c.pop_tx(p[1]).unwrap()), Some(MessageType::Offer));
+        assert_eq!(
+            reply_kind(&c.pop_tx(p[1]).unwrap()),
+            Some(MessageType::Offer)
+        );
         let (log, _) = c.end_session().unwrap();
         assert!(log.frames.is_empty());
-        assert_eq!((log.stats.logged, log.stats.violations, log.stats.triggers), (0, 0, 0));
+        assert_eq!(
+            (log.stats.logged, log.stats.violations, log.stats.triggers),
+            (0, 0, 0)
+        );
         assert_eq!(c.totals().logged, 0);
     }
 }

@@ -74,7 +74,10 @@ use thiserror::Error;
 
 use crate::core::{MacAddr, PortId};
 
-pub use frame::{build as build_udp_frame, is_server_bound, parse as parse_udp_frame, Addressing, FrameError, UdpFrame, CLIENT_PORT, SERVER_PORT};
+pub use frame::{
+    build as build_udp_frame, is_server_bound, parse as parse_udp_frame, Addressing, FrameError,
+    UdpFrame, CLIENT_PORT, SERVER_PORT,
+};
 
 /// Default server address: the host side of the cluster subnet.
 pub const DEFAULT_SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
@@ -121,7 +124,9 @@ impl Default for DhcpConfig {
 impl DhcpConfig {
     /// The subnet mask of [`prefix_len`](Self::prefix_len).
     pub fn netmask(&self) -> Ipv4Addr {
-        let bits = u32::MAX.checked_shl(32 - u32::from(self.prefix_len.min(32))).unwrap_or(0);
+        let bits = u32::MAX
+            .checked_shl(32 - u32::from(self.prefix_len.min(32)))
+            .unwrap_or(0);
         Ipv4Addr::from(bits)
     }
 
@@ -300,11 +305,17 @@ impl DhcpServer {
         }
         let h = &lease.hostname;
         let name_ok = (1..=MAX_HOSTNAME_LEN).contains(&h.len())
-            && h.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+            && h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
         if !name_ok {
             return Err(DhcpError::BadHostname(h.clone()));
         }
-        log::debug!("dhcp: {port}: {} -> {} ({})", lease.mac, lease.ip, lease.hostname);
+        log::debug!(
+            "dhcp: {port}: {} -> {} ({})",
+            lease.mac,
+            lease.ip,
+            lease.hostname
+        );
         self.leases.insert(lease.mac, (port, lease));
         Ok(())
     }

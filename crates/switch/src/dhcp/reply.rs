@@ -28,8 +28,8 @@ impl DhcpServer {
         if udp.payload.get(MAGIC_AT..MAGIC_AT + 4) != Some(&MAGIC[..]) {
             return Err(IgnoreReason::Malformed);
         }
-        let msg = Message::decode(&mut Decoder::new(udp.payload))
-            .map_err(|_| IgnoreReason::Malformed)?;
+        let msg =
+            Message::decode(&mut Decoder::new(udp.payload)).map_err(|_| IgnoreReason::Malformed)?;
         // `hlen` is checked before `chaddr()`, which slices by it.
         if msg.opcode() != Opcode::BootRequest || msg.htype() != HType::Eth || msg.hlen() != 6 {
             return Err(IgnoreReason::Unsupported);
@@ -40,7 +40,11 @@ impl DhcpServer {
         let Some(kind) = msg.opts().msg_type() else {
             return Err(IgnoreReason::Malformed);
         };
-        let mac = MacAddr(msg.chaddr().try_into().map_err(|_| IgnoreReason::Unsupported)?);
+        let mac = MacAddr(
+            msg.chaddr()
+                .try_into()
+                .map_err(|_| IgnoreReason::Unsupported)?,
+        );
         let Some((lease_port, lease)) = self.lease(mac) else {
             log::debug!("dhcp: {port}: no lease for {mac}, not answering its {kind:?}");
             return Err(IgnoreReason::UnknownClient);
@@ -52,12 +56,20 @@ impl DhcpServer {
             return Err(IgnoreReason::WrongPort);
         }
         let verdict = self.decide(kind, &msg, lease)?;
-        log::debug!("dhcp: {port}: {kind:?} from {mac} ({}) answered", lease.hostname);
+        log::debug!(
+            "dhcp: {port}: {kind:?} from {mac} ({}) answered",
+            lease.hostname
+        );
         self.reply_frame(verdict, &msg, lease, mac)
     }
 
     /// RFC 2131 4.3: what a message of type `kind` from the owner of `lease` gets.
-    fn decide(&self, kind: MessageType, msg: &Message, lease: &DhcpLease) -> Result<Verdict, IgnoreReason> {
+    fn decide(
+        &self,
+        kind: MessageType,
+        msg: &Message,
+        lease: &DhcpLease,
+    ) -> Result<Verdict, IgnoreReason> {
         let opt_ip = |code| match msg.opts().get(code) {
             Some(DhcpOption::RequestedIpAddress(ip)) | Some(DhcpOption::ServerIdentifier(ip)) => {
                 Some(*ip)
@@ -111,7 +123,8 @@ impl DhcpServer {
             .set_flags(req.flags());
         let opts = m.opts_mut();
         opts.insert(DhcpOption::ServerIdentifier(c.server_ip));
-        if let Some(DhcpOption::ClientIdentifier(id)) = req.opts().get(OptionCode::ClientIdentifier) {
+        if let Some(DhcpOption::ClientIdentifier(id)) = req.opts().get(OptionCode::ClientIdentifier)
+        {
             opts.insert(DhcpOption::ClientIdentifier(id.clone()));
         }
         let kind = match verdict {

@@ -25,7 +25,11 @@ fn port(n: u32) -> PortId {
 fn server_with(config: DhcpConfig) -> DhcpServer {
     let mut s = DhcpServer::new(config).unwrap();
     for (p, n, ip, name) in [(0, 2, ALPHA_IP, "alpha"), (1, 3, BETA_IP, "beta")] {
-        let lease = DhcpLease { mac: vm_mac(n), ip, hostname: name.into() };
+        let lease = DhcpLease {
+            mac: vm_mac(n),
+            ip,
+            hostname: name.into(),
+        };
         s.set_lease(port(p), lease).unwrap();
     }
     s
@@ -68,13 +72,23 @@ fn encode(m: &Message) -> Vec<u8> {
 /// `m` in a frame from the client (port 68) to port 67.
 fn frame_to(m: &Message, dst_mac: MacAddr, src_ip: Ipv4Addr, dst_ip: Ipv4Addr) -> Vec<u8> {
     let src_mac = MacAddr(m.chaddr().try_into().unwrap());
-    let a = Addressing { src_mac, dst_mac, src_ip, dst_ip };
+    let a = Addressing {
+        src_mac,
+        dst_mac,
+        src_ip,
+        dst_ip,
+    };
     build_udp_frame(&a, CLIENT_PORT, SERVER_PORT, &encode(m))
 }
 
 /// `m` broadcast from 0.0.0.0, as a client without address sends it.
 fn bcast(m: &Message) -> Vec<u8> {
-    frame_to(m, MacAddr::BROADCAST, Ipv4Addr::UNSPECIFIED, Ipv4Addr::BROADCAST)
+    frame_to(
+        m,
+        MacAddr::BROADCAST,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::BROADCAST,
+    )
 }
 
 /// A decoded reply: Ethernet destination, the UDP frame fields, the message.
@@ -130,16 +144,41 @@ fn discover_gets_an_offer_of_the_lease() {
     assert_eq!(r.msg.ciaddr(), Ipv4Addr::UNSPECIFIED);
     assert_eq!(r.msg.chaddr(), &vm_mac(2).0);
     let mask = Ipv4Addr::new(255, 255, 255, 0);
-    assert_eq!(r.opt(OptionCode::SubnetMask), Some(&DhcpOption::SubnetMask(mask)));
+    assert_eq!(
+        r.opt(OptionCode::SubnetMask),
+        Some(&DhcpOption::SubnetMask(mask))
+    );
     let bcast_addr = Ipv4Addr::new(10, 77, 0, 255);
-    assert_eq!(r.opt(OptionCode::BroadcastAddr), Some(&DhcpOption::BroadcastAddr(bcast_addr)));
-    assert_eq!(r.opt(OptionCode::ServerIdentifier), Some(&DhcpOption::ServerIdentifier(SERVER)));
-    assert_eq!(r.opt(OptionCode::AddressLeaseTime), Some(&DhcpOption::AddressLeaseTime(86_400)));
-    assert_eq!(r.opt(OptionCode::Renewal), Some(&DhcpOption::Renewal(43_200)));
-    assert_eq!(r.opt(OptionCode::Rebinding), Some(&DhcpOption::Rebinding(75_600)));
-    assert_eq!(r.opt(OptionCode::Hostname), Some(&DhcpOption::Hostname("alpha".into())));
+    assert_eq!(
+        r.opt(OptionCode::BroadcastAddr),
+        Some(&DhcpOption::BroadcastAddr(bcast_addr))
+    );
+    assert_eq!(
+        r.opt(OptionCode::ServerIdentifier),
+        Some(&DhcpOption::ServerIdentifier(SERVER))
+    );
+    assert_eq!(
+        r.opt(OptionCode::AddressLeaseTime),
+        Some(&DhcpOption::AddressLeaseTime(86_400))
+    );
+    assert_eq!(
+        r.opt(OptionCode::Renewal),
+        Some(&DhcpOption::Renewal(43_200))
+    );
+    assert_eq!(
+        r.opt(OptionCode::Rebinding),
+        Some(&DhcpOption::Rebinding(75_600))
+    );
+    assert_eq!(
+        r.opt(OptionCode::Hostname),
+        Some(&DhcpOption::Hostname("alpha".into()))
+    );
     assert_eq!(r.opt(OptionCode::Router), None, "no router by default");
-    assert_eq!(r.opt(OptionCode::DomainNameServer), None, "no DNS by default");
+    assert_eq!(
+        r.opt(OptionCode::DomainNameServer),
+        None,
+        "no DNS by default"
+    );
     // No broadcast flag: unicast to the offered address at the client's MAC.
     assert_eq!((r.dst_mac, r.dst_ip), (vm_mac(2), ALPHA_IP));
     assert_eq!((r.src_mac, r.src_ip), (DEFAULT_SERVER_MAC, SERVER));
@@ -150,7 +189,10 @@ fn discover_gets_an_offer_of_the_lease() {
     let r = answer(&s, 1, &bcast(&m));
     assert_eq!(r.msg.yiaddr(), BETA_IP);
     assert!(r.msg.flags().broadcast());
-    assert_eq!((r.dst_mac, r.dst_ip), (MacAddr::BROADCAST, Ipv4Addr::BROADCAST));
+    assert_eq!(
+        (r.dst_mac, r.dst_ip),
+        (MacAddr::BROADCAST, Ipv4Addr::BROADCAST)
+    );
 }
 
 #[test]
@@ -165,18 +207,32 @@ fn configured_router_dns_lease_time_and_client_id_are_sent() {
     let s = server_with(config.clone());
     let mut m = msg(MessageType::Discover, vm_mac(2));
     let client_id = vec![1, 0x52, 0x54, 0x00, 0x77, 0x00, 0x02];
-    m.opts_mut().insert(DhcpOption::ClientIdentifier(client_id.clone()));
+    m.opts_mut()
+        .insert(DhcpOption::ClientIdentifier(client_id.clone()));
     let r = answer(&s, 0, &bcast(&m));
-    assert_eq!(r.opt(OptionCode::Router), Some(&DhcpOption::Router(vec![SERVER])));
-    assert_eq!(r.opt(OptionCode::DomainNameServer), Some(&DhcpOption::DomainNameServer(config.dns)));
-    assert_eq!(r.opt(OptionCode::AddressLeaseTime), Some(&DhcpOption::AddressLeaseTime(600)));
-    assert_eq!(r.opt(OptionCode::ClientIdentifier), Some(&DhcpOption::ClientIdentifier(client_id)));
+    assert_eq!(
+        r.opt(OptionCode::Router),
+        Some(&DhcpOption::Router(vec![SERVER]))
+    );
+    assert_eq!(
+        r.opt(OptionCode::DomainNameServer),
+        Some(&DhcpOption::DomainNameServer(config.dns))
+    );
+    assert_eq!(
+        r.opt(OptionCode::AddressLeaseTime),
+        Some(&DhcpOption::AddressLeaseTime(600))
+    );
+    assert_eq!(
+        r.opt(OptionCode::ClientIdentifier),
+        Some(&DhcpOption::ClientIdentifier(client_id))
+    );
     assert_eq!(r.src_mac, MacAddr([0x02, 0, 0, 0, 0, 0x99]));
 }
 
 fn selecting(mac: MacAddr, requested: Ipv4Addr, server_id: Ipv4Addr) -> Message {
     let mut m = msg(MessageType::Request, mac);
-    m.opts_mut().insert(DhcpOption::RequestedIpAddress(requested));
+    m.opts_mut()
+        .insert(DhcpOption::RequestedIpAddress(requested));
     m.opts_mut().insert(DhcpOption::ServerIdentifier(server_id));
     m
 }
@@ -188,15 +244,25 @@ fn request_of_the_lease_is_acked_in_every_state() {
     let r = answer(&s, 0, &bcast(&selecting(vm_mac(2), ALPHA_IP, SERVER)));
     assert_eq!(r.kind(), Some(MessageType::Ack));
     assert_eq!(r.msg.yiaddr(), ALPHA_IP);
-    assert_eq!(r.opt(OptionCode::AddressLeaseTime), Some(&DhcpOption::AddressLeaseTime(86_400)));
-    assert_eq!(r.opt(OptionCode::Hostname), Some(&DhcpOption::Hostname("alpha".into())));
+    assert_eq!(
+        r.opt(OptionCode::AddressLeaseTime),
+        Some(&DhcpOption::AddressLeaseTime(86_400))
+    );
+    assert_eq!(
+        r.opt(OptionCode::Hostname),
+        Some(&DhcpOption::Hostname("alpha".into()))
+    );
     assert_eq!((r.dst_mac, r.dst_ip), (vm_mac(2), ALPHA_IP));
 
     // INIT-REBOOT: option 50, no server identifier.
     let mut m = msg(MessageType::Request, vm_mac(2));
-    m.opts_mut().insert(DhcpOption::RequestedIpAddress(ALPHA_IP));
+    m.opts_mut()
+        .insert(DhcpOption::RequestedIpAddress(ALPHA_IP));
     let r = answer(&s, 0, &bcast(&m));
-    assert_eq!((r.kind(), r.msg.yiaddr()), (Some(MessageType::Ack), ALPHA_IP));
+    assert_eq!(
+        (r.kind(), r.msg.yiaddr()),
+        (Some(MessageType::Ack), ALPHA_IP)
+    );
 
     // RENEWING: ciaddr set, unicast to the server's IP at a MAC that is not
     // the switch's (a host side): still intercepted and answered to ciaddr.
@@ -209,7 +275,11 @@ fn request_of_the_lease_is_acked_in_every_state() {
     assert_eq!((r.dst_mac, r.dst_ip), (vm_mac(2), ALPHA_IP));
 
     // REBINDING: ciaddr set, broadcast; the answer still goes to ciaddr.
-    let r = answer(&s, 0, &frame_to(&m, MacAddr::BROADCAST, ALPHA_IP, Ipv4Addr::BROADCAST));
+    let r = answer(
+        &s,
+        0,
+        &frame_to(&m, MacAddr::BROADCAST, ALPHA_IP, Ipv4Addr::BROADCAST),
+    );
     assert_eq!(r.kind(), Some(MessageType::Ack));
     assert_eq!((r.dst_mac, r.dst_ip), (vm_mac(2), ALPHA_IP));
 }
@@ -222,13 +292,23 @@ fn request_of_another_address_is_naked() {
         assert_eq!(r.kind(), Some(MessageType::Nak));
         assert_eq!(r.msg.yiaddr(), Ipv4Addr::UNSPECIFIED);
         assert_eq!(r.opt(OptionCode::AddressLeaseTime), None);
-        assert_eq!(r.opt(OptionCode::ServerIdentifier), Some(&DhcpOption::ServerIdentifier(SERVER)));
-        assert_eq!((r.dst_mac, r.dst_ip), (MacAddr::BROADCAST, Ipv4Addr::BROADCAST));
+        assert_eq!(
+            r.opt(OptionCode::ServerIdentifier),
+            Some(&DhcpOption::ServerIdentifier(SERVER))
+        );
+        assert_eq!(
+            (r.dst_mac, r.dst_ip),
+            (MacAddr::BROADCAST, Ipv4Addr::BROADCAST)
+        );
     };
     let other = Ipv4Addr::new(10, 77, 0, 99);
     check_nak(bcast(&selecting(vm_mac(2), other, SERVER)));
     let mut init_reboot = msg(MessageType::Request, vm_mac(2));
-    init_reboot.opts_mut().insert(DhcpOption::RequestedIpAddress(Ipv4Addr::new(192, 168, 1, 7)));
+    init_reboot
+        .opts_mut()
+        .insert(DhcpOption::RequestedIpAddress(Ipv4Addr::new(
+            192, 168, 1, 7,
+        )));
     check_nak(bcast(&init_reboot));
     let mut renewing = msg(MessageType::Request, vm_mac(2));
     renewing.set_ciaddr(BETA_IP);
@@ -243,17 +323,37 @@ fn unanswered_requests_are_still_intercepted() {
         assert_eq!(s.reply(port(p), frame), None);
     };
     // Unknown MAC.
-    ignored(0, &bcast(&msg(MessageType::Discover, vm_mac(9))), IgnoreReason::UnknownClient);
+    ignored(
+        0,
+        &bcast(&msg(MessageType::Discover, vm_mac(9))),
+        IgnoreReason::UnknownClient,
+    );
     // Known MAC on the wrong port.
-    ignored(1, &bcast(&msg(MessageType::Discover, vm_mac(2))), IgnoreReason::WrongPort);
+    ignored(
+        1,
+        &bcast(&msg(MessageType::Discover, vm_mac(2))),
+        IgnoreReason::WrongPort,
+    );
     // The client chose another server's offer.
-    let other_server = bcast(&selecting(vm_mac(2), ALPHA_IP, Ipv4Addr::new(10, 77, 0, 254)));
+    let other_server = bcast(&selecting(
+        vm_mac(2),
+        ALPHA_IP,
+        Ipv4Addr::new(10, 77, 0, 254),
+    ));
     ignored(0, &other_server, IgnoreReason::OtherServer);
     // DECLINE and RELEASE are noted, not answered; a REQUEST naming nothing neither.
-    for kind in [MessageType::Decline, MessageType::Release, MessageType::Offer] {
+    for kind in [
+        MessageType::Decline,
+        MessageType::Release,
+        MessageType::Offer,
+    ] {
         ignored(0, &bcast(&msg(kind, vm_mac(2))), IgnoreReason::NoAnswer);
     }
-    ignored(0, &bcast(&msg(MessageType::Request, vm_mac(2))), IgnoreReason::Malformed);
+    ignored(
+        0,
+        &bcast(&msg(MessageType::Request, vm_mac(2))),
+        IgnoreReason::Malformed,
+    );
     // Relayed.
     let mut relayed = msg(MessageType::Discover, vm_mac(2));
     relayed.set_giaddr(Ipv4Addr::new(10, 77, 0, 200));
@@ -277,7 +377,10 @@ fn inform_gets_an_ack_without_lease() {
     assert_eq!(r.kind(), Some(MessageType::Ack));
     assert_eq!(r.msg.yiaddr(), Ipv4Addr::UNSPECIFIED);
     assert_eq!(r.opt(OptionCode::AddressLeaseTime), None);
-    assert_eq!(r.opt(OptionCode::SubnetMask), Some(&DhcpOption::SubnetMask(Ipv4Addr::new(255, 255, 255, 0))));
+    assert_eq!(
+        r.opt(OptionCode::SubnetMask),
+        Some(&DhcpOption::SubnetMask(Ipv4Addr::new(255, 255, 255, 0)))
+    );
     assert_eq!((r.dst_mac, r.dst_ip), (vm_mac(2), ALPHA_IP));
 }
 
@@ -293,7 +396,10 @@ fn non_dhcp_frames_are_not_intercepted() {
     };
     // A DHCP message to the client port, DNS, and a server's own reply.
     for (sp, dp) in [(67, 68), (5353, 53), (68, 69)] {
-        assert_eq!(s.handle(port(0), &build_udp_frame(&a, sp, dp, &encode(&m))), Outcome::NotDhcp);
+        assert_eq!(
+            s.handle(port(0), &build_udp_frame(&a, sp, dp, &encode(&m))),
+            Outcome::NotDhcp
+        );
     }
     let mut arp = bcast(&m);
     arp[12..14].copy_from_slice(&[0x08, 0x06]);
@@ -316,10 +422,16 @@ fn truncated_and_corrupt_frames_get_no_answer() {
     }
     let mut bad_udp = good.clone();
     bad_udp[100] ^= 0xff;
-    assert_eq!(s.handle(port(0), &bad_udp), Outcome::Ignored(IgnoreReason::Frame(FrameError::UdpChecksum)));
+    assert_eq!(
+        s.handle(port(0), &bad_udp),
+        Outcome::Ignored(IgnoreReason::Frame(FrameError::UdpChecksum))
+    );
     let mut bad_ip = good.clone();
     bad_ip[22] = 1; // TTL
-    assert_eq!(s.handle(port(0), &bad_ip), Outcome::Ignored(IgnoreReason::Frame(FrameError::IpChecksum)));
+    assert_eq!(
+        s.handle(port(0), &bad_ip),
+        Outcome::Ignored(IgnoreReason::Frame(FrameError::IpChecksum))
+    );
     // Valid framing, garbage payload: short, no magic cookie, huge hlen.
     let a = Addressing {
         src_mac: vm_mac(2),
@@ -332,7 +444,12 @@ fn truncated_and_corrupt_frames_get_no_answer() {
     no_magic[236] = 0;
     let mut huge_hlen = payload.clone();
     huge_hlen[2] = 200;
-    for p in [&payload[..100], &no_magic[..], &huge_hlen[..], &[0xff; 600][..]] {
+    for p in [
+        &payload[..100],
+        &no_magic[..],
+        &huge_hlen[..],
+        &[0xff; 600][..],
+    ] {
         let f = build_udp_frame(&a, CLIENT_PORT, SERVER_PORT, p);
         assert!(matches!(s.handle(port(0), &f), Outcome::Ignored(_)));
     }
@@ -396,7 +513,10 @@ fn random_bytes_never_panic() {
             }
             // A mutated DHCP payload in valid framing: reaches the decoder.
             _ => {
-                let mut p = parse_udp_frame(&seeds[rng.below(2)]).unwrap().payload.to_vec();
+                let mut p = parse_udp_frame(&seeds[rng.below(2)])
+                    .unwrap()
+                    .payload
+                    .to_vec();
                 for _ in 0..=rng.below(8) {
                     let at = rng.below(p.len());
                     p[at] = rng.next() as u8;
@@ -421,40 +541,101 @@ fn leases_and_config_are_validated() {
         ip: Ipv4Addr::from(ip),
         hostname: name.into(),
     };
-    let not_leasable = |r: Result<(), DhcpError>| matches!(r, Err(DhcpError::AddressNotLeasable { .. }));
-    assert!(not_leasable(s.set_lease(port(2), lease(4, [10, 77, 1, 4], "c"))));
-    assert!(not_leasable(s.set_lease(port(2), lease(4, [10, 77, 0, 1], "c"))), "server address");
-    assert!(not_leasable(s.set_lease(port(2), lease(4, [10, 77, 0, 0], "c"))));
-    assert!(not_leasable(s.set_lease(port(2), lease(4, [10, 77, 0, 255], "c"))));
+    let not_leasable =
+        |r: Result<(), DhcpError>| matches!(r, Err(DhcpError::AddressNotLeasable { .. }));
+    assert!(not_leasable(
+        s.set_lease(port(2), lease(4, [10, 77, 1, 4], "c"))
+    ));
+    assert!(
+        not_leasable(s.set_lease(port(2), lease(4, [10, 77, 0, 1], "c"))),
+        "server address"
+    );
+    assert!(not_leasable(
+        s.set_lease(port(2), lease(4, [10, 77, 0, 0], "c"))
+    ));
+    assert!(not_leasable(
+        s.set_lease(port(2), lease(4, [10, 77, 0, 255], "c"))
+    ));
     assert_eq!(
         s.set_lease(port(2), lease(4, [10, 77, 0, 2], "c")),
-        Err(DhcpError::AddressTaken { ip: ALPHA_IP, mac: vm_mac(4), other: vm_mac(2) })
+        Err(DhcpError::AddressTaken {
+            ip: ALPHA_IP,
+            mac: vm_mac(4),
+            other: vm_mac(2)
+        })
     );
     for bad in ["", "a b", "x\n", &"a".repeat(254)] {
-        assert!(matches!(s.set_lease(port(2), lease(4, [10, 77, 0, 4], bad)), Err(DhcpError::BadHostname(_))));
+        assert!(matches!(
+            s.set_lease(port(2), lease(4, [10, 77, 0, 4], bad)),
+            Err(DhcpError::BadHostname(_))
+        ));
     }
-    let multicast = DhcpLease { mac: MacAddr([1, 0, 0x5e, 0, 0, 1]), ..lease(4, [10, 77, 0, 4], "c") };
-    assert!(matches!(s.set_lease(port(2), multicast), Err(DhcpError::BadClientMac(_))));
+    let multicast = DhcpLease {
+        mac: MacAddr([1, 0, 0x5e, 0, 0, 1]),
+        ..lease(4, [10, 77, 0, 4], "c")
+    };
+    assert!(matches!(
+        s.set_lease(port(2), multicast),
+        Err(DhcpError::BadClientMac(_))
+    ));
     // Re-registering a MAC replaces its lease and may move it to another port.
-    s.set_lease(port(5), lease(2, [10, 77, 0, 2], "alpha-2")).unwrap();
-    assert_eq!(s.lease(vm_mac(2)).map(|(p, l)| (p, l.hostname.as_str())), Some((port(5), "alpha-2")));
+    s.set_lease(port(5), lease(2, [10, 77, 0, 2], "alpha-2"))
+        .unwrap();
+    assert_eq!(
+        s.lease(vm_mac(2)).map(|(p, l)| (p, l.hostname.as_str())),
+        Some((port(5), "alpha-2"))
+    );
     let discover = bcast(&msg(MessageType::Discover, vm_mac(2)));
-    assert_eq!(s.handle(port(0), &discover), Outcome::Ignored(IgnoreReason::WrongPort));
+    assert_eq!(
+        s.handle(port(0), &discover),
+        Outcome::Ignored(IgnoreReason::WrongPort)
+    );
     assert!(s.reply(port(5), &discover).is_some());
     s.remove_port(port(5));
-    assert_eq!(s.handle(port(5), &discover), Outcome::Ignored(IgnoreReason::UnknownClient));
+    assert_eq!(
+        s.handle(port(5), &discover),
+        Outcome::Ignored(IgnoreReason::UnknownClient)
+    );
     assert!(s.remove_lease(vm_mac(3)));
     assert!(!s.remove_lease(vm_mac(3)));
 
     for (bad, want) in [
-        (DhcpConfig { prefix_len: 31, ..DhcpConfig::default() }, DhcpError::BadPrefix(31)),
-        (DhcpConfig { prefix_len: 0, ..DhcpConfig::default() }, DhcpError::BadPrefix(0)),
-        (DhcpConfig { server_mac: MacAddr::BROADCAST, ..DhcpConfig::default() }, DhcpError::BadServerMac(MacAddr::BROADCAST)),
-        (DhcpConfig { dns: vec![SERVER; 64], ..DhcpConfig::default() }, DhcpError::TooManyDnsServers(64)),
+        (
+            DhcpConfig {
+                prefix_len: 31,
+                ..DhcpConfig::default()
+            },
+            DhcpError::BadPrefix(31),
+        ),
+        (
+            DhcpConfig {
+                prefix_len: 0,
+                ..DhcpConfig::default()
+            },
+            DhcpError::BadPrefix(0),
+        ),
+        (
+            DhcpConfig {
+                server_mac: MacAddr::BROADCAST,
+                ..DhcpConfig::default()
+            },
+            DhcpError::BadServerMac(MacAddr::BROADCAST),
+        ),
+        (
+            DhcpConfig {
+                dns: vec![SERVER; 64],
+                ..DhcpConfig::default()
+            },
+            DhcpError::TooManyDnsServers(64),
+        ),
     ] {
         assert_eq!(DhcpServer::new(bad).err(), Some(want));
     }
-    let wide = DhcpConfig { server_ip: Ipv4Addr::new(172, 16, 0, 1), prefix_len: 12, ..DhcpConfig::default() };
+    let wide = DhcpConfig {
+        server_ip: Ipv4Addr::new(172, 16, 0, 1),
+        prefix_len: 12,
+        ..DhcpConfig::default()
+    };
     assert_eq!(wide.netmask(), Ipv4Addr::new(255, 240, 0, 0));
     assert_eq!(wide.broadcast(), Ipv4Addr::new(172, 31, 255, 255));
 }

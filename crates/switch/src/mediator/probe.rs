@@ -83,9 +83,17 @@ mod tests {
 
     #[test]
     fn the_probe_is_unicast_to_a_mac_no_vm_has() {
-        assert_eq!(PROBE_FRAME[0] & 1, 0, "unicast: a NIC that is not promiscuous drops it");
+        assert_eq!(
+            PROBE_FRAME[0] & 1,
+            0,
+            "unicast: a NIC that is not promiscuous drops it"
+        );
         assert_eq!(PROBE_FRAME[0] & 2, 2, "locally administered");
-        assert_ne!(&PROBE_FRAME[..3], &[0x52, 0x54, 0x00], "not QEMU's prefix, which VMs use");
+        assert_ne!(
+            &PROBE_FRAME[..3],
+            &[0x52, 0x54, 0x00],
+            "not QEMU's prefix, which VMs use"
+        );
         assert_eq!(&PROBE_FRAME[12..14], &[0x88, 0xb5]);
         assert_eq!(&PROBE_FRAME[..6], &PROBE_FRAME[6..12]);
         assert!(PROBE_FRAME[14..].starts_with(b"vmcsnap cut probe"));

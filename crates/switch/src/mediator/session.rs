@@ -250,7 +250,13 @@ impl Session {
     }
 
     /// Counts a frame of `len` bytes routed from `from` to `to`.
-    pub(crate) fn count_pair(&mut self, from: (PortId, &str), to: (PortId, &str), len: usize, unicast: bool) {
+    pub(crate) fn count_pair(
+        &mut self,
+        from: (PortId, &str),
+        to: (PortId, &str),
+        len: usize,
+        unicast: bool,
+    ) {
         let pair = self
             .pairs
             .entry((from.0, to.0))

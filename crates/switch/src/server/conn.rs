@@ -77,7 +77,10 @@ impl OutBuf {
     /// Appends a cut probe (see [`crate::mediator::probe`]). Only into an
     /// empty buffer: the caller checked that nothing is on its way.
     pub(crate) fn push_probe(&mut self, probe: &[u8]) -> Result<(), framing::FrameError> {
-        debug_assert!(self.is_empty(), "a probe goes behind everything already written");
+        debug_assert!(
+            self.is_empty(),
+            "a probe goes behind everything already written"
+        );
         self.buf.clear();
         self.pos = 0;
         framing::encode(probe, &mut self.buf)?;
@@ -231,7 +234,10 @@ mod tests {
         let mut out = OutBuf::default();
         out.push_probe(&[9u8; 60]).unwrap();
         assert_eq!((out.pending_frames(), out.pending_bytes()), (1, 64));
-        assert!(out.take_unstarted().is_empty(), "a probe is never requeued as a frame");
+        assert!(
+            out.take_unstarted().is_empty(),
+            "a probe is never requeued as a frame"
+        );
         let mut done = Vec::new();
         out.advance(64, |len| done.push(len));
         assert!(done.is_empty(), "a probe is not a forwarded frame");

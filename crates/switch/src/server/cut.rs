@@ -57,7 +57,12 @@ impl SwitchHandle {
 
     /// [`prepare_cut`](Self::prepare_cut) with `probes` probes (0: the
     /// socket drain only).
-    pub fn prepare_cut_with(&self, port: PortId, bound: Duration, probes: u32) -> Result<PrepareReport> {
+    pub fn prepare_cut_with(
+        &self,
+        port: PortId,
+        bound: Duration,
+        probes: u32,
+    ) -> Result<PrepareReport> {
         self.request(|reply| Command::PrepareCut { port, reply })??;
         let s = self.settle(port, bound, probes)?;
         let report = PrepareReport {

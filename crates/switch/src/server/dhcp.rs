@@ -97,4 +97,3 @@ impl SwitchHandle {
         self.request(|reply| Command::DhcpLease(LeaseCommand { port, op, reply }))?
     }
 }
-

@@ -194,7 +194,11 @@ impl EventLoop {
                 Command::Stats { reply } => {
                     let _ = reply.send(self.stats());
                 }
-                Command::Inject { port, frames, reply } => {
+                Command::Inject {
+                    port,
+                    frames,
+                    reply,
+                } => {
                     let _ = reply.send(self.inject(port, frames));
                 }
                 Command::Drain { port, reply } => {
@@ -449,7 +453,13 @@ impl EventLoop {
                         count.frames += 1;
                         count.bytes += frame.len() as u64;
                         if let Some(c) = self.capture.as_mut() {
-                            c.record(port, || self.core.port(port).map(|v| v.name.to_string()), now, Direction::Outbound, frame);
+                            c.record(
+                                port,
+                                || self.core.port(port).map(|v| v.name.to_string()),
+                                now,
+                                Direction::Outbound,
+                                frame,
+                            );
                         }
                         let decision = self.core.receive(port, frame);
                         self.dirty.extend(decision.targets());
@@ -498,7 +508,13 @@ impl EventLoop {
                         break;
                     };
                     if let Some(c) = self.capture.as_mut() {
-                        c.record(port, || self.core.port(port).map(|v| v.name.to_string()), now, Direction::Inbound, &frame.data);
+                        c.record(
+                            port,
+                            || self.core.port(port).map(|v| v.name.to_string()),
+                            now,
+                            Direction::Inbound,
+                            &frame.data,
+                        );
                     }
                     if conn.out.push(frame).is_err() {
                         self.core.record_drops(port, 1);

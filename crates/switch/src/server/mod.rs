@@ -391,7 +391,11 @@ impl SwitchHandle {
     /// drops them, counted). Used to replay the frames a cluster snapshot logged
     /// in flight to the VM they were going to.
     pub fn inject(&self, port: PortId, frames: Vec<Vec<u8>>) -> Result<InjectReport> {
-        self.request(|reply| Command::Inject { port, frames, reply })?
+        self.request(|reply| Command::Inject {
+            port,
+            frames,
+            reply,
+        })?
     }
 
     /// Snapshot of every port's state and counters.

@@ -201,7 +201,10 @@ impl Rig {
             let path = dir.path().join(format!("vm{i}.sock"));
             let listener = listen(&path);
             let id = sw.add_port(&format!("vm{i}"), &path).unwrap();
-            assert!(sw.port_connected(id).unwrap(), "add_port connects to a listening peer");
+            assert!(
+                sw.port_connected(id).unwrap(),
+                "add_port connects to a listening peer"
+            );
             clients.push(Client::accept_on(listener));
             wait_connected(&sw, id, 1);
             ports.push(id);

@@ -3,8 +3,8 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -25,7 +25,13 @@ pub struct Env {
 
 impl Env {
     pub fn new() -> Env {
-        Env { dir: tempfile::Builder::new().prefix("vmcsnap-t").tempdir_in("/tmp").unwrap(), extra_env: vec![] }
+        Env {
+            dir: tempfile::Builder::new()
+                .prefix("vmcsnap-t")
+                .tempdir_in("/tmp")
+                .unwrap(),
+            extra_env: vec![],
+        }
     }
 
     pub fn run_dir(&self) -> &Path {
@@ -56,7 +62,12 @@ impl Env {
     /// `limit`. Its output is read while it runs, so it never blocks on a
     /// full pipe.
     pub fn vmcsnap_within(&self, args: &[&str], limit: Duration) -> Option<Output> {
-        let mut child = self.command(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run vmcsnap");
+        let mut child = self
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run vmcsnap");
         let drain = |mut r: Box<dyn Read + Send>| {
             std::thread::spawn(move || {
                 let mut v = Vec::new();
@@ -78,7 +89,11 @@ impl Env {
             }
             std::thread::sleep(Duration::from_millis(100));
         };
-        Some(Output { status, stdout: out.join().expect("stdout reader"), stderr: err.join().expect("stderr reader") })
+        Some(Output {
+            status,
+            stdout: out.join().expect("stdout reader"),
+            stderr: err.join().expect("stderr reader"),
+        })
     }
 
     /// Runs vmcsnap and insists on success; returns stdout.
@@ -95,7 +110,8 @@ impl Env {
 
     pub fn json(&self, args: &[&str]) -> serde_json::Value {
         let text = self.ok(args);
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad JSON from {args:?}: {e}: {text}"))
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("bad JSON from {args:?}: {e}: {text}"))
     }
 
     pub fn console(&self, vm: &str) -> String {
@@ -104,7 +120,13 @@ impl Env {
 
     /// Waits (bounded, never a pass/fail threshold) until `pred` holds on
     /// the console of `vm`; returns the console text.
-    pub fn wait_console(&self, vm: &str, what: &str, limit: Duration, pred: impl Fn(&str) -> bool) -> String {
+    pub fn wait_console(
+        &self,
+        vm: &str,
+        what: &str,
+        limit: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> String {
         let deadline = Instant::now() + limit;
         loop {
             let text = self.console(vm);
@@ -112,7 +134,10 @@ impl Env {
                 return text;
             }
             if Instant::now() > deadline {
-                panic!("VM {vm}: gave up waiting for {what}; console:\n{}", tail(&text, 3000));
+                panic!(
+                    "VM {vm}: gave up waiting for {what}; console:\n{}",
+                    tail(&text, 3000)
+                );
             }
             std::thread::sleep(Duration::from_millis(500));
         }
@@ -125,7 +150,12 @@ impl Env {
             .unwrap()
             .filter_map(|e| e.ok())
             .map(|e| e.path())
-            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!("vmcsnap-{tag}-")))
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with(&format!("vmcsnap-{tag}-"))
+            })
             .collect()
     }
 
@@ -152,7 +182,9 @@ impl Env {
         let needle = self.run_dir().to_string_lossy().into_owned();
         let mut pids = vec![];
         for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
             if pid == std::process::id() {
                 continue;
             }
@@ -172,9 +204,17 @@ impl Env {
         while !self.processes().is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
-        assert_eq!(self.processes(), Vec::<u32>::new(), "processes left running");
+        assert_eq!(
+            self.processes(),
+            Vec::<u32>::new(),
+            "processes left running"
+        );
         assert_eq!(self.sockets(), Vec::<PathBuf>::new(), "sockets left behind");
-        assert_eq!(self.shm_files(), Vec::<PathBuf>::new(), "shared-memory files left behind");
+        assert_eq!(
+            self.shm_files(),
+            Vec::<PathBuf>::new(),
+            "shared-memory files left behind"
+        );
     }
 }
 
@@ -190,27 +230,39 @@ impl Drop for Env {
         }
         // A test that failed before `down` must not leave the cluster's
         // network namespace behind either.
-        let _ = vmcsnap_hostnet::destroy_netns(&vmcsnap_hostnet::netns_name(&vmcsnap_agent::RunDir::new(self.run_dir()).tag()));
+        let _ = vmcsnap_hostnet::destroy_netns(&vmcsnap_hostnet::netns_name(
+            &vmcsnap_agent::RunDir::new(self.run_dir()).tag(),
+        ));
     }
 }
 
 pub fn tail(s: &str, n: usize) -> &str {
     let start = s.len().saturating_sub(n);
-    let start = (start..s.len()).find(|i| s.is_char_boundary(*i)).unwrap_or(s.len());
+    let start = (start..s.len())
+        .find(|i| s.is_char_boundary(*i))
+        .unwrap_or(s.len());
     &s[start..]
 }
 
 /// How many status lines memtouch has printed.
 pub fn memtouch_lines(console: &str) -> usize {
-    console.lines().filter(|l| l.starts_with("memtouch: t=")).count()
+    console
+        .lines()
+        .filter(|l| l.starts_with("memtouch: t="))
+        .count()
 }
 
 /// The last `key=<number>` value on lines starting with `prefix`.
 pub fn last_field(console: &str, prefix: &str, key: &str) -> Option<u64> {
-    console.lines().rev().filter(|l| l.starts_with(prefix)).find_map(|l| field(l, key))
+    console
+        .lines()
+        .rev()
+        .filter(|l| l.starts_with(prefix))
+        .find_map(|l| field(l, key))
 }
 
 /// `key=<number>` in one line.
 pub fn field(line: &str, key: &str) -> Option<u64> {
-    line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }

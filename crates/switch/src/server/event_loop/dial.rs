@@ -85,11 +85,11 @@ impl EventLoop {
     }
 
     pub(super) fn connection_state(&self, port: PortId) -> Result<ConnectionState> {
-        let io = self.ports.get(&port).ok_or(SwitchError::UnknownPort(port))?;
-        let connections = self
-            .core
-            .port(port)
-            .map_or(0, |v| v.counters.connections);
+        let io = self
+            .ports
+            .get(&port)
+            .ok_or(SwitchError::UnknownPort(port))?;
+        let connections = self.core.port(port).map_or(0, |v| v.counters.connections);
         Ok(ConnectionState {
             connected: io.conn.is_some(),
             connections,

@@ -119,7 +119,8 @@ impl EventLoop {
                 queue: p.queue.into_iter().map(Arc::from).collect(),
                 counters: p.counters,
             });
-            el.ports.insert(p.id, PortIo::new(p.socket_path, addr, conn));
+            el.ports
+                .insert(p.id, PortIo::new(p.socket_path, addr, conn));
         }
         let image = CoreImage {
             next_id: state.next_port_id,
