@@ -393,6 +393,7 @@ impl Cluster {
             agent_pid: std::process::id(),
             vms,
             switch: switch.unwrap_or(serde_json::Value::Null),
+            busy: None,
         }
     }
 

@@ -12,6 +12,7 @@
 //! | `capture-error-after=BYTES` | reads BYTES of QEMU's stream, then fails as a full disk would |
 //! | `capture-stall-after=BYTES` | reads BYTES, then stops reading without closing, as a hung disk would |
 //! | `commit-stall-deadline=SECONDS` | the image's commit hangs (as fsync on a hung disk) until the agent gives up on it, after SECONDS |
+//! | `panic-when-paused` | the request's handler panics right after the VM was paused, as a bug in the agent would |
 //!
 //! A cluster restore may carry a [`RestoreFault`] (the CLI's hidden
 //! `vmcsnap restore --cluster SNAP --inject-fault FAULT`):
@@ -42,11 +43,22 @@ pub enum Fault {
     CaptureStallAfter(u64),
     /// The commit hangs until given up on, after this many seconds.
     CommitStall(u64),
+    /// The handler panics once the VM is paused (a bug in the agent).
+    PanicWhenPaused,
+}
+
+/// Snapshot hooks that panic once the VM is paused: `panic-when-paused`.
+pub struct PanicWhenPaused;
+
+impl crate::snapshot::Hooks for PanicWhenPaused {
+    fn paused(&mut self) -> Result<(), crate::AgentError> {
+        panic!("injected fault: the agent panicked while the VM was paused")
+    }
 }
 
 /// A FAULT that is not one of the documented ones.
 #[derive(Debug, thiserror::Error)]
-#[error("{value:?} is not a fault vmcsnap can inject; use capture-error-after=BYTES, capture-stall-after=BYTES or commit-stall-deadline=SECONDS")]
+#[error("{value:?} is not a fault vmcsnap can inject; use capture-error-after=BYTES, capture-stall-after=BYTES, commit-stall-deadline=SECONDS or panic-when-paused")]
 pub struct BadFault {
     value: String,
 }
@@ -58,6 +70,9 @@ impl std::str::FromStr for Fault {
         let bad = || BadFault {
             value: s.to_string(),
         };
+        if s.trim() == "panic-when-paused" {
+            return Ok(Fault::PanicWhenPaused);
+        }
         let (kind, n) = s.split_once('=').ok_or_else(bad)?;
         let n: u64 = n.trim().parse().map_err(|_| bad())?;
         match kind.trim() {
@@ -142,7 +157,9 @@ impl<R: Read> FaultyReader<R> {
 impl<R: Read> Read for FaultyReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let limit = match self.fault {
-            None | Some(Fault::CommitStall(_)) => return self.inner.read(buf),
+            None | Some(Fault::CommitStall(_) | Fault::PanicWhenPaused) => {
+                return self.inner.read(buf)
+            }
             Some(Fault::CaptureErrorAfter(n) | Fault::CaptureStallAfter(n)) => n,
         };
         if self.read >= limit {

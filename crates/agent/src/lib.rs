@@ -24,6 +24,7 @@ pub mod cluster;
 pub mod cluster_restore;
 pub mod cluster_snapshot;
 pub mod disk_chain;
+mod dispatch;
 mod error;
 pub mod fault;
 pub mod guest_counters;

@@ -1,19 +1,40 @@
-//! The agent's control socket and request dispatch.
+//! The agent's control socket: one thread per connection, one operation at
+//! a time, and nothing a request does can take the agent down.
 //!
-//! Requests are served one at a time, in arrival order: a `status` sent
-//! while an `up` is booting waits for the boot to finish. That keeps every
-//! operation on the cluster serialised without further locking.
+//! ```text
+//!   accept loop ──► thread per connection ──► read one Request
+//!                        │
+//!        ping ───────────┤ answered at once
+//!        status/console ─┤ cluster free?  yes: answered from the cluster
+//!                        │                no:  answered from the view taken
+//!                        │                     after the last operation,
+//!                        │                     with `busy` naming the one running
+//!        anything else ──┴─► lock the cluster (operations queue here, in
+//!                            arrival order) ─► dispatch inside catch_unwind
+//! ```
+//!
+//! A panic in a handler is a bug, but it must not cost the operator the
+//! management of every VM: it is caught, the VMs the operation may have left
+//! paused are put back as their intent files say (`intent::finish`, what an
+//! adopting agent does too), the record is rewritten, and the request fails
+//! with a message saying so. The cluster's lock is never poisoned by it, as
+//! the panic is caught while the guard is still held.
 
 use std::io::BufReader;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::time::Duration;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::Instant;
 
 use serde_json::json;
-use vmcsnap_control::{read_request, write_reply, ConsoleResult, Reply, Request, StatusResult};
-use vmcsnap_spec::ClusterSpec;
+use vmcsnap_control::{
+    read_request, write_reply, Busy, ConsoleResult, Reply, Request, StatusResult,
+};
 
 use crate::cluster::Cluster;
+use crate::dispatch::{dispatch, idle_status, to_json, AgentInfo};
 use crate::{log, AgentError, RunDir};
 
 /// How the agent runs.
@@ -29,6 +50,24 @@ pub struct AgentOptions {
     pub resume: Option<std::path::PathBuf>,
 }
 
+/// What `status` and `console` answer while an operation holds the cluster.
+struct View {
+    status: StatusResult,
+    consoles: Vec<(String, PathBuf)>,
+    busy: Option<(String, Instant)>,
+}
+
+/// Everything the connection threads share.
+struct Shared {
+    run: RunDir,
+    cluster: Mutex<Option<Cluster>>,
+    view: Mutex<View>,
+    info: AgentInfo,
+    listener: UnixListener,
+    exit_when_idle: bool,
+    exe: PathBuf,
+}
+
 /// Binds the control socket and serves requests until told to stop.
 pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
     let run = &opts.run_dir;
@@ -42,7 +81,7 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         "finding the agent executable",
         "/proc/self/exe",
     ))?;
-    let (listener, mut cluster, exit_when_idle, generation) = match &opts.resume {
+    let (listener, cluster, exit_when_idle, generation) = match &opts.resume {
         Some(path) => {
             let (l, c, e, g) = crate::handover::resume(run, path)?;
             log(format!(
@@ -70,8 +109,30 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
     ));
     crate::sampler::start(run.clone());
     let started = std::time::SystemTime::now();
+    let info = AgentInfo {
+        generation,
+        started_unix_ms: crate::handover::unix_ms(started),
+    };
+    let shared = Arc::new(Shared {
+        run: run.clone(),
+        cluster: Mutex::new(None),
+        view: Mutex::new(View {
+            status: idle_status(),
+            consoles: vec![],
+            busy: None,
+        }),
+        info,
+        listener,
+        exit_when_idle,
+        exe,
+    });
+    {
+        let mut guard = lock(&shared.cluster);
+        *guard = cluster;
+        refresh_view(&shared, &mut guard);
+    }
 
-    for conn in listener.incoming() {
+    for conn in shared.listener.incoming() {
         let stream = match conn {
             Ok(s) => s,
             Err(e) => {
@@ -79,51 +140,22 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
                 continue;
             }
         };
-        let info = AgentInfo {
-            generation,
-            started_unix_ms: crate::handover::unix_ms(started),
-        };
-        let (action, changes_state, changes_vms) = handle(stream, run, &mut cluster, &info);
-        if changes_vms {
-            // Whatever the request did (even if it failed midway), the
-            // record says which VMs run now.
-            match &cluster {
-                Some(c) => {
-                    if let Err(e) = c.persist() {
-                        log(format!("cannot write the VM record: {e}"));
-                    }
-                }
-                None => crate::record::clear(run),
-            }
-        }
-        match action {
-            Action::Stop => break,
-            Action::Restart => {
-                // Returns only if the exec failed; the old image goes on.
-                let e = crate::handover::exec_restart(
-                    run,
-                    &listener,
-                    &mut cluster,
-                    exit_when_idle,
-                    generation,
-                    &exe,
-                );
-                log(format!("agent restart failed: {e}"));
-                continue;
-            }
-            Action::Continue => {}
-        }
-        if exit_when_idle && changes_state && cluster.is_none() {
-            break;
+        let sh = Arc::clone(&shared);
+        let spawned = std::thread::Builder::new()
+            .name("request".into())
+            .spawn(move || serve_connection(&sh, stream));
+        if let Err(e) = spawned {
+            log(format!("cannot start a thread for a request: {e}"));
         }
     }
-    if let Some(mut c) = cluster.take() {
-        c.teardown();
-    }
-    let _ = std::fs::remove_file(&sock);
-    let _ = std::fs::remove_file(run.agent_pid());
-    log("agent exiting");
     Ok(())
+}
+
+/// Locks the cluster, whether or not a thread panicked while holding it
+/// (which `serve_connection` prevents, but a poisoned lock must never
+/// make the VMs unmanageable).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn bind_control(run: &RunDir) -> Result<UnixListener, AgentError> {
@@ -142,45 +174,89 @@ fn bind_control(run: &RunDir) -> Result<UnixListener, AgentError> {
     Ok(listener)
 }
 
-/// What the serve loop does after a request.
-enum Action {
-    Continue,
-    Stop,
-    Restart,
-}
-
-/// Facts about this agent image, for `ping`.
-struct AgentInfo {
-    generation: u64,
-    started_unix_ms: u64,
-}
-
-/// Serves one connection; returns whether the agent should stop, and
-/// whether the request was one that starts or ends a cluster (an agent
-/// started on demand exits when such a request leaves no cluster up).
-fn handle(
-    stream: UnixStream,
-    run: &RunDir,
-    cluster: &mut Option<Cluster>,
-    info: &AgentInfo,
-) -> (Action, bool, bool) {
-    let mut reader = BufReader::new(match stream.try_clone() {
-        Ok(s) => s,
-        Err(_) => return (Action::Continue, false, false),
-    });
-    let mut out = stream;
+/// Reads one request from `stream` and answers it.
+fn serve_connection(sh: &Shared, stream: UnixStream) {
+    let mut reader = BufReader::new(&stream);
     let request = match read_request(&mut reader) {
         Ok(r) => r,
         Err(e) => {
             let _ = write_reply(
-                &mut out,
+                &mut &stream,
                 &Reply::Failed {
                     error: e.to_string(),
                 },
             );
-            return (Action::Continue, false, false);
+            return;
         }
     };
+    if matches!(request, Request::Ping) {
+        let result = json!({
+            "pid": std::process::id(), "generation": sh.info.generation,
+            "started_unix_ms": sh.info.started_unix_ms,
+        });
+        let _ = write_reply(&mut &stream, &Reply::Done { result });
+        return;
+    }
+    let read_only = matches!(request, Request::Status | Request::Console { .. });
+    let guard = if read_only {
+        match sh.cluster.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                let reply = from_view(sh, &request);
+                let _ = write_reply(&mut &stream, &reply);
+                return;
+            }
+        }
+    } else {
+        lock(&sh.cluster)
+    };
+    run_locked(sh, guard, request, &stream);
+}
+
+/// Answers `status` or `console` from the view while an operation runs.
+fn from_view(sh: &Shared, request: &Request) -> Reply {
+    let view = lock(&sh.view);
+    match request {
+        Request::Status => {
+            let mut status = view.status.clone();
+            status.busy = view.busy.as_ref().map(|(what, since)| Busy {
+                request: what.clone(),
+                for_s: since.elapsed().as_secs_f64(),
+            });
+            Reply::Done {
+                result: to_json(&status),
+            }
+        }
+        Request::Console { vm, tail_bytes } => {
+            match view.consoles.iter().find(|(name, _)| name == vm) {
+                Some((_, path)) => Reply::Done {
+                    result: to_json(&ConsoleResult {
+                        vm: vm.clone(),
+                        path: path.clone(),
+                        text: crate::vm::tail(path, *tail_bytes),
+                    }),
+                },
+                None => Reply::Failed {
+                    error: AgentError::NoSuchVm(vm.clone()).to_string(),
+                },
+            }
+        }
+        _ => Reply::Failed {
+            error: "internal: not a read-only request".into(),
+        },
+    }
+}
+
+/// Runs `request` with the cluster held, then does what it asks of the
+/// agent itself (stop, restart, exit when idle).
+fn run_locked(
+    sh: &Shared,
+    mut guard: MutexGuard<'_, Option<Cluster>>,
+    request: Request,
+    stream: &UnixStream,
+) {
+    let what = describe(&request);
     let changes_state = matches!(
         request,
         Request::Up { .. }
@@ -196,248 +272,166 @@ fn handle(
             request,
             Request::Snapshot { .. } | Request::ClusterSnapshot { .. } | Request::Stop { .. }
         );
-    let mut stop = false;
+    let read_only = matches!(request, Request::Status | Request::Console { .. });
     let restart = matches!(request, Request::RestartAgent);
-    let result = {
-        let mut progress = |m: &str| {
-            let _ = write_reply(
-                &mut out.try_clone().expect("clone"),
-                &Reply::Progress {
-                    message: m.to_string(),
-                },
-            );
-        };
-        dispatch(request, run, cluster, &mut stop, info, &mut progress)
+    if !read_only {
+        lock(&sh.view).busy = Some((what.clone(), Instant::now()));
+    }
+    let mut stop = false;
+    let mut progress = |m: &str| {
+        let _ = write_reply(
+            &mut &*stream,
+            &Reply::Progress {
+                message: m.to_string(),
+            },
+        );
     };
-    let reply = match result {
-        Ok(result) => Reply::Done { result },
-        Err(e) => {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        dispatch(
+            request,
+            &sh.run,
+            &mut guard,
+            &mut stop,
+            &sh.info,
+            &mut progress,
+        )
+    }));
+    let (reply, panicked) = match outcome {
+        Ok(Ok(result)) => (Reply::Done { result }, false),
+        Ok(Err(e)) => {
             log(format!("request failed: {e}"));
-            Reply::Failed {
-                error: e.to_string(),
-            }
+            (
+                Reply::Failed {
+                    error: e.to_string(),
+                },
+                false,
+            )
+        }
+        Err(payload) => {
+            let msg = panic_message(payload.as_ref());
+            tracing::error!("bug: {what} panicked: {msg}");
+            put_back(&mut guard);
+            let error = format!(
+                "the agent hit a bug during `{what}` ({msg}); it keeps serving, and the VMs that \
+                 operation had paused were resumed as their intent files say: check `vmcsnap \
+                 status`, and report the bug with the agent's log"
+            );
+            (Reply::Failed { error }, true)
         }
     };
-    let _ = write_reply(&mut out, &reply);
-    let action = if stop {
-        Action::Stop
-    } else if restart {
-        Action::Restart
-    } else {
-        Action::Continue
-    };
-    (action, changes_state, changes_vms)
+    if changes_vms || panicked {
+        // Whatever the request did (even if it failed midway), the record
+        // says which VMs run now.
+        match guard.as_ref() {
+            Some(c) => {
+                if let Err(e) = c.persist() {
+                    log(format!("cannot write the VM record: {e}"));
+                }
+            }
+            None => crate::record::clear(&sh.run),
+        }
+    }
+    if !read_only {
+        refresh_view(sh, &mut guard);
+    }
+    let _ = write_reply(&mut &*stream, &reply);
+    if stop || (sh.exit_when_idle && changes_state && guard.is_none()) {
+        if let Some(mut c) = guard.take() {
+            c.teardown();
+        }
+        let _ = std::fs::remove_file(sh.run.agent_socket());
+        let _ = std::fs::remove_file(sh.run.agent_pid());
+        log("agent exiting");
+        std::process::exit(0);
+    }
+    if restart {
+        // Returns only if the exec failed; the old image goes on.
+        let e = crate::handover::exec_restart(
+            &sh.run,
+            &sh.listener,
+            &mut guard,
+            sh.exit_when_idle,
+            sh.info.generation,
+            &sh.exe,
+        );
+        log(format!("agent restart failed: {e}"));
+        refresh_view(sh, &mut guard);
+    }
 }
 
-fn dispatch(
-    request: Request,
-    run: &RunDir,
-    cluster: &mut Option<Cluster>,
-    stop: &mut bool,
-    info: &AgentInfo,
-    progress: &mut dyn FnMut(&str),
-) -> Result<serde_json::Value, AgentError> {
-    match request {
-        Request::Ping => Ok(json!({
-            "pid": std::process::id(), "generation": info.generation, "started_unix_ms": info.started_unix_ms,
-        })),
-        Request::RestartAgent => {
-            progress("handing over to a new agent image (VMs keep running)");
-            Ok(json!({ "pid": std::process::id(), "generation": info.generation }))
-        }
-        Request::Up {
-            spec_path,
-            spec_toml,
-        } => {
-            if let Some(c) = cluster {
-                return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()));
-            }
-            let mut spec = ClusterSpec::from_toml_str(&spec_toml, vmcsnap_guest::MIN_MEMORY_MIB)
-                .map_err(|source| AgentError::Spec {
-                    path: spec_path.clone(),
-                    source,
-                })?;
-            // Paths in a spec (images, kernels, keys) are relative to it.
-            if let Some(dir) = spec_path.parent().filter(|d| d.is_absolute()) {
-                spec.resolve_relative_paths(dir);
-            }
-            log(format!(
-                "up {} from {}",
-                spec.cluster.name,
-                spec_path.display()
-            ));
-            let c = Cluster::up(run, spec, progress)?;
-            let result = to_json(&c.up_result());
-            *cluster = Some(c);
-            Ok(result)
-        }
-        Request::Status => match cluster {
-            Some(c) => Ok(to_json(&c.status())),
-            None => Ok(to_json(&StatusResult {
-                cluster: None,
-                accel: None,
-                agent_pid: std::process::id(),
-                vms: vec![],
-                switch: serde_json::Value::Null,
-            })),
-        },
-        Request::Console { vm, tail_bytes } => {
-            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
-            let m = c.member_mut(&vm)?;
-            Ok(to_json(&ConsoleResult {
-                vm: vm.clone(),
-                path: m.vm.config.console_log.clone(),
-                text: m.vm.console_tail(tail_bytes),
-            }))
-        }
-        Request::Rejuvenate { vm, mode } => {
-            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
-            let mode: crate::rejuvenate::Mode = mode.parse().map_err(AgentError::BadRequest)?;
-            let t = std::time::Instant::now();
-            let reports = c.rejuvenate(vm.as_deref(), mode, progress)?;
-            let total_ms = t.elapsed().as_secs_f64() * 1000.0;
-            let unix_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0);
-            let result = json!({
-                "unix_ms": unix_ms, "mode": mode, "n": reports.len(), "total_ms": total_ms, "reports": reports,
-            });
-            append(&run.rejuvenation_log(), &format!("{result}\n"))?;
-            Ok(result)
-        }
-        Request::Snapshot {
-            vm,
-            mode,
-            name,
-            reference,
-            fault,
-        } => {
-            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
-            let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
-            let fault = fault
-                .map(|f| f.parse())
-                .transpose()
-                .map_err(|e: crate::fault::BadFault| AgentError::BadRequest(e.to_string()))?;
-            let vm_config = crate::cluster_snapshot::vm_config(c, &vm)?;
-            let m = c.member_mut(&vm)?;
-            let opts = crate::snapshot::Options {
-                mode,
-                name,
-                reference,
-                fault,
-                vm_config,
-                target: None,
-            };
-            let report =
-                crate::snapshot::snapshot(m, run, opts, &mut crate::snapshot::NoHooks, progress)?;
-            Ok(to_json(&report))
-        }
-        Request::ClusterSnapshot {
-            mode,
-            name,
-            no_cut_probes,
-        } => {
-            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
-            let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
-            let cut_probes = if no_cut_probes {
-                0
-            } else {
-                vmcsnap_switch::mediator::probe::PROBES_BEFORE_PAUSE
-            };
-            let opts = crate::cluster_snapshot::Options {
-                mode,
-                name,
-                cut_probes,
-            };
-            let report = crate::cluster_snapshot::snapshot_cluster(c, run, opts, progress)?;
-            Ok(to_json(&report))
-        }
-        Request::Restore {
-            snapshot,
-            mode,
-            wss,
-            paused,
-            trace,
-            no_background,
-            no_priorities,
-            start_quiet_ms,
-        } => {
-            let mode: vmcsnap_workingset::Mode = mode.parse().map_err(AgentError::BadRequest)?;
-            let wss = wss.map_or(
-                crate::restore::WssChoice::Auto,
-                crate::restore::WssChoice::Pages,
-            );
-            let opts = crate::restore::Options {
-                snapshot,
-                mode,
-                wss,
-                paused,
-                trace,
-                no_background,
-                priorities: !no_priorities,
-                start_quiet: Duration::from_millis(start_quiet_ms.unwrap_or(0)),
-                cluster: None,
-            };
-            let report = crate::restore::restore(cluster, run, opts, progress)?;
-            Ok(to_json(&report))
-        }
-        Request::ClusterRestore {
-            snapshot,
-            mode,
-            no_priorities,
-            start_quiet_ms,
-            fault,
-        } => {
-            let mode: crate::cluster_restore::Mode =
-                mode.parse().map_err(AgentError::BadRequest)?;
-            let fault = fault.map(|f| f.parse()).transpose().map_err(
-                |e: crate::fault::BadRestoreFault| AgentError::BadRequest(e.to_string()),
-            )?;
-            let opts = crate::cluster_restore::Options {
-                snapshot,
-                mode,
-                priorities: !no_priorities,
-                start_quiet: start_quiet_ms
-                    .map_or(crate::restore::CLUSTER_START_QUIET, Duration::from_millis),
-                fault,
-            };
-            let report = crate::cluster_restore::restore_cluster(cluster, run, opts, progress)?;
-            Ok(to_json(&report))
-        }
-        Request::Stop { vm } => {
-            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
-            c.stop_vm(&vm)?;
-            Ok(json!({ "vm": vm }))
-        }
-        Request::Down => {
-            let mut c = cluster.take().ok_or(AgentError::NoCluster)?;
-            let name = c.spec.cluster.name.clone();
-            progress(&format!("stopping {} VMs", c.members.len()));
-            c.teardown();
-            log(format!("down {name}"));
-            Ok(json!({ "cluster": name }))
-        }
-        Request::Shutdown => {
-            if let Some(c) = cluster {
-                return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()));
-            }
-            *stop = true;
-            Ok(json!({ "pid": std::process::id() }))
+/// After a panic: what an adopting agent does for every live VM (learn its
+/// disk's top from QEMU; resume it if an interrupted operation paused it, as
+/// its intent file says).
+fn put_back(cluster: &mut Option<Cluster>) {
+    let Some(c) = cluster.as_mut() else { return };
+    for m in &mut c.members {
+        let name = m.vm.name.clone();
+        let fix = || {
+            // The operation may have moved a disk to a new overlay.
+            m.refresh_disk();
+            crate::intent::finish(&mut m.vm);
+        };
+        if catch_unwind(AssertUnwindSafe(fix)).is_err() {
+            tracing::error!("VM {name}: putting it back after a panic panicked too");
         }
     }
 }
 
-fn append(path: &std::path::Path, text: &str) -> Result<(), AgentError> {
-    use std::io::Write;
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .and_then(|mut f| f.write_all(text.as_bytes()))
-        .map_err(AgentError::io("appending to", path))
+/// Takes the view `status` and `console` answer from while the cluster is
+/// busy, and clears `busy`.
+fn refresh_view(sh: &Shared, cluster: &mut Option<Cluster>) {
+    let (status, consoles) = match cluster.as_mut() {
+        Some(c) => {
+            let status = catch_unwind(AssertUnwindSafe(|| c.status())).unwrap_or_else(|_| {
+                tracing::error!("bug: status panicked");
+                idle_status()
+            });
+            let consoles = c
+                .members
+                .iter()
+                .map(|m| (m.vm.name.clone(), m.vm.config.console_log.clone()));
+            (status, consoles.collect())
+        }
+        None => (idle_status(), vec![]),
+    };
+    let mut view = lock(&sh.view);
+    view.status = status;
+    view.consoles = consoles;
+    view.busy = None;
 }
 
-fn to_json<T: serde::Serialize>(v: &T) -> serde_json::Value {
-    serde_json::to_value(v).expect("results serialise")
+/// A request as the operator would name it.
+fn describe(request: &Request) -> String {
+    match request {
+        Request::Ping => "ping".into(),
+        Request::RestartAgent => "agent restart".into(),
+        Request::Up { spec_path, .. } => format!("up {}", spec_path.display()),
+        Request::Status => "status".into(),
+        Request::Console { vm, .. } => format!("console {vm}"),
+        Request::Rejuvenate { vm, mode } => {
+            format!(
+                "rejuvenate {} --mode {mode}",
+                vm.as_deref().unwrap_or("--all")
+            )
+        }
+        Request::Snapshot { vm, mode, .. } => format!("snapshot {vm} --mode {mode}"),
+        Request::ClusterSnapshot { mode, .. } => format!("snapshot --cluster --mode {mode}"),
+        Request::Restore { snapshot, mode, .. } => format!("restore {snapshot} --mode {mode}"),
+        Request::ClusterRestore { snapshot, mode, .. } => {
+            format!("restore --cluster {snapshot} --mode {mode}")
+        }
+        Request::Stop { vm } => format!("stop {vm}"),
+        Request::Down => "down".into(),
+        Request::Shutdown => "agent stop".into(),
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".into()
+    }
 }

@@ -217,6 +217,19 @@ pub struct StatusResult {
     pub vms: Vec<VmStatus>,
     /// Switch counters (`vmcsnap_switch::SwitchStats` as JSON).
     pub switch: Value,
+    /// The operation running while this status was asked for, if any: the
+    /// VM states are then those from before it began.
+    #[serde(default)]
+    pub busy: Option<Busy>,
+}
+
+/// An operation the agent is running.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Busy {
+    /// The request, as the CLI would name it (`snapshot srv`).
+    pub request: String,
+    /// Seconds since it began.
+    pub for_s: f64,
 }
 
 /// Result of `console`.

@@ -81,6 +81,7 @@ fn run(cli: Cli) -> Result<()> {
                     agent_pid: 0,
                     vms: vec![],
                     switch: serde_json::Value::Null,
+                    busy: None,
                 },
                 Err(e) => return Err(e),
             };

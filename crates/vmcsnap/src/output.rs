@@ -57,6 +57,12 @@ pub fn status(s: &StatusResult, json: bool) -> Result<()> {
         s.accel.as_deref().unwrap_or("?"),
         s.agent_pid
     );
+    if let Some(b) = &s.busy {
+        println!(
+            "busy: {} for {:.1} s (VM states below are from before it began)",
+            b.request, b.for_s
+        );
+    }
     println!(
         "{:<12} {:>8} {:<10} {:<16} {:>7} {:>9}",
         "VM", "PID", "STATE", "IP", "MEM_MIB", "UPTIME_S"

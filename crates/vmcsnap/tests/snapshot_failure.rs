@@ -200,6 +200,63 @@ fn a_snapshot_whose_capture_fails_or_stalls_leaves_the_guest_running_and_nothing
     }
     good_snapshot(&env, "stop-copy", "ok-after-stalls");
 
+    // A bug in the agent (a panic in the request's handler while the VM is
+    // paused) fails that request only: the same agent serves on, the VM
+    // runs, and the next snapshot works. Regression: a panic in any handler
+    // took the whole agent, and every VM's management, down.
+    let pid = || std::fs::read_to_string(env.run_dir().join("agent.pid")).unwrap();
+    let before = pid();
+    for mode in ["stop-copy", "hot"] {
+        let err = failing_snapshot(&env, mode, &format!("panic-{mode}"), "panic-when-paused");
+        assert!(
+            err.contains("hit a bug") && err.contains("keeps serving"),
+            "{mode}: {err}"
+        );
+        assert_eq!(
+            pid(),
+            before,
+            "the agent was replaced after a panic in {mode}"
+        );
+    }
+    good_snapshot(&env, "hot", "ok-after-panics");
+
+    // Requests are served concurrently: `status` answers while a snapshot
+    // runs (its commit held for 5 s), naming it. Regression: requests were
+    // served one at a time, and a long snapshot blocked `status`.
+    let mut slow = env
+        .command(&[
+            "snapshot",
+            "a",
+            "--name",
+            "slow",
+            "--inject-fault",
+            "commit-stall-deadline=5",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut busy_seen = None;
+    while slow.try_wait().unwrap().is_none() {
+        let s = env.json(&["status", "--json"]);
+        if !s["busy"].is_null() && slow.try_wait().unwrap().is_none() {
+            busy_seen = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = slow.wait();
+    let s = busy_seen.expect("no status answered while the snapshot ran");
+    assert!(
+        s["busy"]["request"]
+            .as_str()
+            .unwrap()
+            .starts_with("snapshot a"),
+        "{s}"
+    );
+    assert_eq!(s["vms"][0]["name"], "a", "{s}");
+    assert_guest_healthy(&env, "a snapshot during which status was asked");
+
     let (ok, _, err) = run(
         &env,
         &[

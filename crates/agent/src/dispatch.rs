@@ -1,0 +1,244 @@
+//! What each control request does, once the server has decided to run it.
+//!
+//! [`dispatch`] runs with the cluster locked: operations that change VMs are
+//! serialised; `ping`, and `status` or `console` while an operation runs,
+//! are answered by the server without the lock (see `server`).
+
+use std::time::Duration;
+
+use serde_json::json;
+use vmcsnap_control::{ConsoleResult, Request, StatusResult};
+use vmcsnap_spec::ClusterSpec;
+
+use crate::cluster::Cluster;
+use crate::{log, AgentError, RunDir};
+
+/// Facts about this agent image, for `ping`.
+pub(crate) struct AgentInfo {
+    pub generation: u64,
+    pub started_unix_ms: u64,
+}
+
+/// The result of a request with nothing up: what `status` says then.
+pub(crate) fn idle_status() -> StatusResult {
+    StatusResult {
+        cluster: None,
+        accel: None,
+        agent_pid: std::process::id(),
+        vms: vec![],
+        switch: serde_json::Value::Null,
+        busy: None,
+    }
+}
+
+pub(crate) fn dispatch(
+    request: Request,
+    run: &RunDir,
+    cluster: &mut Option<Cluster>,
+    stop: &mut bool,
+    info: &AgentInfo,
+    progress: &mut dyn FnMut(&str),
+) -> Result<serde_json::Value, AgentError> {
+    match request {
+        Request::Ping => Ok(json!({
+            "pid": std::process::id(), "generation": info.generation, "started_unix_ms": info.started_unix_ms,
+        })),
+        Request::RestartAgent => {
+            progress("handing over to a new agent image (VMs keep running)");
+            Ok(json!({ "pid": std::process::id(), "generation": info.generation }))
+        }
+        Request::Up {
+            spec_path,
+            spec_toml,
+        } => {
+            if let Some(c) = cluster {
+                return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()));
+            }
+            let mut spec = ClusterSpec::from_toml_str(&spec_toml, vmcsnap_guest::MIN_MEMORY_MIB)
+                .map_err(|source| AgentError::Spec {
+                    path: spec_path.clone(),
+                    source,
+                })?;
+            // Paths in a spec (images, kernels, keys) are relative to it.
+            if let Some(dir) = spec_path.parent().filter(|d| d.is_absolute()) {
+                spec.resolve_relative_paths(dir);
+            }
+            log(format!(
+                "up {} from {}",
+                spec.cluster.name,
+                spec_path.display()
+            ));
+            let c = Cluster::up(run, spec, progress)?;
+            let result = to_json(&c.up_result());
+            *cluster = Some(c);
+            Ok(result)
+        }
+        Request::Status => match cluster {
+            Some(c) => Ok(to_json(&c.status())),
+            None => Ok(to_json(&idle_status())),
+        },
+        Request::Console { vm, tail_bytes } => {
+            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
+            let m = c.member_mut(&vm)?;
+            Ok(to_json(&ConsoleResult {
+                vm: vm.clone(),
+                path: m.vm.config.console_log.clone(),
+                text: m.vm.console_tail(tail_bytes),
+            }))
+        }
+        Request::Rejuvenate { vm, mode } => {
+            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
+            let mode: crate::rejuvenate::Mode = mode.parse().map_err(AgentError::BadRequest)?;
+            let t = std::time::Instant::now();
+            let reports = c.rejuvenate(vm.as_deref(), mode, progress)?;
+            let total_ms = t.elapsed().as_secs_f64() * 1000.0;
+            let unix_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            let result = json!({
+                "unix_ms": unix_ms, "mode": mode, "n": reports.len(), "total_ms": total_ms, "reports": reports,
+            });
+            append(&run.rejuvenation_log(), &format!("{result}\n"))?;
+            Ok(result)
+        }
+        Request::Snapshot {
+            vm,
+            mode,
+            name,
+            reference,
+            fault,
+        } => {
+            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
+            let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
+            let fault = fault
+                .map(|f| f.parse())
+                .transpose()
+                .map_err(|e: crate::fault::BadFault| AgentError::BadRequest(e.to_string()))?;
+            let vm_config = crate::cluster_snapshot::vm_config(c, &vm)?;
+            let m = c.member_mut(&vm)?;
+            let opts = crate::snapshot::Options {
+                mode,
+                name,
+                reference,
+                fault,
+                vm_config,
+                target: None,
+            };
+            let mut hooks: Box<dyn crate::snapshot::Hooks> = match fault {
+                Some(crate::fault::Fault::PanicWhenPaused) => {
+                    Box::new(crate::fault::PanicWhenPaused)
+                }
+                _ => Box::new(crate::snapshot::NoHooks),
+            };
+            let report = crate::snapshot::snapshot(m, run, opts, hooks.as_mut(), progress)?;
+            Ok(to_json(&report))
+        }
+        Request::ClusterSnapshot {
+            mode,
+            name,
+            no_cut_probes,
+        } => {
+            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
+            let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
+            let cut_probes = if no_cut_probes {
+                0
+            } else {
+                vmcsnap_switch::mediator::probe::PROBES_BEFORE_PAUSE
+            };
+            let opts = crate::cluster_snapshot::Options {
+                mode,
+                name,
+                cut_probes,
+            };
+            let report = crate::cluster_snapshot::snapshot_cluster(c, run, opts, progress)?;
+            Ok(to_json(&report))
+        }
+        Request::Restore {
+            snapshot,
+            mode,
+            wss,
+            paused,
+            trace,
+            no_background,
+            no_priorities,
+            start_quiet_ms,
+        } => {
+            let mode: vmcsnap_workingset::Mode = mode.parse().map_err(AgentError::BadRequest)?;
+            let wss = wss.map_or(
+                crate::restore::WssChoice::Auto,
+                crate::restore::WssChoice::Pages,
+            );
+            let opts = crate::restore::Options {
+                snapshot,
+                mode,
+                wss,
+                paused,
+                trace,
+                no_background,
+                priorities: !no_priorities,
+                start_quiet: Duration::from_millis(start_quiet_ms.unwrap_or(0)),
+                cluster: None,
+            };
+            let report = crate::restore::restore(cluster, run, opts, progress)?;
+            Ok(to_json(&report))
+        }
+        Request::ClusterRestore {
+            snapshot,
+            mode,
+            no_priorities,
+            start_quiet_ms,
+            fault,
+        } => {
+            let mode: crate::cluster_restore::Mode =
+                mode.parse().map_err(AgentError::BadRequest)?;
+            let fault = fault.map(|f| f.parse()).transpose().map_err(
+                |e: crate::fault::BadRestoreFault| AgentError::BadRequest(e.to_string()),
+            )?;
+            let opts = crate::cluster_restore::Options {
+                snapshot,
+                mode,
+                priorities: !no_priorities,
+                start_quiet: start_quiet_ms
+                    .map_or(crate::restore::CLUSTER_START_QUIET, Duration::from_millis),
+                fault,
+            };
+            let report = crate::cluster_restore::restore_cluster(cluster, run, opts, progress)?;
+            Ok(to_json(&report))
+        }
+        Request::Stop { vm } => {
+            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
+            c.stop_vm(&vm)?;
+            Ok(json!({ "vm": vm }))
+        }
+        Request::Down => {
+            let mut c = cluster.take().ok_or(AgentError::NoCluster)?;
+            let name = c.spec.cluster.name.clone();
+            progress(&format!("stopping {} VMs", c.members.len()));
+            c.teardown();
+            log(format!("down {name}"));
+            Ok(json!({ "cluster": name }))
+        }
+        Request::Shutdown => {
+            if let Some(c) = cluster {
+                return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()));
+            }
+            *stop = true;
+            Ok(json!({ "pid": std::process::id() }))
+        }
+    }
+}
+
+fn append(path: &std::path::Path, text: &str) -> Result<(), AgentError> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(AgentError::io("appending to", path))
+}
+
+pub(crate) fn to_json<T: serde::Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).expect("results serialise")
+}
