@@ -31,6 +31,19 @@ pub(crate) fn idle_status() -> StatusResult {
     }
 }
 
+/// The longest `--start-quiet-ms` a restore accepts (a larger one is a typo,
+/// and an unbounded one overflowed the agent's deadline arithmetic).
+const MAX_START_QUIET_MS: u64 = 600_000;
+
+fn check_start_quiet(ms: Option<u64>) -> Result<(), AgentError> {
+    match ms {
+        Some(ms) if ms > MAX_START_QUIET_MS => Err(AgentError::BadRequest(format!(
+            "--start-quiet-ms {ms} is out of range (0-{MAX_START_QUIET_MS})"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn dispatch(
     request: Request,
     run: &RunDir,
@@ -164,6 +177,7 @@ pub(crate) fn dispatch(
             no_priorities,
             start_quiet_ms,
         } => {
+            check_start_quiet(start_quiet_ms)?;
             let mode: vmcsnap_workingset::Mode = mode.parse().map_err(AgentError::BadRequest)?;
             let wss = wss.map_or(
                 crate::restore::WssChoice::Auto,
@@ -190,6 +204,7 @@ pub(crate) fn dispatch(
             start_quiet_ms,
             fault,
         } => {
+            check_start_quiet(start_quiet_ms)?;
             let mode: crate::cluster_restore::Mode =
                 mode.parse().map_err(AgentError::BadRequest)?;
             let fault = fault.map(|f| f.parse()).transpose().map_err(
@@ -241,4 +256,19 @@ fn append(path: &std::path::Path, text: &str) -> Result<(), AgentError> {
 
 pub(crate) fn to_json<T: serde::Serialize>(v: &T) -> serde_json::Value {
     serde_json::to_value(v).expect("results serialise")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: huge numbers from a request overflowed `Instant + Duration`
+    /// in the agent (as `boot_timeout_s` did); they are refused up front.
+    #[test]
+    fn start_quiet_is_bounded() {
+        assert!(check_start_quiet(None).is_ok());
+        assert!(check_start_quiet(Some(MAX_START_QUIET_MS)).is_ok());
+        let e = check_start_quiet(Some(u64::MAX)).unwrap_err().to_string();
+        assert!(e.contains("--start-quiet-ms") && e.contains("out of range"), "{e}");
+    }
 }

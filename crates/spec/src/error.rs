@@ -9,6 +9,9 @@ pub enum SpecError {
     /// The TOML itself or its shape is wrong (unknown field, wrong type, ...).
     #[error("{0}")]
     Toml(String),
+    /// `boot_timeout_s` is 0 or longer than a day.
+    #[error("[cluster] boot_timeout_s = {0} is out of range (1-86400 seconds)")]
+    BootTimeout(u64),
     /// The spec defines no VM.
     #[error("the spec defines no VM: add at least one [[vm]] table")]
     NoVms,

@@ -15,6 +15,9 @@ const MAX_CLUSTER_NAME: usize = 24;
 const MAX_VM_NAME: usize = 24;
 const MAX_VCPUS: u64 = 64;
 const MAX_MEMORY_MIB: u64 = 1 << 20;
+/// One day: longer is a typo, and an unbounded value overflowed the agent's
+/// deadline arithmetic.
+pub(crate) const MAX_BOOT_TIMEOUT_S: u64 = 86_400;
 pub(crate) const MIN_DISK_MIB: u64 = 8;
 pub(crate) const MAX_DISK_MIB: u64 = 1 << 20;
 
@@ -164,6 +167,9 @@ impl ClusterSpec {
         }
         if self.vm.len() > MAX_VMS {
             return Err(SpecError::TooManyVms(self.vm.len()));
+        }
+        if !(1..=MAX_BOOT_TIMEOUT_S).contains(&self.cluster.boot_timeout_s) {
+            return Err(SpecError::BootTimeout(self.cluster.boot_timeout_s));
         }
         let mut seen = HashSet::new();
         for vm in &self.vm {

@@ -168,3 +168,26 @@ fn rejects_bad_accel_and_wrong_types() {
     let e = parse("[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib='lots'\n").unwrap_err();
     assert!(matches!(e, SpecError::Toml(_)));
 }
+
+/// Regression: `boot_timeout_s = 9223372036854775807` passed validation and
+/// panicked the agent (`overflow when adding duration to instant`).
+#[test]
+fn boot_timeout_is_bounded() {
+    for (v, ok) in [
+        ("1", true),
+        ("86400", true),
+        ("0", false),
+        ("86401", false),
+        ("9223372036854775807", false),
+    ] {
+        let text = format!(
+            "[cluster]\nname = \"c\"\nboot_timeout_s = {v}\n[[vm]]\nname = \"a\"\nmemory_mib = 128\n"
+        );
+        let r = ClusterSpec::from_toml_str(&text, 64);
+        match (r, ok) {
+            (Ok(_), true) => {}
+            (Err(e), false) => assert!(e.to_string().contains("boot_timeout_s"), "{v}: {e}"),
+            (r, _) => panic!("boot_timeout_s = {v}: {r:?}"),
+        }
+    }
+}
