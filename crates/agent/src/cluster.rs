@@ -576,7 +576,7 @@ fn check_memory(spec: &ClusterSpec) -> Result<(), AgentError> {
 /// The file of a block node's `filename`: QEMU names an image opened with
 /// options (an overlay whose backing file was given at run time) by a
 /// `json:{...}` pseudo-filename; its `file.filename` is the file.
-fn plain_filename(name: &str) -> PathBuf {
+pub(crate) fn plain_filename(name: &str) -> PathBuf {
     if let Some(json) = name.strip_prefix("json:") {
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(json) {
             if let Some(f) = v["file"]["filename"].as_str() {

@@ -234,6 +234,7 @@ pub(crate) fn dispatch(
             log(format!("down {name}"));
             Ok(json!({ "cluster": name }))
         }
+        Request::Gc => Ok(to_json(&crate::gc::collect(run, cluster)?)),
         Request::Shutdown => {
             if let Some(c) = cluster {
                 return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()));
@@ -269,6 +270,9 @@ mod tests {
         assert!(check_start_quiet(None).is_ok());
         assert!(check_start_quiet(Some(MAX_START_QUIET_MS)).is_ok());
         let e = check_start_quiet(Some(u64::MAX)).unwrap_err().to_string();
-        assert!(e.contains("--start-quiet-ms") && e.contains("out of range"), "{e}");
+        assert!(
+            e.contains("--start-quiet-ms") && e.contains("out of range"),
+            "{e}"
+        );
     }
 }

@@ -27,6 +27,7 @@ pub mod disk_chain;
 mod dispatch;
 mod error;
 pub mod fault;
+pub mod gc;
 pub mod guest_counters;
 pub mod handover;
 pub mod host_port;

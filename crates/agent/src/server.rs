@@ -422,6 +422,7 @@ fn describe(request: &Request) -> String {
         }
         Request::Stop { vm } => format!("stop {vm}"),
         Request::Down => "down".into(),
+        Request::Gc => "gc".into(),
         Request::Shutdown => "agent stop".into(),
     }
 }

@@ -18,5 +18,7 @@
 mod messages;
 mod wire;
 
-pub use messages::{Busy, ConsoleResult, Reply, Request, StatusResult, UpResult, VmStatus, VmUp};
+pub use messages::{
+    Busy, ConsoleResult, GcResult, Reply, Request, StatusResult, UpResult, VmStatus, VmUp,
+};
 pub use wire::{call, read_request, write_reply, ControlError, MAX_LINE};

@@ -129,6 +129,9 @@ pub enum Request {
     },
     /// Tear the cluster down. Result: `{"cluster": NAME}`.
     Down,
+    /// Remove what dead operations left in the snapshot directory.
+    /// Result: [`GcResult`].
+    Gc,
     /// Restart the agent in place (exec of its executable, VMs untouched).
     /// Result: `{"pid", "generation"}` of the image that answered.
     RestartAgent,
@@ -221,6 +224,15 @@ pub struct StatusResult {
     /// VM states are then those from before it began.
     #[serde(default)]
     pub busy: Option<Busy>,
+}
+
+/// Result of `gc`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GcResult {
+    /// What was removed.
+    pub removed: Vec<PathBuf>,
+    /// Leftover-looking directories kept because a VM's disk uses them.
+    pub kept_in_use: Vec<PathBuf>,
 }
 
 /// An operation the agent is running.

@@ -194,7 +194,7 @@ pub enum ClusterError {
     /// A file or directory the cluster snapshot needs does not exist.
     #[error(
         "{file}: missing; the cluster snapshot is incomplete or this is not a cluster snapshot \
-         directory (an interrupted one is a .tmp- directory that cleanup removes): check the \
+         directory (an interrupted one is a .tmp- directory that `vmcsnap gc` removes): check the \
          path, or restore from another snapshot"
     )]
     Missing {

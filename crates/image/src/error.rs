@@ -36,7 +36,7 @@ pub enum ReadError {
     /// A file (or the snapshot directory) does not exist.
     #[error(
         "{file}: missing; an interrupted snapshot has no manifest and is not a snapshot \
-         (remove it with cleanup), otherwise the snapshot directory is incomplete"
+         (`vmcsnap gc` removes it), otherwise the snapshot directory is incomplete"
     )]
     Missing {
         /// The path that does not exist.

@@ -132,6 +132,18 @@ pub(crate) fn snapshot_dirs(root: &Path) -> Result<Vec<(String, PathBuf)>, ListE
 /// is no longer running (or whose name carries no pid). Returns what was
 /// removed. A running writer's directory is left alone.
 pub fn cleanup_stale(root: &Path) -> Result<Vec<PathBuf>, ListError> {
+    cleanup_where(root, |pid| {
+        pid.is_some_and(|p| Path::new("/proc").join(p.to_string()).exists())
+    })
+}
+
+/// Removes the temporary directories under `root` except those for which
+/// `keep` (given the writer's pid, if the name carries one) says true.
+/// Returns what was removed.
+pub fn cleanup_where(
+    root: &Path,
+    keep: impl Fn(Option<u32>) -> bool,
+) -> Result<Vec<PathBuf>, ListError> {
     let rd = fs::read_dir(root).map_err(|e| ListError::Io {
         path: root.into(),
         source: e,
@@ -148,8 +160,7 @@ pub fn cleanup_stale(root: &Path) -> Result<Vec<PathBuf>, ListError> {
         let Some(pid) = temp_dir_pid(&name) else {
             continue;
         };
-        let alive = pid.is_some_and(|p| Path::new("/proc").join(p.to_string()).exists());
-        if alive {
+        if keep(pid) {
             continue;
         }
         let path = ent.path();

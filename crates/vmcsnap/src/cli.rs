@@ -48,6 +48,14 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Remove what interrupted or failed operations left behind: snapshot
+    /// temporary directories and frozen disks of snapshots never committed
+    /// (kept while a VM's disk still uses them).
+    Gc {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Restart the hypervisor layer (QEMU) of VMs without losing them:
     /// warm keeps guest RAM in place, saved goes through disk, cold reboots.
     Rejuvenate {

@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Parser;
 use vmcsnap_agent::{AgentOptions, RunDir};
-use vmcsnap_control::{call, ConsoleResult, Request, StatusResult, UpResult};
+use vmcsnap_control::{call, ConsoleResult, GcResult, Request, StatusResult, UpResult};
 
 use cli::{AgentCmd, Cli, Command, GuestCmd, ImageCmd};
 
@@ -103,6 +103,33 @@ fn run(cli: Cli) -> Result<()> {
             let v = request(&run_dir.agent_socket(), &Request::Down)?;
             output::json_or(json, &v, || {
                 println!("cluster {} is down", v["cluster"].as_str().unwrap_or("?"))
+            })
+        }
+        Command::Gc { json } => {
+            let sock = run_dir.agent_socket();
+            let r: GcResult = match call(&sock, &Request::Gc, None, &mut |m| eprintln!("  {m}")) {
+                Ok(v) => serde_json::from_value(v)?,
+                // No agent, hence no VM and no operation: collect here.
+                Err(e @ vmcsnap_control::ControlError::NoAgent { .. }) => {
+                    if vmcsnap_agent::record::needs_agent(&run_dir) {
+                        serde_json::from_value(request(&sock, &Request::Gc)?)?
+                    } else {
+                        let _ = e;
+                        vmcsnap_agent::gc::collect(&run_dir, &mut None)?
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            };
+            output::json_or(json, &serde_json::to_value(&r)?, || {
+                for p in &r.removed {
+                    println!("removed {}", p.display());
+                }
+                for p in &r.kept_in_use {
+                    println!("kept {} (a VM's disk uses it)", p.display());
+                }
+                if r.removed.is_empty() {
+                    println!("nothing to remove");
+                }
             })
         }
         Command::Rejuvenate {

@@ -220,6 +220,50 @@ fn a_snapshot_whose_capture_fails_or_stalls_leaves_the_guest_running_and_nothing
     }
     good_snapshot(&env, "hot", "ok-after-panics");
 
+    // `vmcsnap gc` removes what the failed snapshots left (frozen disks of
+    // snapshots never committed, temporary directories of this agent's
+    // abandoned writers) and nothing a snapshot or the VM uses. Regression:
+    // a snapshot killed at the wrong moment left `.disks/<name>/` forever,
+    // and `inspect` suggested a `cleanup` command that did not exist.
+    let gc = env.json(&["gc", "--json"]);
+    let root = env.run_dir().join("snapshots");
+    let leftovers = |root: &std::path::Path| -> Vec<String> {
+        let mut out = vec![];
+        for e in std::fs::read_dir(root.join(".disks"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if !root.join(e.file_name()).exists() {
+                out.push(format!(".disks/{}", e.file_name().to_string_lossy()));
+            }
+        }
+        for e in std::fs::read_dir(root).unwrap().flatten() {
+            if e.file_name().to_string_lossy().contains(".tmp-") {
+                out.push(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+        out
+    };
+    assert_eq!(
+        leftovers(&root),
+        Vec::<String>::new(),
+        "gc left these: {gc}"
+    );
+    for kept in [
+        "ok-stop-copy",
+        "ok-hot",
+        "ok-after-stalls",
+        "ok-after-panics",
+    ] {
+        env.ok(&["inspect", kept, "--verify"]);
+    }
+    let again = env.json(&["gc", "--json"]);
+    assert_eq!(again["removed"], serde_json::json!([]), "{again}");
+    let out = env.vmcsnap(&["inspect", "nosuch"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !err.contains("cleanup"), "{err}");
+
     // Requests are served concurrently: `status` answers while a snapshot
     // runs (its commit held for 5 s), naming it. Regression: requests were
     // served one at a time, and a long snapshot blocked `status`.

@@ -1,0 +1,86 @@
+//! `vmcsnap gc`: removes what dead operations left in the snapshot
+//! directory.
+//!
+//! - a snapshot's temporary directory (`<name>.tmp-<pid>-…`) whose writer is
+//!   gone, or is this agent: gc runs with the cluster locked, so no snapshot
+//!   of ours is being written (one abandoned by a failed request, a panic
+//!   included, is garbage);
+//! - a frozen-disk directory `.disks/<name>` with no snapshot `<name>` beside
+//!   it (a snapshot killed after the disk was frozen and before it was
+//!   committed), unless a running VM's disk chain still reads from it (a VM
+//!   restored from a snapshot that was since deleted by hand).
+
+use std::path::{Path, PathBuf};
+
+use vmcsnap_control::GcResult;
+
+use crate::cluster::Cluster;
+use crate::{log, AgentError, RunDir};
+
+/// Removes the leftovers; reports what went and what was kept in use.
+pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, AgentError> {
+    let root = run.snapshots_dir();
+    let mut result = GcResult {
+        removed: vec![],
+        kept_in_use: vec![],
+    };
+    if !root.is_dir() {
+        return Ok(result);
+    }
+    let me = std::process::id();
+    let temps = vmcsnap_image::cleanup_where(&root, |pid| pid.is_some_and(|p| p != me && alive(p)))
+        .map_err(|e| AgentError::BadRequest(format!("cleaning {}: {e}", root.display())))?;
+    result.removed.extend(temps);
+    let in_use = disk_files_in_use(cluster);
+    let disks = root.join(".disks");
+    let Ok(entries) = std::fs::read_dir(&disks) else {
+        return Ok(result);
+    };
+    for ent in entries.flatten() {
+        let dir = ent.path();
+        let name = ent.file_name();
+        if root.join(&name).exists() {
+            continue;
+        }
+        if in_use.iter().any(|f| f.starts_with(&dir)) {
+            result.kept_in_use.push(dir);
+            continue;
+        }
+        std::fs::remove_dir_all(&dir).map_err(AgentError::io("removing", &dir))?;
+        log(format!("gc: removed {}", dir.display()));
+        result.removed.push(dir);
+    }
+    result.removed.sort();
+    result.kept_in_use.sort();
+    Ok(result)
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// Every file a VM of the cluster reads or writes as disk: the recorded
+/// paths, and each live QEMU's backing chains.
+fn disk_files_in_use(cluster: &mut Option<Cluster>) -> Vec<PathBuf> {
+    let Some(c) = cluster.as_mut() else {
+        return vec![];
+    };
+    let mut files = vec![];
+    for m in &mut c.members {
+        files.extend(m.vm.config.disks.iter().map(|d| d.path.clone()));
+        if m.vm.exited().is_some() {
+            continue;
+        }
+        let Ok(blocks) = m.vm.execute("query-block", serde_json::Value::Null) else {
+            continue;
+        };
+        for b in blocks.as_array().into_iter().flatten() {
+            let mut img = &b["inserted"]["image"];
+            while let Some(f) = img["filename"].as_str() {
+                files.push(crate::cluster::plain_filename(f));
+                img = &img["backing-image"];
+            }
+        }
+    }
+    files
+}
