@@ -41,7 +41,7 @@ pub use guest::{
     Boot, DiskFormat, DiskSpec, ExtraDisk, GuestKind, HostAccess, ImageGuest, ImageSource, Machine,
     SshKeys, IMAGE_MIN_MEMORY_MIB, MICROVM_VIRTIO_SLOTS,
 };
-pub use model::{Accel, ClusterSection, ClusterSpec, VmSpec, MAX_VMS};
+pub use model::{Accel, ClusterSection, ClusterSpec, VmSpec, MAX_BOOT_TIMEOUT_S, MAX_VMS};
 
 #[cfg(test)]
 mod tests;

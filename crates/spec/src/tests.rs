@@ -168,3 +168,25 @@ fn rejects_bad_accel_and_wrong_types() {
     let e = parse("[cluster]\nname='c'\n[[vm]]\nname='a'\nmemory_mib='lots'\n").unwrap_err();
     assert!(matches!(e, SpecError::Toml(_)));
 }
+
+/// Regression (fuzzing, issue 20): `boot_timeout_s = 9223372036854775807`
+/// was accepted, and the agent's boot deadline (`Instant::now() +
+/// Duration::from_secs(boot_timeout_s)`) panicked on the overflow.
+#[test]
+fn boot_timeout_is_bounded() {
+    let spec = |t: &str| {
+        parse(&format!(
+            "[cluster]\nname='c'\nboot_timeout_s={t}\n[[vm]]\nname='a'\nmemory_mib=64\n"
+        ))
+    };
+    for bad in ["9223372036854775807", "0", "86401"] {
+        let e = spec(bad).unwrap_err();
+        assert!(
+            matches!(e, SpecError::BootTimeoutOutOfRange(_)),
+            "{bad}: {e}"
+        );
+        assert!(e.to_string().contains("1-86400"), "{e}");
+    }
+    assert_eq!(spec("86400").unwrap().cluster.boot_timeout_s, 86_400);
+    assert_eq!(spec("1").unwrap().cluster.boot_timeout_s, 1);
+}
