@@ -34,6 +34,7 @@ mod error;
 mod guest;
 mod model;
 mod rules;
+pub mod testing;
 
 pub use addressing::{VmAddress, SUBNET_PREFIX};
 pub use error::SpecError;
@@ -45,5 +46,7 @@ pub use model::{Accel, ClusterSection, ClusterSpec, VmSpec, MAX_BOOT_TIMEOUT_S, 
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_fuzz;
 #[cfg(test)]
 mod tests_image;
