@@ -16,7 +16,11 @@
 //! protocol error (the reader never buffers without bound).
 
 mod messages;
+pub mod testing;
 mod wire;
 
 pub use messages::{ConsoleResult, Reply, Request, StatusResult, UpResult, VmStatus, VmUp};
 pub use wire::{call, read_request, write_reply, ControlError, MAX_LINE};
+
+#[cfg(test)]
+mod tests_fuzz;
