@@ -73,3 +73,27 @@ fn mutated_requests_and_replies_read_consistently_or_are_rejected() {
     }
     assert!(ok > 200 && err > 1000, "ok {ok}, err {err}");
 }
+
+/// Regression (fuzzing, issue 20): a reply with the number `5e36` read as
+/// 5.0000000000000004e36 (serde_json's default float parser is off by one
+/// unit in the last place for some inputs), so the CLI showed another
+/// number than the agent sent. The workspace enables serde_json's
+/// `float_roundtrip`: floats read exactly and write back the same.
+#[test]
+fn floats_in_replies_read_exactly() {
+    for text in [
+        "5e36",
+        "8e25",
+        "1.7976931348623157e308",
+        "2.2250738585072014e-308",
+        "0.1",
+    ] {
+        let line = format!("{{\"kind\":\"done\",\"result\":{{\"x\":{text}}}}}\n");
+        assert_eq!(exercise_replies(line.as_bytes()).unwrap(), 1, "{text}");
+        let reply: crate::Reply = serde_json::from_str(line.trim()).unwrap();
+        let crate::Reply::Done { result } = reply else {
+            panic!("not done")
+        };
+        assert_eq!(result["x"].as_f64(), text.parse::<f64>().ok(), "{text}");
+    }
+}
