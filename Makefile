@@ -1,7 +1,7 @@
 # vmcsnap: the two commands of the README, and their parts.
 VMCSNAP := target/release/vmcsnap
 
-.PHONY: demo demo-redis test lint deps build guest clean-run
+.PHONY: demo demo-redis test lint deps build guest clean-run fuzz
 
 demo: guest
 	scripts/demo.sh
@@ -26,3 +26,10 @@ build: deps
 
 guest: build
 	$(VMCSNAP) guest build
+
+# Every cargo-fuzz target of every crate (crates/*/fuzz), FUZZ_SECONDS each
+# (default 600), two at a time at nice 19; prints target, seconds,
+# executions, crashes and saves them in target/fuzz-report/fuzz.json.
+# Needs the nightly toolchain; installs cargo-fuzz if missing.
+fuzz:
+	scripts/fuzz.sh

@@ -16,9 +16,13 @@
 //! protocol error (the reader never buffers without bound).
 
 mod messages;
+pub mod testing;
 mod wire;
 
 pub use messages::{
     Busy, ConsoleResult, GcResult, Reply, Request, StatusResult, UpResult, VmStatus, VmUp,
 };
 pub use wire::{call, read_request, write_reply, ControlError, MAX_LINE};
+
+#[cfg(test)]
+mod tests_fuzz;

@@ -38,7 +38,7 @@ pub enum ControlError {
     Failed(String),
 }
 
-fn read_line(r: &mut impl BufRead) -> Result<Option<Vec<u8>>, ControlError> {
+pub(crate) fn read_line(r: &mut impl BufRead) -> Result<Option<Vec<u8>>, ControlError> {
     let mut buf = Vec::new();
     let n = r.take(MAX_LINE as u64 + 1).read_until(b'\n', &mut buf)?;
     if n == 0 {

@@ -89,8 +89,12 @@ mod fin_timers;
 mod inbox;
 pub mod restore;
 pub mod snapshot;
+pub mod testing;
 pub mod transport;
 
 /// The name of a node: a VM's name for a peer, any unique name for the
 /// initiator.
 pub type NodeId = String;
+
+#[cfg(test)]
+mod tests_fuzz;

@@ -744,4 +744,6 @@ pub fn commit_cluster_dir(tmp: &Path, final_dir: &Path) -> Result<ClusterManifes
 }
 
 #[cfg(test)]
+mod mutation_tests;
+#[cfg(test)]
 mod tests;

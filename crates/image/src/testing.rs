@@ -4,15 +4,21 @@
 //! damage reaches the structural checks behind the CRCs; [`exercise`]
 //! opens an image and calls every read operation on it.
 //! [`reseal_channel_log`] and [`exercise_channel_log`] do the same for a
-//! cluster snapshot's channel-state file.
+//! cluster snapshot's channel-state file, and
+//! [`sample_cluster_manifest`] and [`exercise_cluster_manifest`] give and
+//! check a cluster manifest (`cluster.json`).
 
 use std::path::Path;
 
+use crate::channel_log::FrameReason;
 use crate::channel_log::{
     encode_channel_log, parse_channel_log, ChannelFrame, ChannelLogError, CHANNEL_HEADER_LEN,
     CHANNEL_TRAILER_LEN, MAX_CHANNEL_HEADER_LEN, RECORD_MAGIC, TRAILER_MAGIC,
 };
-use crate::cluster::edges_from_frames;
+use crate::cluster::{
+    edges_from_frames, ChannelStateRef, ClusterError, ClusterManifest, ClusterVm, Timeline,
+    CHANNEL_LOG, VMS_DIR,
+};
 use crate::error::ReadError;
 use crate::format::{
     get_u16, get_u32, put_u32, FileKind, BLOCK_ENTRY_LEN, BLOCK_HEADER_LEN, BLOCK_MAGIC,
@@ -185,4 +191,188 @@ pub fn exercise_channel_log(bytes: &[u8]) -> Result<Vec<ChannelFrame>, ChannelLo
         assert_eq!(again, bytes, "re-encoding changed the file");
     }
     Ok(frames)
+}
+
+/// A valid `cluster.json` (three VMs, the edges and channel-state counts of
+/// a few frames, nested and floating-point metrics), pretty-printed as
+/// [`ClusterManifest::save`] writes it: the input the `cluster_manifest`
+/// fuzz target and its unit test mutate.
+pub fn sample_cluster_manifest() -> Vec<u8> {
+    let vms = ["alpha", "beta", "gamma"];
+    let frames: Vec<ChannelFrame> = (0..5usize)
+        .map(|i| ChannelFrame {
+            sender: vms[i % 3].into(),
+            receiver: vms[(i + 1) % 3].into(),
+            received_unix_us: 1_000 + i as u64,
+            delivered_unix_us: 2_000 + i as u64,
+            reason: FrameReason::InFlight,
+            data: vec![i as u8; 60 + i * 7],
+        })
+        .collect();
+    let file_size = encode_channel_log(&frames).map_or(0, |v| v.len() as u64);
+    let m = ClusterManifest {
+        format: ClusterManifest::FORMAT.into(),
+        version: ClusterManifest::VERSION,
+        name: "demo-1".into(),
+        cluster: "demo".into(),
+        mode: "hot".into(),
+        created_unix_ms: 1_718_031_600_101,
+        network: serde_json::json!({"name": "demo", "boot_timeout_s": 120}),
+        vms: vms
+            .iter()
+            .enumerate()
+            .map(|(i, vm)| {
+                let t = 1_000_000 * i as u64;
+                ClusterVm {
+                    name: (*vm).into(),
+                    snapshot: format!("{VMS_DIR}/{vm}"),
+                    memory_mib: 256,
+                    ip: format!("10.77.0.{}/24", i + 2),
+                    mac: format!("52:54:00:77:00:{:02x}", i + 2),
+                    timeline: Timeline {
+                        start_us: t,
+                        pause_start_us: t + 10,
+                        pause_end_us: t + 15,
+                        transient_done_us: t + 20,
+                        complete_us: t + 100,
+                    },
+                    metrics: serde_json::json!({"downtime_ms": 8.25, "pages": [1, 2, 3]}),
+                }
+            })
+            .collect(),
+        channel_state: ChannelStateRef {
+            file: CHANNEL_LOG.into(),
+            frames: frames.len() as u64,
+            bytes: frames.iter().map(|f| f.data.len() as u64).sum(),
+            file_size,
+        },
+        edges: edges_from_frames(&frames),
+        metrics: serde_json::json!({"backoff": {"avg_ms": 0.5, "max_ms": -1e-3}, "ok": true}),
+    };
+    // Cannot fail: plain strings, numbers and maps.
+    serde_json::to_vec_pretty(&m).unwrap_or_default()
+}
+
+/// Decodes `bytes` as a cluster manifest, as [`ClusterManifest::load`]
+/// does after reading the file (what the `cluster_manifest` fuzz target
+/// runs). If that succeeds, the manifest must validate, encode as
+/// [`ClusterManifest::save`] does and decode back to the same value, and
+/// every path it names must stay inside the cluster snapshot directory;
+/// panics otherwise, which is a bug. Must never panic on a decode error.
+pub fn exercise_cluster_manifest(bytes: &[u8]) -> Result<ClusterManifest, ClusterError> {
+    let file = Path::new("cluster.json");
+    let m = ClusterManifest::decode(file, bytes)?;
+    if let Err(e) = m.validate() {
+        panic!("a decoded manifest does not validate: {e}");
+    }
+    let again = match serde_json::to_vec_pretty(&m) {
+        Ok(v) => v,
+        Err(e) => panic!("a decoded manifest does not encode: {e}"),
+    };
+    match ClusterManifest::decode(file, &again) {
+        Ok(back) => assert_eq!(back, m, "re-encoding changed the manifest"),
+        Err(e) => panic!("a re-encoded manifest does not decode: {e}"),
+    }
+    let dir = Path::new("/snapshots/c");
+    for vm in &m.vms {
+        let path = m.vm_dir(dir, &vm.name).expect("every VM has a directory");
+        assert!(
+            path.starts_with(dir)
+                && path != dir
+                && path.components().all(|c| matches!(
+                    c,
+                    std::path::Component::Normal(_) | std::path::Component::RootDir
+                )),
+            "VM {:?}: snapshot directory {path:?} is not inside {dir:?}",
+            vm.name
+        );
+    }
+    assert_eq!(m.channel_log_path(dir).parent(), Some(dir));
+    Ok(m)
+}
+
+/// Applies structural edits to the JSON document `doc` (the
+/// `cluster_manifest` fuzz target's and unit test's mutator): each 3-byte
+/// chunk `[hi, lo, what]` of `edits` replaces value number
+/// `u16(hi, lo) % count` of the document (depth first; 0 is the root) by
+/// an interesting value chosen by `what` (extreme numbers, floats, path
+/// tricks, long names, other types). Returns `doc` unchanged if it is not
+/// JSON.
+pub fn edit_json(doc: &[u8], edits: &[u8]) -> Vec<u8> {
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(doc) else {
+        return doc.to_vec();
+    };
+    for e in edits.chunks_exact(3) {
+        let target = usize::from(u16::from_be_bytes([e[0], e[1]])) % count_values(&v);
+        if let Some(slot) = nth_value(&mut v, target) {
+            *slot = interesting_value(e[2]);
+        }
+    }
+    serde_json::to_vec(&v).unwrap_or_else(|_| doc.to_vec())
+}
+
+fn count_values(v: &serde_json::Value) -> usize {
+    1 + match v {
+        serde_json::Value::Array(a) => a.iter().map(count_values).sum(),
+        serde_json::Value::Object(o) => o.values().map(count_values).sum(),
+        _ => 0,
+    }
+}
+
+fn nth_value(v: &mut serde_json::Value, n: usize) -> Option<&mut serde_json::Value> {
+    if n == 0 {
+        return Some(v);
+    }
+    let mut n = n - 1;
+    let children: Vec<&mut serde_json::Value> = match v {
+        serde_json::Value::Array(a) => a.iter_mut().collect(),
+        serde_json::Value::Object(o) => o.values_mut().collect(),
+        _ => return None,
+    };
+    for c in children {
+        let size = count_values(c);
+        if n < size {
+            return nth_value(c, n);
+        }
+        n -= size;
+    }
+    None
+}
+
+fn interesting_value(what: u8) -> serde_json::Value {
+    use serde_json::json;
+    match what % 32 {
+        0 => json!(0),
+        1 => json!(1),
+        2 => json!(-1),
+        3 => json!(u64::MAX),
+        4 => json!(i64::MIN),
+        5 => json!(u64::from(u32::MAX) + 1),
+        6 => json!(1e308),
+        7 => json!(-0.0),
+        8 => json!(0.5),
+        9 => json!(""),
+        10 => json!("."),
+        11 => json!(".."),
+        12 => json!("/"),
+        13 => json!("vms/../.."),
+        14 => json!("/etc/passwd"),
+        15 => json!("alpha"),
+        16 => json!("beta"),
+        17 => json!("vms/alpha"),
+        18 => json!("cluster.json"),
+        19 => json!("channel-state.bin"),
+        20 => json!("a".repeat(65)),
+        21 => json!("x.tmp-1-2"),
+        22 => json!(".hidden"),
+        23 => json!("a\u{0}b"),
+        24 => json!("vms//alpha/"),
+        25 => json!(null),
+        26 => json!(true),
+        27 => json!([]),
+        28 => json!({}),
+        29 => json!([{"from": "alpha", "to": "beta", "frames": 1, "bytes": 1}]),
+        30 => json!("é"),
+        _ => json!(ClusterManifest::FORMAT),
+    }
 }

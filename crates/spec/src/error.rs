@@ -9,9 +9,6 @@ pub enum SpecError {
     /// The TOML itself or its shape is wrong (unknown field, wrong type, ...).
     #[error("{0}")]
     Toml(String),
-    /// `boot_timeout_s` is 0 or longer than a day.
-    #[error("[cluster] boot_timeout_s = {0} is out of range (1-86400 seconds)")]
-    BootTimeout(u64),
     /// The spec defines no VM.
     #[error("the spec defines no VM: add at least one [[vm]] table")]
     NoVms,
@@ -28,6 +25,9 @@ pub enum SpecError {
         /// The maximum length.
         max: usize,
     },
+    /// `boot_timeout_s` outside 1..=[`MAX_BOOT_TIMEOUT_S`](crate::MAX_BOOT_TIMEOUT_S).
+    #[error("[cluster] boot_timeout_s = {0} is out of range: give 1-{max} seconds (a day at most)", max = crate::MAX_BOOT_TIMEOUT_S)]
+    BootTimeoutOutOfRange(u64),
     /// Two VMs share a name.
     #[error("duplicate VM name {0:?}: every [[vm]] needs its own name")]
     DuplicateVm(String),

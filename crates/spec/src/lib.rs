@@ -34,6 +34,7 @@ mod error;
 mod guest;
 mod model;
 mod rules;
+pub mod testing;
 
 pub use addressing::{VmAddress, SUBNET_PREFIX};
 pub use error::SpecError;
@@ -41,9 +42,11 @@ pub use guest::{
     Boot, DiskFormat, DiskSpec, ExtraDisk, GuestKind, HostAccess, ImageGuest, ImageSource, Machine,
     SshKeys, IMAGE_MIN_MEMORY_MIB, MICROVM_VIRTIO_SLOTS,
 };
-pub use model::{Accel, ClusterSection, ClusterSpec, VmSpec, MAX_VMS};
+pub use model::{Accel, ClusterSection, ClusterSpec, VmSpec, MAX_BOOT_TIMEOUT_S, MAX_VMS};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_fuzz;
 #[cfg(test)]
 mod tests_image;

@@ -11,13 +11,14 @@ use crate::SpecError;
 
 /// At most this many VMs per cluster (addresses .2 to .250 of the /24).
 pub const MAX_VMS: usize = 248;
+/// Longest `boot_timeout_s` accepted: a day. A larger value is surely a
+/// typo, and one near `u64::MAX` would overflow the boot deadline
+/// (`Instant + Duration` panics).
+pub const MAX_BOOT_TIMEOUT_S: u64 = 86_400;
 const MAX_CLUSTER_NAME: usize = 24;
 const MAX_VM_NAME: usize = 24;
 const MAX_VCPUS: u64 = 64;
 const MAX_MEMORY_MIB: u64 = 1 << 20;
-/// One day: longer is a typo, and an unbounded value overflowed the agent's
-/// deadline arithmetic.
-pub(crate) const MAX_BOOT_TIMEOUT_S: u64 = 86_400;
 pub(crate) const MIN_DISK_MIB: u64 = 8;
 pub(crate) const MAX_DISK_MIB: u64 = 1 << 20;
 
@@ -162,14 +163,16 @@ impl ClusterSpec {
     /// Checks everything serde cannot: names, ranges, duplicates, placeholders.
     pub fn validate(&self, min_memory_mib: u64) -> Result<(), SpecError> {
         check_name("cluster", &self.cluster.name, MAX_CLUSTER_NAME)?;
+        if !(1..=MAX_BOOT_TIMEOUT_S).contains(&self.cluster.boot_timeout_s) {
+            return Err(SpecError::BootTimeoutOutOfRange(
+                self.cluster.boot_timeout_s,
+            ));
+        }
         if self.vm.is_empty() {
             return Err(SpecError::NoVms);
         }
         if self.vm.len() > MAX_VMS {
             return Err(SpecError::TooManyVms(self.vm.len()));
-        }
-        if !(1..=MAX_BOOT_TIMEOUT_S).contains(&self.cluster.boot_timeout_s) {
-            return Err(SpecError::BootTimeout(self.cluster.boot_timeout_s));
         }
         let mut seen = HashSet::new();
         for vm in &self.vm {

@@ -131,6 +131,9 @@ pub mod pcap;
 pub mod server;
 mod sockq;
 pub mod stats;
+pub mod testing;
+#[cfg(test)]
+mod testing_tests;
 
 pub use crate::core::{Counters, Decision, MacAddr, PortId, QueuedFrame, SwitchCore};
 pub use dhcp::{DhcpConfig, DhcpError, DhcpLease};

@@ -14,6 +14,54 @@ use crate::core::{MacAddr, PortId};
 /// Offset of the magic cookie in a DHCP message.
 const MAGIC_AT: usize = 236;
 
+/// Options whose length dhcproto 0.15 asserts (`debug_assert!`, so a panic
+/// in a build with debug assertions) instead of checking: code and the
+/// allowed lengths (Rapid Commit, Client FQDN, Client Network Interface,
+/// the Bulk Leasequery status code and times).
+const ASSERTED_LENGTHS: [(u8, std::ops::RangeInclusive<u8>); 8] = [
+    (80, 0..=0),
+    (81, 3..=255),
+    (94, 3..=3),
+    (151, 1..=255),
+    (152, 4..=4),
+    (153, 4..=4),
+    (154, 4..=4),
+    (155, 4..=4),
+];
+
+/// Whether dhcproto can decode the options of `payload` (a DHCP message
+/// with its magic cookie) without tripping one of its assertions: every
+/// option of [`ASSERTED_LENGTHS`] has an allowed length and is not
+/// repeated right after itself (dhcproto joins such repeats, RFC 3396).
+/// A message that fails is ignored as malformed; a guest must not be able
+/// to panic the switch.
+fn options_decodable(payload: &[u8]) -> bool {
+    let mut at = MAGIC_AT + 4;
+    let mut prev = None;
+    while let Some(&code) = payload.get(at) {
+        match code {
+            0 => {
+                prev = None;
+                at += 1;
+                continue;
+            }
+            255 => break,
+            _ => {}
+        }
+        let Some(&len) = payload.get(at + 1) else {
+            break; // truncated: dhcproto reports it
+        };
+        if let Some((_, allowed)) = ASSERTED_LENGTHS.iter().find(|(c, _)| *c == code) {
+            if !allowed.contains(&len) || prev == Some(code) {
+                return false;
+            }
+        }
+        prev = Some(code);
+        at += 2 + usize::from(len);
+    }
+    true
+}
+
 /// What to send back.
 enum Verdict {
     Offer,
@@ -26,6 +74,9 @@ impl DhcpServer {
     /// The reply frame to a validated datagram for port 67, or why there is none.
     pub(super) fn answer(&self, port: PortId, udp: &UdpFrame<'_>) -> Result<Vec<u8>, IgnoreReason> {
         if udp.payload.get(MAGIC_AT..MAGIC_AT + 4) != Some(&MAGIC[..]) {
+            return Err(IgnoreReason::Malformed);
+        }
+        if !options_decodable(udp.payload) {
             return Err(IgnoreReason::Malformed);
         }
         let msg =

@@ -455,6 +455,59 @@ fn truncated_and_corrupt_frames_get_no_answer() {
     }
 }
 
+/// Regression (fuzzing, issue 20): a discover with option 81 (Client FQDN)
+/// of length 1 panicked the switch in builds with debug assertions
+/// (dhcproto 0.15 `debug_assert!`s the lengths of a few options instead of
+/// checking them). Such messages are now ignored as malformed before
+/// dhcproto sees them; a well-formed option of each kind still gets an
+/// answer.
+#[test]
+fn options_dhcproto_would_assert_on_are_ignored_not_a_panic() {
+    let s = server();
+    let a = Addressing {
+        src_mac: vm_mac(2),
+        dst_mac: MacAddr::BROADCAST,
+        src_ip: Ipv4Addr::UNSPECIFIED,
+        dst_ip: Ipv4Addr::BROADCAST,
+    };
+    let with_option = |opt: &[u8]| {
+        let mut p = encode(&msg(MessageType::Discover, vm_mac(2)));
+        p.truncate(240); // fixed fields and magic cookie
+        p.extend_from_slice(&[53, 1, 1]); // DHCPDISCOVER
+        p.extend_from_slice(opt);
+        p.push(255);
+        build_udp_frame(&a, CLIENT_PORT, SERVER_PORT, &p)
+    };
+    for bad in [
+        &[81, 1, 0][..],
+        &[81, 0][..],
+        &[80, 1, 0][..],
+        &[94, 2, 1, 2][..],
+        &[151, 0][..],
+        &[152, 3, 0, 0, 0][..],
+        &[155, 5, 0, 0, 0, 0, 0][..],
+        &[80, 0, 80, 0][..], // joined by dhcproto (RFC 3396)
+    ] {
+        assert_eq!(
+            s.handle(port(0), &with_option(bad)),
+            Outcome::Ignored(IgnoreReason::Malformed),
+            "{bad:?}"
+        );
+    }
+    for good in [
+        &[80, 0][..],
+        &[94, 3, 1, 2, 3][..],
+        &[81, 3, 0, 0, 0][..],
+        &[0, 80, 0][..],
+    ] {
+        assert_eq!(
+            s.reply(port(0), &with_option(good)).map(|f| reply_kind(&f)),
+            Some(Some(MessageType::Offer)),
+            "{good:?}"
+        );
+    }
+}
+
 /// xorshift64*: deterministic pseudo-random bytes without a dependency.
 struct Rng(u64);
 
