@@ -334,16 +334,20 @@ fn run_locked(
     if !read_only {
         refresh_view(sh, &mut guard);
     }
-    let _ = write_reply(&mut &*stream, &reply);
     if stop || (sh.exit_when_idle && changes_state && guard.is_none()) {
         if let Some(mut c) = guard.take() {
             c.teardown();
         }
+        // The socket goes before the reply: a client's next command, sent
+        // once it has the reply, must not reach this agent (it would be
+        // cut off mid-way by the exit) but start a new one.
         let _ = std::fs::remove_file(sh.run.agent_socket());
         let _ = std::fs::remove_file(sh.run.agent_pid());
+        let _ = write_reply(&mut &*stream, &reply);
         log("agent exiting");
         std::process::exit(0);
     }
+    let _ = write_reply(&mut &*stream, &reply);
     if restart {
         // Returns only if the exec failed; the old image goes on.
         let e = crate::handover::exec_restart(
@@ -408,11 +412,15 @@ fn describe(request: &Request) -> String {
         Request::Up { spec_path, .. } => format!("up {}", spec_path.display()),
         Request::Status => "status".into(),
         Request::Console { vm, .. } => format!("console {vm}"),
-        Request::Rejuvenate { vm, mode } => {
-            format!(
-                "rejuvenate {} --mode {mode}",
-                vm.as_deref().unwrap_or("--all")
-            )
+        Request::Rejuvenate {
+            vm, mode, recover, ..
+        } => {
+            let vm = vm.as_deref().unwrap_or("--all");
+            match recover {
+                Some(vmcsnap_control::Recover::Resume) => format!("rejuvenate {vm} --resume"),
+                Some(vmcsnap_control::Recover::Rollback) => format!("rejuvenate {vm} --rollback"),
+                None => format!("rejuvenate {vm} --mode {mode}"),
+            }
         }
         Request::Snapshot { vm, mode, .. } => format!("snapshot {vm} --mode {mode}"),
         Request::ClusterSnapshot { mode, .. } => format!("snapshot --cluster --mode {mode}"),
