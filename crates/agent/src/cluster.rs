@@ -412,9 +412,14 @@ impl Cluster {
         &mut self,
         vm: Option<&str>,
         mode: crate::rejuvenate::Mode,
+        qemu: Option<&std::path::Path>,
+        fault: Option<crate::fault::RejuvenateFault>,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Vec<crate::rejuvenate::Report>, AgentError> {
-        let qemu_bin = qemu::find_qemu()?;
+        let qemu_bin = match qemu {
+            Some(q) => q.to_path_buf(),
+            None => qemu::find_qemu()?,
+        };
         if let Some(name) = vm {
             self.member_mut(name)?;
         }
@@ -433,7 +438,9 @@ impl Cluster {
                 .into_iter()
                 .map(|m| {
                     let (switch, qemu_bin) = (switch.clone(), qemu_bin.clone());
-                    s.spawn(move || crate::rejuvenate::rejuvenate(m, &switch, &qemu_bin, mode))
+                    s.spawn(move || {
+                        crate::rejuvenate::rejuvenate(m, &switch, &qemu_bin, mode, fault)
+                    })
                 })
                 .collect();
             handles
@@ -447,6 +454,12 @@ impl Cluster {
             match r {
                 Ok(rep) => {
                     progress(&format!("{}: downtime {:.1} ms", rep.vm, rep.downtime_ms));
+                    if let Some(reason) = &rep.fallback_reason {
+                        progress(&format!(
+                            "{}: the new QEMU failed ({reason}); the VM runs on the kept copy of its previous QEMU",
+                            rep.vm
+                        ));
+                    }
                     reports.push(rep);
                 }
                 Err(e) => errors.push(e.to_string()),
@@ -456,6 +469,45 @@ impl Cluster {
             return Err(AgentError::BadRequest(errors.join("; ")));
         }
         Ok(reports)
+    }
+
+    /// Starts again `vm` (or every VM) whose restart failed, from what the
+    /// restart kept ([`crate::restart_recovery`]).
+    pub fn recover(
+        &mut self,
+        vm: Option<&str>,
+        how: crate::restart_recovery::How,
+        qemu: Option<&std::path::Path>,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Vec<crate::restart_recovery::Recovered>, AgentError> {
+        if let Some(name) = vm {
+            let m = self.member_mut(name)?;
+            return Ok(vec![crate::restart_recovery::recover(m, how, qemu)?]);
+        }
+        let mut stranded: Vec<&mut Member> = vec![];
+        for m in self.members.iter_mut() {
+            if m.vm.exited().is_some() && crate::intent::get(&m.vm.config).is_some() {
+                stranded.push(m);
+            }
+        }
+        if stranded.is_empty() {
+            return Err(AgentError::BadRequest(
+                "no VM of the cluster has a failed restart to resume or roll back".into(),
+            ));
+        }
+        let mut done = vec![];
+        let mut errors = vec![];
+        for m in stranded {
+            progress(&format!("starting {} again ({how:?})", m.vm.name));
+            match crate::restart_recovery::recover(m, how, qemu) {
+                Ok(r) => done.push(r),
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(AgentError::BadRequest(errors.join("; ")));
+        }
+        Ok(done)
     }
 
     /// Stops every QEMU, the switch, and removes sockets, RAM files and
@@ -476,6 +528,7 @@ impl Cluster {
         for m in &self.members {
             m.vm.config.remove_runtime_files();
             crate::intent::clear(&m.vm.config);
+            let _ = std::fs::remove_dir_all(crate::qemu_kept::dir_of(&m.vm.config));
             if let Err(e) = std::fs::remove_file(&m.disk) {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     log(format!("teardown: cannot remove {}: {e}", m.disk.display()));

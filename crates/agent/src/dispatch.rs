@@ -99,11 +99,32 @@ pub(crate) fn dispatch(
                 text: m.vm.console_tail(tail_bytes),
             }))
         }
-        Request::Rejuvenate { vm, mode } => {
+        Request::Rejuvenate {
+            vm,
+            mode,
+            qemu,
+            recover,
+            fault,
+        } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
+            let qemu = qemu
+                .map(|q| crate::qemu::find_program(&q, "qemu-system-x86"))
+                .transpose()?;
+            if let Some(how) = recover {
+                let how = match how {
+                    vmcsnap_control::Recover::Resume => crate::restart_recovery::How::Resume,
+                    vmcsnap_control::Recover::Rollback => crate::restart_recovery::How::Rollback,
+                };
+                let recovered = c.recover(vm.as_deref(), how, qemu.as_deref(), progress)?;
+                return Ok(json!({ "recovered": recovered }));
+            }
             let mode: crate::rejuvenate::Mode = mode.parse().map_err(AgentError::BadRequest)?;
+            let fault = fault
+                .map(|f| f.parse())
+                .transpose()
+                .map_err(|e: crate::fault::BadFault| AgentError::BadRequest(e.to_string()))?;
             let t = std::time::Instant::now();
-            let reports = c.rejuvenate(vm.as_deref(), mode, progress)?;
+            let reports = c.rejuvenate(vm.as_deref(), mode, qemu.as_deref(), fault, progress)?;
             let total_ms = t.elapsed().as_secs_f64() * 1000.0;
             let unix_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

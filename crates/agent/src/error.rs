@@ -130,7 +130,7 @@ pub enum AgentError {
         detail: String,
     },
     /// Neither the new nor the previous QEMU could take over a VM.
-    #[error("VM {vm:?} could not be restarted: new QEMU: {first}; previous QEMU: {second}; its state is kept in {state}")]
+    #[error("VM {vm:?} could not be restarted: new QEMU: {first}; kept copy of the previous QEMU: {second}. What it needs to start again is kept in {state}: `vmcsnap rejuvenate --vm {vm} --resume` starts it (with VMCSNAP_QEMU or the installed QEMU, then the kept copy), `--rollback` on the kept copy only")]
     RestartFailed {
         /// The VM.
         vm: String,
@@ -140,6 +140,14 @@ pub enum AgentError {
         second: String,
         /// The kept state file.
         state: PathBuf,
+    },
+    /// No QEMU could start a VM again from what a failed restart kept.
+    #[error("VM {vm:?} could not be started again ({tried}); what it needs is still kept: fix the QEMU (VMCSNAP_QEMU names another binary) and run `vmcsnap rejuvenate --vm {vm} --resume` again")]
+    StartAgainFailed {
+        /// The VM.
+        vm: String,
+        /// Each binary tried and its error.
+        tried: String,
     },
     /// A restore failed (the new QEMU was stopped).
     #[error("restore of VM {vm:?} failed: {detail}")]

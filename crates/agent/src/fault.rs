@@ -84,6 +84,34 @@ impl std::str::FromStr for Fault {
     }
 }
 
+/// A fault to inject into a rejuvenation (`rejuvenate --inject-fault`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejuvenateFault {
+    /// The kept copy of the previous QEMU fails too, as if it were broken:
+    /// the restart cannot finish and must be resumed or rolled back.
+    FallbackFails,
+}
+
+impl RejuvenateFault {
+    /// The error the injected fault stands for.
+    pub fn injected() -> crate::AgentError {
+        crate::AgentError::BadRequest("injected fault: the fallback QEMU fails".into())
+    }
+}
+
+impl std::str::FromStr for RejuvenateFault {
+    type Err = BadFault;
+
+    fn from_str(s: &str) -> Result<Self, BadFault> {
+        match s.trim() {
+            "fallback-fails" => Ok(RejuvenateFault::FallbackFails),
+            _ => Err(BadFault {
+                value: format!("{s} (rejuvenate knows only fallback-fails)"),
+            }),
+        }
+    }
+}
+
 /// A fault to inject into a cluster restore: what one VM does once every
 /// VM of the restore has loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -156,17 +156,17 @@ pub fn recover_dead(config: &QemuConfig, qemu_log: &Path) -> Option<Vm> {
             clear(config);
             return None;
         }
-        Intent::Restart { state, warm } => {
+        Intent::Restart { .. } => {
             log(format!(
                 "VM {name}: its QEMU died during a restart; starting a new one on the saved state"
             ));
-            crate::rejuvenate::start_from_state(config, qemu_log, state, *warm)
+            start_again(config, qemu_log, &intent)
         }
         Intent::Boot => {
             log(format!(
                 "VM {name}: its QEMU died during a cold restart; booting it again"
             ));
-            crate::rejuvenate::boot_again(config, qemu_log)
+            start_again(config, qemu_log, &intent)
         }
     };
     match result {
@@ -184,6 +184,13 @@ pub fn recover_dead(config: &QemuConfig, qemu_log: &Path) -> Option<Vm> {
             None
         }
     }
+}
+
+/// The installed QEMU, then the kept copy of the previous one.
+fn start_again(config: &QemuConfig, qemu_log: &Path, intent: &Intent) -> Result<Vm, AgentError> {
+    use crate::restart_recovery as r;
+    let candidates = r::candidates(config, r::How::Resume, None)?;
+    r::start_again(config, qemu_log, intent, &candidates).map(|(vm, _)| vm)
 }
 
 #[cfg(test)]

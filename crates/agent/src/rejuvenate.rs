@@ -19,10 +19,13 @@
 //! until the old QEMU has read everything already sent to it (SIOCOUTQ), so
 //! no frame is stranded in the old socket.
 //!
-//! If the new QEMU fails to start or load, it is retried once with a copy of
-//! the old QEMU binary (taken from `/proc/PID/exe` before the restart, so it
-//! works even when the package was upgraded meanwhile). If that fails too,
-//! the state file is kept and the error says where.
+//! If the new QEMU fails to start or load, it is retried with the kept copy
+//! of the old QEMU ([`crate::qemu_kept`]: taken from `/proc/PID/exe` before
+//! the restart, so it works even when the package was upgraded meanwhile,
+//! and kept while the VM runs on it, so that any number of restarts in a row
+//! can fall back). If that fails too, the state file and the copy are kept,
+//! the intent says a restart is unfinished, and `vmcsnap rejuvenate --resume`
+//! or `--rollback` ([`crate::restart_recovery`]) starts the VM again.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -33,7 +36,9 @@ use vmcsnap_switch::mediator::probe::PROBES_BEFORE_PAUSE;
 use vmcsnap_switch::SwitchHandle;
 
 use crate::cluster::Member;
+use crate::fault::RejuvenateFault;
 use crate::intent::Intent;
+use crate::qemu_kept::Kept;
 use crate::vm::Vm;
 use crate::{log, AgentError};
 
@@ -111,6 +116,12 @@ pub struct Report {
     pub new_pid: u32,
     /// Whether the old binary had to be used.
     pub fell_back_to_old_binary: bool,
+    /// Why the new QEMU could not take over, when it fell back.
+    #[serde(default)]
+    pub fallback_reason: Option<String>,
+    /// The binary the VM runs on now (what `/proc/PID/exe` names).
+    #[serde(default)]
+    pub qemu: Option<PathBuf>,
 }
 
 /// Restarts `member`'s QEMU in `mode`.
@@ -119,6 +130,7 @@ pub fn rejuvenate(
     switch: &SwitchHandle,
     qemu_bin: &Path,
     mode: Mode,
+    fault: Option<RejuvenateFault>,
 ) -> Result<Report, AgentError> {
     let vm_dir = member
         .vm
@@ -128,34 +140,9 @@ pub fn rejuvenate(
         .expect("console log is in the VM dir")
         .to_path_buf();
     let state = vm_dir.join("restart.state");
-    let prev_bin = vm_dir.join("qemu.prev");
-    // Keep the running binary, in case the new one cannot start.
-    let exe = PathBuf::from(format!("/proc/{}/exe", member.vm.pid));
-    std::fs::copy(&exe, &prev_bin)
-        .map_err(AgentError::io("copying the running QEMU binary from", &exe))?;
-    // A relocated QEMU does not find its firmware by itself: remember where
-    // the running one is installed (<prefix>/bin/qemu → <prefix>/share/qemu).
-    // Its modules (Debian builds the TCG accelerator as one) are copied too:
-    // after a package upgrade the installed ones belong to the new build.
-    let installed = std::fs::read_link(&exe).ok();
-    let prefix = installed
-        .as_deref()
-        .and_then(|p| p.parent()?.parent())
-        .map(Path::to_path_buf);
-    let prev_data_dir = prefix
-        .as_ref()
-        .map(|p| p.join("share/qemu"))
-        .filter(|d| d.is_dir());
-    let prev_modules = vm_dir.join("qemu.prev.modules");
-    let prev_module_dir = prefix
-        .as_deref()
-        .and_then(module_dir)
-        .and_then(|d| copy_dir(&d, &prev_modules).ok());
-    let prev = Prev {
-        bin: prev_bin.clone(),
-        data_dir: prev_data_dir,
-        module_dir: prev_module_dir,
-    };
+    // Keep the running QEMU, in case the new one cannot start.
+    let kept_dir = vm_dir.join(crate::qemu_kept::KEPT_DIR);
+    let prev = crate::qemu_kept::keep(&kept_dir, member.vm.pid)?;
     let held_before = port_held(switch, member)?;
     let old_pid = member.vm.pid;
     let name = member.vm.name.clone();
@@ -173,8 +160,8 @@ pub fn rejuvenate(
     }
     let t0 = Instant::now();
     let result = match mode {
-        Mode::Cold => cold(member, qemu_bin, &prev),
-        Mode::Warm | Mode::Saved => suspend_resume(member, qemu_bin, &prev, &state, mode),
+        Mode::Cold => cold(member, qemu_bin, &prev, fault),
+        Mode::Warm | Mode::Saved => suspend_resume(member, qemu_bin, &prev, &state, mode, fault),
     };
     // Whatever happened, let frames flow again to whichever QEMU is there,
     // once the switch has connected to it (a release before that would
@@ -199,8 +186,14 @@ pub fn rejuvenate(
     }
     let state_bytes = std::fs::metadata(&state).map(|m| m.len()).unwrap_or(0);
     let _ = std::fs::remove_file(&state);
-    let _ = std::fs::remove_file(&prev_bin);
-    let _ = std::fs::remove_dir_all(&prev_modules);
+    crate::qemu_kept::drop_unless_used(&kept_dir, member.vm.pid);
+    let qemu = std::fs::read_link(format!("/proc/{}/exe", member.vm.pid)).ok();
+    if let Some(reason) = &t.fallback_reason {
+        log(format!(
+            "VM {name}: the new QEMU could not take over ({reason}); it runs on the kept copy of its previous QEMU, {}",
+            prev.bin.display()
+        ));
+    }
     let report = Report {
         vm: name,
         mode,
@@ -217,7 +210,9 @@ pub fn rejuvenate(
         frames_held,
         old_pid,
         new_pid: member.vm.pid,
-        fell_back_to_old_binary: t.fell_back,
+        fell_back_to_old_binary: t.fallback_reason.is_some(),
+        fallback_reason: t.fallback_reason,
+        qemu,
     };
     log(format!(
         "rejuvenate {} {:?}: downtime {:.1} ms (save {:.1}, restart {:.1}, load {:.1}), pid {} -> {}",
@@ -233,7 +228,8 @@ struct Timings {
     restart_ms: f64,
     load_ms: f64,
     quit_ms: f64,
-    fell_back: bool,
+    /// Set when the new QEMU failed and the kept copy took over.
+    fallback_reason: Option<String>,
 }
 
 fn port_held(switch: &SwitchHandle, m: &Member) -> Result<u64, AgentError> {
@@ -255,61 +251,13 @@ fn caps(ignore_shared: bool) -> Value {
     ] })
 }
 
-/// The QEMU the VM ran before, for a fallback: a copy of its binary, its
-/// firmware directory and a copy of its modules.
-struct Prev {
-    bin: PathBuf,
-    data_dir: Option<PathBuf>,
-    module_dir: Option<PathBuf>,
-}
-
-impl Prev {
-    fn config(&self, config: &crate::qemu::QemuConfig) -> crate::qemu::QemuConfig {
-        let mut c = config.clone();
-        c.data_dir = self.data_dir.clone();
-        c.module_dir = self.module_dir.clone();
-        c
-    }
-}
-
-/// `<prefix>/lib/<triple>/qemu` or `<prefix>/lib/qemu`, if it holds modules.
-fn module_dir(prefix: &Path) -> Option<PathBuf> {
-    let lib = prefix.join("lib");
-    let mut candidates = vec![lib.join("qemu")];
-    candidates.extend(
-        std::fs::read_dir(&lib)
-            .ok()?
-            .flatten()
-            .map(|e| e.path().join("qemu")),
-    );
-    candidates.into_iter().find(|d| {
-        std::fs::read_dir(d)
-            .map(|r| {
-                r.flatten()
-                    .any(|e| e.file_name().to_string_lossy().ends_with(".so"))
-            })
-            .unwrap_or(false)
-    })
-}
-
-fn copy_dir(from: &Path, to: &Path) -> std::io::Result<PathBuf> {
-    let _ = std::fs::remove_dir_all(to);
-    std::fs::create_dir_all(to)?;
-    for e in std::fs::read_dir(from)? {
-        let e = e?;
-        if e.file_type()?.is_file() || e.file_type()?.is_symlink() {
-            std::fs::copy(e.path(), to.join(e.file_name()))?;
-        }
-    }
-    Ok(to.to_path_buf())
-}
-
 fn suspend_resume(
     m: &mut Member,
     qemu_bin: &Path,
-    prev: &Prev,
+    prev: &Kept,
     state: &Path,
     mode: Mode,
+    fault: Option<RejuvenateFault>,
 ) -> Result<Timings, AgentError> {
     let warm = mode == Mode::Warm;
     let vm = &mut m.vm;
@@ -386,7 +334,8 @@ fn suspend_resume(
     let mut config = vm.config.clone();
     config.incoming = true;
     let qemu_log = vm.qemu_log.clone();
-    let (mut new_vm, fell_back) = start_and_load(qemu_bin, prev, &config, &qemu_log, state, warm)?;
+    let (mut new_vm, fallback_reason) =
+        start_and_load(qemu_bin, prev, &config, &qemu_log, state, warm, fault)?;
     let restart_ms = t_restart.elapsed().as_secs_f64() * 1000.0;
     let load_ms = new_vm.1;
     new_vm.0.boot_ms = vm.boot_ms;
@@ -399,7 +348,7 @@ fn suspend_resume(
             restart_ms: restart_ms - load_ms,
             load_ms,
             quit_ms,
-            fell_back,
+            fallback_reason,
         });
     }
     vm.execute("cont", Value::Null)?;
@@ -411,30 +360,35 @@ fn suspend_resume(
         restart_ms: restart_ms - load_ms,
         load_ms,
         quit_ms,
-        fell_back,
+        fallback_reason,
     })
 }
 
-/// Starts a new QEMU and loads `state` into it; on failure retries once with
-/// the previous binary. Returns the VM, how long the load took, and whether
-/// the old binary was used.
+/// Starts a new QEMU and loads `state` into it; on failure retries with the
+/// kept copy of the previous one. Returns the VM, how long the load took,
+/// and why the new binary failed if the kept copy took over.
 fn start_and_load(
     qemu_bin: &Path,
-    prev: &Prev,
+    prev: &Kept,
     config: &crate::qemu::QemuConfig,
     qemu_log: &Path,
     state: &Path,
     warm: bool,
-) -> Result<((Vm, f64), bool), AgentError> {
-    match try_start_and_load(qemu_bin, config, qemu_log, state, warm) {
-        Ok(v) => Ok((v, false)),
+    fault: Option<RejuvenateFault>,
+) -> Result<((Vm, f64), Option<String>), AgentError> {
+    match try_start_and_load(qemu_bin, &installed(config), qemu_log, state, warm) {
+        Ok(v) => Ok((v, None)),
         Err(first) => {
             log(format!(
-                "VM {}: new QEMU failed ({first}); retrying with the previous binary",
+                "VM {}: new QEMU failed ({first}); retrying with the kept copy of the previous one",
                 config.name
             ));
-            try_start_and_load(&prev.bin, &prev.config(config), qemu_log, state, warm)
-                .map(|v| (v, true))
+            let second = match fault {
+                Some(RejuvenateFault::FallbackFails) => Err(RejuvenateFault::injected()),
+                None => try_start_and_load(&prev.bin, &prev.config(config), qemu_log, state, warm),
+            };
+            second
+                .map(|v| (v, Some(first.to_string())))
                 .map_err(|second| AgentError::RestartFailed {
                     vm: config.name.clone(),
                     first: first.to_string(),
@@ -445,7 +399,16 @@ fn start_and_load(
     }
 }
 
-fn try_start_and_load(
+/// `config` for a QEMU run from its installation: it finds its own firmware
+/// and modules (a VM that fell back carries the kept copy's).
+pub(crate) fn installed(config: &crate::qemu::QemuConfig) -> crate::qemu::QemuConfig {
+    let mut c = config.clone();
+    c.data_dir = None;
+    c.module_dir = None;
+    c
+}
+
+pub(crate) fn try_start_and_load(
     bin: &Path,
     config: &crate::qemu::QemuConfig,
     qemu_log: &Path,
@@ -474,38 +437,12 @@ pub(crate) fn load_state(vm: &mut Vm, state: &Path, warm: bool) -> Result<(), Ag
     wait_migration(vm, "loading state")
 }
 
-/// A new QEMU for a VM whose restart an agent did not finish: started on
-/// the saved `state` and resumed.
-pub(crate) fn start_from_state(
-    config: &crate::qemu::QemuConfig,
-    qemu_log: &Path,
-    state: &Path,
-    warm: bool,
-) -> Result<Vm, AgentError> {
-    let qemu_bin = crate::qemu::find_qemu()?;
-    let mut config = config.clone();
-    config.incoming = true;
-    let (mut vm, _) = try_start_and_load(&qemu_bin, &config, qemu_log, state, warm)?;
-    vm.execute("cont", Value::Null)?;
-    Ok(vm)
-}
-
-/// A fresh boot of a VM whose cold restart an agent did not finish.
-pub(crate) fn boot_again(
-    config: &crate::qemu::QemuConfig,
-    qemu_log: &Path,
-) -> Result<Vm, AgentError> {
-    let qemu_bin = crate::qemu::find_qemu()?;
-    let mut config = config.clone();
-    config.incoming = false;
-    config.paused = false;
-    let _ = std::fs::remove_file(&config.ram_file);
-    let mut vm = Vm::spawn(&qemu_bin, config, qemu_log.to_path_buf())?;
-    vm.qmp()?;
-    Ok(vm)
-}
-
-fn cold(m: &mut Member, qemu_bin: &Path, prev: &Prev) -> Result<Timings, AgentError> {
+fn cold(
+    m: &mut Member,
+    qemu_bin: &Path,
+    prev: &Kept,
+    fault: Option<RejuvenateFault>,
+) -> Result<Timings, AgentError> {
     let vm = &mut m.vm;
     let t = Instant::now();
     crate::intent::set(&vm.config, &Intent::Boot)?;
@@ -534,14 +471,28 @@ fn cold(m: &mut Member, qemu_bin: &Path, prev: &Prev) -> Result<Timings, AgentEr
         new.qmp()?;
         Ok(new)
     };
-    let (new, fell_back) = match boot(qemu_bin, config.clone()) {
-        Ok(v) => (v, false),
-        Err(e) => {
+    let (new, fallback_reason) = match boot(qemu_bin, installed(&config)) {
+        Ok(v) => (v, None),
+        Err(first) => {
             log(format!(
-                "VM {}: cold boot failed ({e}); retrying with the previous binary",
+                "VM {}: cold boot failed ({first}); retrying with the kept copy of the previous QEMU",
                 vm.name
             ));
-            (boot(&prev.bin, prev.config(&config))?, true)
+            let second = match fault {
+                Some(RejuvenateFault::FallbackFails) => Err(RejuvenateFault::injected()),
+                None => boot(&prev.bin, prev.config(&config)),
+            };
+            match second {
+                Ok(v) => (v, Some(first.to_string())),
+                Err(second) => {
+                    return Err(AgentError::RestartFailed {
+                        vm: vm.name.clone(),
+                        first: first.to_string(),
+                        second: second.to_string(),
+                        state: vm_dir_of(&vm.config),
+                    })
+                }
+            }
         }
     };
     let load_ms = new.boot_ms.unwrap_or(0) as f64;
@@ -554,8 +505,16 @@ fn cold(m: &mut Member, qemu_bin: &Path, prev: &Prev) -> Result<Timings, AgentEr
         restart_ms: downtime_ms - load_ms,
         load_ms,
         quit_ms: 0.0,
-        fell_back,
+        fallback_reason,
     })
+}
+
+fn vm_dir_of(config: &crate::qemu::QemuConfig) -> PathBuf {
+    config
+        .console_log
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 /// Waits for the QMP event `name` and returns its timestamp (µs).

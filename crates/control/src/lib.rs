@@ -20,7 +20,7 @@ pub mod testing;
 mod wire;
 
 pub use messages::{
-    Busy, ConsoleResult, GcResult, Reply, Request, StatusResult, UpResult, VmStatus, VmUp,
+    Busy, ConsoleResult, GcResult, Recover, Reply, Request, StatusResult, UpResult, VmStatus, VmUp,
 };
 pub use wire::{call, read_request, write_reply, ControlError, MAX_LINE};
 

@@ -34,6 +34,18 @@ pub enum Request {
         vm: Option<String>,
         /// `warm`, `saved` or `cold`.
         mode: String,
+        /// The QEMU binary to restart on (the CLI's `VMCSNAP_QEMU`, as an
+        /// absolute path); `None`: the agent's own (`VMCSNAP_QEMU` of the
+        /// agent, else `qemu-system-x86_64` on its PATH).
+        #[serde(default)]
+        qemu: Option<PathBuf>,
+        /// Instead of a restart: start again VMs whose restart failed, from
+        /// what it kept.
+        #[serde(default)]
+        recover: Option<Recover>,
+        /// Testing: a fault to inject (`fallback-fails`).
+        #[serde(default)]
+        fault: Option<String>,
     },
     /// Take a snapshot of one VM (memory and disk in one pause) into
     /// `<run-dir>/snapshots/<name>`. Result: the agent's snapshot report
@@ -137,6 +149,16 @@ pub enum Request {
     RestartAgent,
     /// Stop the agent (refused while a cluster is up).
     Shutdown,
+}
+
+/// How to start again a VM whose restart failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recover {
+    /// The named (or installed) QEMU, then the kept copy of the previous one.
+    Resume,
+    /// The kept copy of the previous QEMU only.
+    Rollback,
 }
 
 /// One line the agent sends back.

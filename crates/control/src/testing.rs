@@ -27,6 +27,16 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
         Request::Rejuvenate {
             vm: Some("alpha".into()),
             mode: "warm".into(),
+            qemu: Some(PathBuf::from("/opt/qemu/bin/qemu-system-x86_64")),
+            recover: None,
+            fault: None,
+        },
+        Request::Rejuvenate {
+            vm: None,
+            mode: "warm".into(),
+            qemu: None,
+            recover: Some(crate::Recover::Rollback),
+            fault: Some("fallback-fails".into()),
         },
         Request::Snapshot {
             vm: "alpha".into(),

@@ -68,6 +68,18 @@ pub enum Command {
         /// warm | saved | cold
         #[arg(long, default_value = "warm", value_parser = ["warm", "saved", "cold"])]
         mode: String,
+        /// Instead of a restart: start again a VM whose restart failed (its QEMU is gone,
+        /// its state kept), with VMCSNAP_QEMU or the installed QEMU, then the kept copy
+        /// of the QEMU it ran before.
+        #[arg(long, conflicts_with = "rollback")]
+        resume: bool,
+        /// Like --resume, but only on the kept copy of the QEMU the VM ran before.
+        #[arg(long)]
+        rollback: bool,
+        /// Testing: make the fallback to the kept copy fail too (fallback-fails), to check
+        /// what a failed restart leaves and that --resume/--rollback recover it.
+        #[arg(long, hide = true, value_name = "FAULT")]
+        inject_fault: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,

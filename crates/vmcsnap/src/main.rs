@@ -7,7 +7,7 @@ mod launch;
 mod output;
 mod output_cluster;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -136,9 +136,24 @@ fn run(cli: Cli) -> Result<()> {
             vm,
             all: _,
             mode,
+            resume,
+            rollback,
+            inject_fault,
             json,
         } => {
-            let v = request(&run_dir.agent_socket(), &Request::Rejuvenate { vm, mode })?;
+            let recover = match (resume, rollback) {
+                (true, _) => Some(vmcsnap_control::Recover::Resume),
+                (_, true) => Some(vmcsnap_control::Recover::Rollback),
+                _ => None,
+            };
+            let req = Request::Rejuvenate {
+                vm,
+                mode,
+                qemu: qemu_from_env()?,
+                recover,
+                fault: inject_fault,
+            };
+            let v = request(&run_dir.agent_socket(), &req)?;
             output::json_or(json, &v, || output::rejuvenate(&v))
         }
         Command::Snapshot {
@@ -511,6 +526,26 @@ fn availability(run_dir: &RunDir, t_vmm: f64, t_os: f64, json: bool) -> Result<(
 /// Sends `req` to the agent of the run directory holding `sock`. If no
 /// agent answers but the run directory records VMs (their agent died), a
 /// new agent is started first: it adopts them, and the request goes to it.
+/// `VMCSNAP_QEMU` as the CLI sees it, as an absolute path: the agent runs
+/// with its own environment and working directory, so the CLI resolves it.
+fn qemu_from_env() -> Result<Option<PathBuf>> {
+    let Some(q) = std::env::var_os("VMCSNAP_QEMU").map(PathBuf::from) else {
+        return Ok(None);
+    };
+    let found = if q.components().count() > 1 {
+        std::env::current_dir()?.join(&q)
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join(&q))
+            .find(|p| p.is_file())
+            .with_context(|| format!("VMCSNAP_QEMU={}: no such program on PATH", q.display()))?
+    };
+    if !found.is_file() {
+        anyhow::bail!("VMCSNAP_QEMU={}: no such file", q.display());
+    }
+    Ok(Some(found))
+}
+
 fn request(sock: &Path, req: &Request) -> Result<serde_json::Value> {
     match call(sock, req, None, &mut |m| eprintln!("  {m}")) {
         Err(e) if matches!(e, vmcsnap_control::ControlError::NoAgent { .. }) => {

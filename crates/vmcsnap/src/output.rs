@@ -92,6 +92,9 @@ pub fn status(s: &StatusResult, json: bool) -> Result<()> {
 
 /// The table printed by `rejuvenate`.
 pub fn rejuvenate(v: &Value) {
+    if v.get("recovered").is_some() {
+        return recovered(v);
+    }
     println!(
         "{:<12} {:<6} {:>8} {:>12} {:>9} {:>11} {:>9} {:>12} {:>7}",
         "VM",
@@ -119,7 +122,36 @@ pub fn rejuvenate(v: &Value) {
             cell(&r["frames_held"])
         );
     }
+    for r in v["reports"].as_array().into_iter().flatten() {
+        if r["fell_back_to_old_binary"] == true {
+            println!(
+                "{}: the new QEMU could not take over ({}); the VM runs on the kept copy of its previous QEMU{}",
+                r["vm"].as_str().unwrap_or("?"),
+                r["fallback_reason"].as_str().unwrap_or("no reason given"),
+                r["qemu"].as_str().map(|q| format!(" ({q})")).unwrap_or_default()
+            );
+        }
+    }
     println!("total {:.1} ms", v["total_ms"].as_f64().unwrap_or(0.0));
+}
+
+/// `rejuvenate --resume|--rollback`: which VMs started again, on what.
+fn recovered(v: &Value) {
+    for r in v["recovered"].as_array().into_iter().flatten() {
+        println!(
+            "{}: started again ({} of a failed {}) on {}{}, pid {}",
+            r["vm"].as_str().unwrap_or("?"),
+            r["how"].as_str().unwrap_or("?"),
+            r["intent"].as_str().unwrap_or("?"),
+            r["qemu"].as_str().unwrap_or("?"),
+            if r["on_kept_copy"] == true {
+                " (the kept copy of its previous QEMU)"
+            } else {
+                ""
+            },
+            cell(&r["pid"])
+        );
+    }
 }
 
 /// The line printed by `snapshot`.

@@ -258,8 +258,34 @@ fn rejuvenate_errors_are_clear() {
     );
 }
 
-/// A new QEMU binary that cannot start: the restart falls back to a copy of
-/// the binary the VM was running, and the guest goes on.
+/// A shell script at `path` that runs `body`; made executable.
+fn script(path: &std::path::Path, body: &str) {
+    std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(path)
+        .status()
+        .unwrap();
+}
+
+fn srv_state(env: &Env) -> String {
+    let st = env.json(&["status", "--json"]);
+    st["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "srv")
+        .map(|v| v["state"].as_str().unwrap().to_string())
+        .unwrap()
+}
+
+/// A new QEMU binary that cannot start: the restart falls back to the kept
+/// copy of the binary the VM was running, and the guest goes on; again and
+/// again (regression: the second fallback ran a deleted copy without its
+/// modules and lost the VM), and the default output says so (regression: only
+/// `--json` did). When the kept copy fails too, the VM waits, exited, with its
+/// state kept, and `--rollback` / `--resume` start it again. The CLI's own
+/// `VMCSNAP_QEMU` names the new QEMU (regression: only the agent's counted).
 #[test]
 fn broken_new_qemu_falls_back_to_the_previous_binary() {
     let _l = cluster_lock();
@@ -273,29 +299,119 @@ fn broken_new_qemu_falls_back_to_the_previous_binary() {
             .stdout,
     )
     .unwrap();
-    std::fs::write(
-        &wrapper,
-        format!("#!/bin/sh\nexec {} \"$@\"\n", real.trim()),
-    )
-    .unwrap();
-    std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(&wrapper)
-        .status()
-        .unwrap();
+    let real = real.trim().to_string();
+    script(&wrapper, &format!("exec {real} \"$@\""));
     env.extra_env
         .push(("VMCSNAP_QEMU".into(), wrapper.display().to_string()));
     let spec = env.write_spec(SPEC);
     env.ok(&["up", spec.to_str().unwrap()]);
-    let total = wait_pingpong(&env, 0, 20);
-    let total = last_field(&total, "pingpong:", "total").unwrap();
+    let mut total = wait_pingpong(&env, 0, 20);
+    let kept = env.run_dir().join("cluster/srv/qemu-kept");
 
     // The "upgrade" is broken: the binary now fails at once.
-    std::fs::write(&wrapper, "#!/bin/sh\necho 'broken qemu' >&2\nexit 1\n").unwrap();
-    let r = rejuvenate(&env, "srv", "warm");
+    script(&wrapper, "echo 'broken qemu' >&2\nexit 1");
+    for round in 0..2 {
+        let out = env.ok(&["rejuvenate", "--vm", "srv", "--mode", "warm"]);
+        assert!(
+            out.contains("could not take over") && out.contains("kept copy"),
+            "round {round}: the fallback is not in the output:\n{out}"
+        );
+        assert!(kept.join("qemu-system-x86_64").is_file(), "round {round}");
+        let t = last_field(&total, "pingpong:", "total").unwrap();
+        total = wait_pingpong(&env, t, 20);
+        assert_eq!(last_field(&total, "pingpong:", "conn"), Some(1), "{total}");
+        assert_memtouch_clean(&env, "srv");
+    }
+    let r = rejuvenate(&env, "srv", "saved");
     assert_eq!(r["fell_back_to_old_binary"], true, "{r}");
-    let after = wait_pingpong(&env, total, 20);
-    assert_eq!(last_field(&after, "pingpong:", "conn"), Some(1), "{after}");
+    assert!(
+        r["fallback_reason"].as_str().is_some_and(|s| !s.is_empty()),
+        "{r}"
+    );
+
+    // The kept copy fails too: nothing can take over.
+    let out = env.vmcsnap(&[
+        "rejuvenate",
+        "--vm",
+        "srv",
+        "--mode",
+        "warm",
+        "--inject-fault",
+        "fallback-fails",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--resume") && err.contains("--rollback"),
+        "{err}"
+    );
+    assert_eq!(srv_state(&env), "exited");
+    let out = env.ok(&["rejuvenate", "--vm", "srv", "--rollback"]);
+    assert!(
+        out.contains("started again") && out.contains("kept copy"),
+        "{out}"
+    );
+    assert_eq!(srv_state(&env), "running");
+    let t = last_field(&total, "pingpong:", "total").unwrap();
+    total = wait_pingpong(&env, t, 20);
+    assert_eq!(last_field(&total, "pingpong:", "conn"), Some(1), "{total}");
+    assert_memtouch_clean(&env, "srv");
+    let out = env.vmcsnap(&["rejuvenate", "--vm", "srv", "--resume"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is running"));
+
+    // The CLI's VMCSNAP_QEMU names a working QEMU (the agent's still names
+    // the broken wrapper): the restart uses it, and the kept copy goes.
+    let marker = env.run_dir().join("fixed-qemu-ran");
+    let fixed = env.run_dir().join("qemu-fixed");
+    script(
+        &fixed,
+        &format!("touch {}\nexec {real} \"$@\"", marker.display()),
+    );
+    let out = env
+        .command(&["rejuvenate", "--vm", "srv", "--mode", "warm", "--json"])
+        .env("VMCSNAP_QEMU", &fixed)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["reports"][0]["fell_back_to_old_binary"], false, "{v}");
+    assert!(marker.exists(), "the CLI's VMCSNAP_QEMU was not used");
+    assert!(!kept.exists(), "the kept copy outlived its use");
+
+    // A cold restart whose fallback fails: --resume boots it on the QEMU
+    // the CLI names.
+    let out = env.vmcsnap(&[
+        "rejuvenate",
+        "--vm",
+        "srv",
+        "--mode",
+        "cold",
+        "--inject-fault",
+        "fallback-fails",
+    ]);
+    assert!(!out.status.success());
+    assert_eq!(srv_state(&env), "exited");
+    std::fs::remove_file(&marker).unwrap();
+    let out = env
+        .command(&["rejuvenate", "--vm", "srv", "--resume", "--json"])
+        .env("VMCSNAP_QEMU", &fixed)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["recovered"][0]["intent"], "boot", "{v}");
+    assert_eq!(v["recovered"][0]["on_kept_copy"], false, "{v}");
+    assert!(marker.exists());
+    assert_eq!(srv_state(&env), "running");
     assert_memtouch_clean(&env, "srv");
     env.ok(&["down"]);
     env.assert_clean();
