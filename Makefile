@@ -1,7 +1,7 @@
 # vmcsnap: the two commands of the README, and their parts.
 VMCSNAP := target/release/vmcsnap
 
-.PHONY: demo demo-redis test lint deps build guest clean-run fuzz
+.PHONY: demo demo-redis test test-faults lint deps build guest clean-run fuzz
 
 demo: guest
 	scripts/demo.sh
@@ -33,3 +33,10 @@ guest: build
 # Needs the nightly toolchain; installs cargo-fuzz if missing.
 fuzz:
 	scripts/fuzz.sh
+
+# The fault matrix (issue 20): every operation × fault cell of
+# tests/fault_matrix.rs (the default suite runs its fast cells), the agent
+# kill -9 rounds of agent_killed.rs and the capture faults of
+# snapshot_failure.rs. Runs as root (it mounts a tmpfs to fill a disk).
+test-faults: guest
+	cargo test --release -p vmcsnap --test fault_matrix --test agent_killed --test snapshot_failure -- --include-ignored --nocapture 2>&1

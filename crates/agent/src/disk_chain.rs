@@ -88,8 +88,17 @@ pub fn freeze(chain: &Chain, dir: &Path) -> Result<PathBuf, AgentError> {
         })?;
         let link = dir.join(name);
         if !link.exists() {
-            std::fs::hard_link(f, &link)
-                .map_err(AgentError::io("hard-linking the disk to", &link))?;
+            match std::fs::hard_link(f, &link) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                    return Err(AgentError::BadRequest(format!(
+                        "cannot keep the disk {} in the snapshot: {} is on another file system,                          and a snapshot keeps its frozen disk as hard links (no copy, no pause);                          keep the snapshot directory on the file system of the run directory                          (do not mount another one on it)",
+                        f.display(),
+                        dir.display()
+                    )))
+                }
+                Err(e) => return Err(AgentError::io("hard-linking the disk to", &link)(e)),
+            }
         }
         top.get_or_insert(link);
     }
@@ -125,4 +134,40 @@ pub fn create_overlay(
         ],
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// Regression (fault matrix): a snapshot directory on another file
+    /// system failed with a bare "Invalid cross-device link"; the error now
+    /// says what to change.
+    #[test]
+    fn a_snapshot_directory_on_another_file_system_is_a_clear_error() {
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        let other = tempfile::tempdir_in("/var/tmp").unwrap();
+        assert_ne!(
+            std::fs::metadata(shm.path()).unwrap().dev(),
+            std::fs::metadata(other.path()).unwrap().dev(),
+            "the test needs /dev/shm and the target directory on different file systems"
+        );
+        let disk = shm.path().join("data.qcow2");
+        std::fs::write(&disk, b"qcow2").unwrap();
+        let chain = Chain {
+            virtual_size: 1 << 20,
+            files: vec![disk],
+        };
+        let e = freeze(&chain, other.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("another file system") && e.contains("snapshot directory"),
+            "{e}"
+        );
+        // On the same file system it links.
+        let same = shm.path().join("frozen");
+        std::fs::create_dir(&same).unwrap();
+        let top = freeze(&chain, &same).unwrap();
+        assert_eq!(std::fs::read(top).unwrap(), b"qcow2");
+    }
 }

@@ -87,9 +87,13 @@ impl std::str::FromStr for Fault {
 /// A fault to inject into a rejuvenation (`rejuvenate --inject-fault`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RejuvenateFault {
-    /// The kept copy of the previous QEMU fails too, as if it were broken:
-    /// the restart cannot finish and must be resumed or rolled back.
+    /// The new QEMU dies after start (as [`Self::NewQemuDies`]; a cold
+    /// restart's boot fails) and the kept copy of the previous QEMU fails
+    /// too: the restart cannot finish and must be resumed or rolled back.
     FallbackFails,
+    /// The new QEMU (warm or saved) is killed right after it started, before
+    /// it has loaded the state: a binary that crashes after start.
+    NewQemuDies,
 }
 
 impl RejuvenateFault {
@@ -105,8 +109,9 @@ impl std::str::FromStr for RejuvenateFault {
     fn from_str(s: &str) -> Result<Self, BadFault> {
         match s.trim() {
             "fallback-fails" => Ok(RejuvenateFault::FallbackFails),
+            "new-qemu-dies" => Ok(RejuvenateFault::NewQemuDies),
             _ => Err(BadFault {
-                value: format!("{s} (rejuvenate knows only fallback-fails)"),
+                value: format!("{s} (rejuvenate knows fallback-fails and new-qemu-dies)"),
             }),
         }
     }

@@ -376,7 +376,16 @@ fn start_and_load(
     warm: bool,
     fault: Option<RejuvenateFault>,
 ) -> Result<((Vm, f64), Option<String>), AgentError> {
-    match try_start_and_load(qemu_bin, &installed(config), qemu_log, state, warm) {
+    // Both faults kill the new QEMU; `fallback-fails` fails the kept copy too.
+    let new_qemu_dies = fault.is_some();
+    match try_start_and_load_dying(
+        qemu_bin,
+        &installed(config),
+        qemu_log,
+        state,
+        warm,
+        new_qemu_dies,
+    ) {
         Ok(v) => Ok((v, None)),
         Err(first) => {
             log(format!(
@@ -385,7 +394,7 @@ fn start_and_load(
             ));
             let second = match fault {
                 Some(RejuvenateFault::FallbackFails) => Err(RejuvenateFault::injected()),
-                None => try_start_and_load(&prev.bin, &prev.config(config), qemu_log, state, warm),
+                _ => try_start_and_load(&prev.bin, &prev.config(config), qemu_log, state, warm),
             };
             second
                 .map(|v| (v, Some(first.to_string())))
@@ -397,6 +406,34 @@ fn start_and_load(
                 })
         }
     }
+}
+
+/// [`try_start_and_load`], or with `dies` (injected fault) the QEMU is
+/// killed right after it started, so that the load meets a dead QEMU.
+fn try_start_and_load_dying(
+    bin: &Path,
+    config: &crate::qemu::QemuConfig,
+    qemu_log: &Path,
+    state: &Path,
+    warm: bool,
+    dies: bool,
+) -> Result<(Vm, f64), AgentError> {
+    if !dies {
+        return try_start_and_load(bin, config, qemu_log, state, warm);
+    }
+    let mut vm = Vm::spawn(bin, config.clone(), qemu_log.to_path_buf())?;
+    log(format!(
+        "VM {}: injected fault: killing the new QEMU {} before it loads",
+        config.name, vm.pid
+    ));
+    // SAFETY: SIGKILL to the QEMU just spawned, still our unreaped child
+    // (shutdown below reaps it), so the pid cannot have been reused.
+    unsafe { libc::kill(vm.pid as i32, libc::SIGKILL) };
+    let r = load_state(&mut vm, state, warm);
+    vm.shutdown();
+    Err(r.err().unwrap_or_else(|| {
+        AgentError::BadRequest("injected fault: the new QEMU was killed".into())
+    }))
 }
 
 /// `config` for a QEMU run from its installation: it finds its own firmware
@@ -471,7 +508,11 @@ fn cold(
         new.qmp()?;
         Ok(new)
     };
-    let (new, fallback_reason) = match boot(qemu_bin, installed(&config)) {
+    let first = match fault {
+        Some(RejuvenateFault::FallbackFails) => Err(RejuvenateFault::injected()),
+        _ => boot(qemu_bin, installed(&config)),
+    };
+    let (new, fallback_reason) = match first {
         Ok(v) => (v, None),
         Err(first) => {
             log(format!(
@@ -480,7 +521,7 @@ fn cold(
             ));
             let second = match fault {
                 Some(RejuvenateFault::FallbackFails) => Err(RejuvenateFault::injected()),
-                None => boot(&prev.bin, prev.config(&config)),
+                _ => boot(&prev.bin, prev.config(&config)),
             };
             match second {
                 Ok(v) => (v, Some(first.to_string())),

@@ -76,8 +76,9 @@ pub enum Command {
         /// Like --resume, but only on the kept copy of the QEMU the VM ran before.
         #[arg(long)]
         rollback: bool,
-        /// Testing: make the fallback to the kept copy fail too (fallback-fails), to check
-        /// what a failed restart leaves and that --resume/--rollback recover it.
+        /// Testing: kill the new QEMU right after it started (new-qemu-dies: the kept copy
+        /// takes over), or fail both it and the kept copy (fallback-fails), to check what a
+        /// failed restart leaves and that --resume/--rollback recover it.
         #[arg(long, hide = true, value_name = "FAULT")]
         inject_fault: Option<String>,
         /// Print JSON.
