@@ -317,7 +317,7 @@ fn shortfall_error(start: Start<'_>, d: &Demand, s: &Shortfall, run_root: &Path)
             format!("free in /dev/shm{replaced}"),
         ),
         Resource::Disk => (
-            format!("headroom for overlays and logs, at least {DISK_HEADROOM_MIB} MiB"),
+            "headroom for overlays and logs".to_string(),
             format!("free in {}", run_root.display()),
         ),
     };
