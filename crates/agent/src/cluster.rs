@@ -59,7 +59,12 @@ impl Cluster {
             progress(&note);
         }
         // Everything that can be checked is checked before anything starts.
-        check_memory(&spec)?;
+        let demand = crate::capacity::demand(
+            run,
+            &spec.cluster.name,
+            spec.vm.iter().map(|v| (v.name.as_str(), v.memory_mib)),
+        );
+        crate::capacity::ensure(crate::capacity::Start::Up, &demand, run)?;
         for vm in &spec.vm {
             if let vmcsnap_spec::GuestKind::Image(g) = vm.kind() {
                 crate::image_vm::check(&g)
@@ -591,39 +596,6 @@ impl Member {
             }
         }
     }
-}
-
-/// Fails if the guests' RAM does not fit in the host's available memory or
-/// in /dev/shm, where it lives (checked before anything starts).
-fn check_memory(spec: &ClusterSpec) -> Result<(), AgentError> {
-    let need_mib: u64 = spec.vm.iter().map(|v| v.memory_mib).sum();
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let available_mib = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kib| kib / 1024);
-    // SAFETY: statvfs fills the struct we pass; the path is a valid C string.
-    let shm_mib = unsafe {
-        let mut st: libc::statvfs = std::mem::zeroed();
-        (libc::statvfs(c"/dev/shm".as_ptr(), &mut st) == 0)
-            .then(|| (st.f_bavail as u64 * st.f_frsize as u64) >> 20)
-    };
-    for (what, have) in [
-        ("available memory (MemAvailable)", available_mib),
-        ("free space in /dev/shm", shm_mib),
-    ] {
-        if let Some(have) = have {
-            if need_mib > have {
-                return Err(AgentError::NotEnoughMemory {
-                    need_mib,
-                    have_mib: have,
-                    what,
-                });
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The file of a block node's `filename`: QEMU names an image opened with

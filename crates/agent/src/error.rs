@@ -89,15 +89,25 @@ pub enum AgentError {
         /// What is wrong with it.
         why: String,
     },
-    /// The guests' RAM does not fit on this host.
-    #[error("the spec asks for {need_mib} MiB of guest RAM but the host has {have_mib} MiB of {what}; give the VMs less memory_mib or stop something")]
-    NotEnoughMemory {
-        /// Sum of the VMs' memory_mib.
+    /// The VMs an operation is about to start do not fit on this host
+    /// (memory, /dev/shm or disk: see [`crate::capacity`]); checked before
+    /// anything is created.
+    #[error("not enough {resource} to {to}: {need_mib} MiB needed ({need_detail}), {have_mib} MiB {have_detail}; {advice}")]
+    Capacity {
+        /// What is short.
+        resource: crate::capacity::Resource,
+        /// What the operation does, e.g. "start 2 VMs".
+        to: String,
+        /// What it needs, MiB (rounded up).
         need_mib: u64,
-        /// What the host has.
+        /// How the need is made up.
+        need_detail: String,
+        /// What there is, MiB (rounded down).
         have_mib: u64,
-        /// Which limit.
-        what: &'static str,
+        /// Where that figure comes from.
+        have_detail: String,
+        /// What to do.
+        advice: &'static str,
     },
     /// Building or finding an image failed.
     #[error(transparent)]

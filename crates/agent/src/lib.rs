@@ -13,12 +13,14 @@
 //! ```
 //!
 //! Modules: [`paths`] (where every file lives), [`accel`] (KVM or TCG),
-//! [`cloud_init`] (the NoCloud seed of image VMs),
+//! [`cloud_init`] (the NoCloud seed of image VMs), [`capacity`] (will the
+//! VMs fit on this host),
 //! [`qemu`] (the QEMU command line), [`vm`] (one QEMU process), [`cluster`]
 //! (boot and tear down a cluster), [`server`] (the control socket).
 
 pub mod accel;
 pub mod availability;
+pub mod capacity;
 pub mod cloud_init;
 pub mod cluster;
 pub mod cluster_restore;

@@ -138,6 +138,28 @@ fn restore_cluster_journaled(
         ))
     })?;
     let plan = plan(&m, &dir, opts.mode)?;
+    let mut saved = Vec::new();
+    for v in &plan.vms {
+        let img = vmcsnap_image::Image::open(&v.dir)
+            .map_err(|e| AgentError::BadRequest(format!("VM {}: {e}", v.name)))?;
+        saved.push(restore::saved_vm(&img, &opts.snapshot)?);
+    }
+    let first = saved.first().ok_or_else(|| {
+        AgentError::BadRequest(format!("cluster snapshot {:?} has no VM", opts.snapshot))
+    })?;
+    // Will every VM fit? Checked before anything is created.
+    let demand = crate::capacity::demand(
+        run,
+        &first.cluster.name,
+        saved
+            .iter()
+            .map(|s| (s.qemu.name.as_str(), s.qemu.memory_mib)),
+    );
+    crate::capacity::ensure(
+        crate::capacity::Start::ClusterRestore(&m.name),
+        &demand,
+        run,
+    )?;
     crate::restore_journal::begin(
         run,
         &crate::restore_journal::Restoring::Cluster {
@@ -158,20 +180,9 @@ fn restore_cluster_journaled(
             )));
         }
     }
-    let first = restore::saved_vm(
-        &vmcsnap_image::Image::open(&plan.vms[0].dir)
-            .map_err(|e| AgentError::BadRequest(e.to_string()))?,
-        &opts.snapshot,
-    )?;
-    let mut specs = Vec::new();
-    for v in &plan.vms {
-        let img = vmcsnap_image::Image::open(&v.dir)
-            .map_err(|e| AgentError::BadRequest(format!("VM {}: {e}", v.name)))?;
-        specs.push(restore::saved_vm(&img, &opts.snapshot)?.spec);
-    }
     let spec = ClusterSpec {
         cluster: first.cluster.clone(),
-        vm: specs,
+        vm: saved.iter().map(|s| s.spec.clone()).collect(),
     };
     let mut c = Cluster::empty(run, spec, first.qemu.accel)?;
     progress(&format!(

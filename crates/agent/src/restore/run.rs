@@ -251,6 +251,13 @@ pub fn restore(
             )));
         }
     }
+    // Will it fit? Checked before anything is created.
+    let cluster_name = cluster
+        .as_ref()
+        .map_or(&saved.cluster.name, |c| &c.spec.cluster.name);
+    let demand =
+        crate::capacity::demand(run, cluster_name, [(name.as_str(), saved.qemu.memory_mib)]);
+    crate::capacity::ensure(crate::capacity::Start::Restore(&name), &demand, run)?;
     // The cluster to join.
     let created = cluster.is_none();
     if created {
