@@ -301,17 +301,39 @@ impl Vm {
                     "VM {}: QEMU did not quit; killing pid {}",
                     self.name, self.pid
                 ));
-                match self.child.as_mut() {
-                    Some(child) => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                    }
-                    None => crate::handover::kill_and_reap(self.pid),
-                }
-                self.exit_status = Some("killed".into());
+                self.kill();
             }
         }
         self.qmp = None;
+    }
+
+    /// Kills QEMU at once (SIGKILL) and reaps it, without asking it to
+    /// quit: for a QEMU whose state is worthless (an incoming restore or
+    /// state load that failed). Such a QEMU may take seconds to answer or
+    /// never quit (a postcopy destination whose source is gone waits for
+    /// pages that never come), which `shutdown` would wait out. Logs
+    /// `why` when it kills. Never fails.
+    pub fn discard(&mut self, why: &str) {
+        if self.exited().is_none() {
+            crate::log(format!(
+                "VM {}: killing QEMU pid {} at once, without a quit: {why}",
+                self.name, self.pid
+            ));
+            self.kill();
+        }
+        self.qmp = None;
+    }
+
+    /// SIGKILL and reap.
+    fn kill(&mut self) {
+        match self.child.as_mut() {
+            Some(child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            None => crate::handover::kill_and_reap(self.pid),
+        }
+        self.exit_status = Some("killed".into());
     }
 }
 

@@ -599,8 +599,11 @@ fn start_and_feed(
                 }
                 _ => e,
             };
-            log(format!("restore of {name} failed, stopping its QEMU: {e}"));
-            vm.shutdown();
+            log(format!("restore of {name} failed, discarding its QEMU: {e}"));
+            // Its state is worthless, and a postcopy destination whose
+            // source is gone does not quit on request (7 s of QMP timeout
+            // and grace for nothing).
+            vm.discard("its restore failed, its state is worthless");
             let _ = switch.remove_port(port);
             config.remove_runtime_files();
             let _ = std::fs::remove_file(&overlay);
