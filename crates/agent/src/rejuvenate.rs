@@ -528,7 +528,7 @@ fn cold(m: &mut Member, qemu_bin: &Path, prev: &Prev) -> Result<Timings, AgentEr
                 return Err(AgentError::BootTimeout {
                     vm: new.name.clone(),
                     secs: 120,
-                    console: new.console_tail(2000),
+                    console: new.console_for_error(2000),
                 });
             }
             std::thread::sleep(Duration::from_millis(5));
