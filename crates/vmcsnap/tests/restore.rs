@@ -412,6 +412,15 @@ fn a_failed_restore_quotes_only_its_own_console_and_kills_its_qemu_at_once() {
     std::fs::write(&mem, &bytes).unwrap();
     let agent_log = || std::fs::read_to_string(env.run_dir().join("agent.log")).unwrap();
 
+    let quotes_no_earlier_console = |err: &str| {
+        for earlier in ["VMCSNAP-READY", "memtouch:", "vmcsnap-stat"] {
+            assert!(
+                !err.contains(earlier),
+                "an earlier incarnation's console ({earlier:?}) quoted:\n{err}"
+            );
+        }
+    };
+
     // Before RUN (eager): QEMU gets a broken stream and exits by itself;
     // the error quotes its log and the console, of which it printed nothing.
     let out = env.vmcsnap(&["restore", "s", "--mode", "eager"]);
@@ -421,28 +430,33 @@ fn a_failed_restore_quotes_only_its_own_console_and_kills_its_qemu_at_once() {
         err.contains("restore of VM \"a\" failed") && err.contains("QEMU exited"),
         "{err}"
     );
-    for earlier in ["VMCSNAP-READY", "memtouch:", "vmcsnap-stat"] {
-        assert!(
-            !err.contains(earlier),
-            "an earlier incarnation's console ({earlier:?}) quoted:\n{err}"
-        );
-    }
+    quotes_no_earlier_console(&err);
     assert!(err.contains(vmcsnap_agent::vm::CONSOLE_EMPTY), "{err}");
 
-    // After RUN (lazy): the postcopy destination waits for pages that never
-    // come and would not quit on request; it is killed at once.
-    let out = env.vmcsnap(&["restore", "s", "--mode", "lazy"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("restore of VM \"a\" failed") && err.to_lowercase().contains("crc"),
-        "{err}"
-    );
+    // After RUN (lazy, background loading held back so that the corrupt
+    // page goes on the running guest's demand): the postcopy destination
+    // waits for pages that never come and would not quit on request; it is
+    // killed at once. QEMU 7.2 sometimes dies by itself first (the stream
+    // broke before its guest ran, or a SIGSEGV): nothing to kill then, so
+    // a few tries.
+    let killed_at_once = "at once, without a quit: its restore failed";
+    let mut killed = false;
+    for attempt in 1..=5 {
+        let out = env.vmcsnap(&["restore", "s", "--mode", "lazy", "--start-quiet", "2000"]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("restore of VM \"a\" failed"), "{err}");
+        quotes_no_earlier_console(&err);
+        if agent_log().contains(killed_at_once) {
+            killed = true;
+            break;
+        }
+        eprintln!("try {attempt}: the destination QEMU ended by itself: {err}");
+    }
     let log = agent_log();
     assert!(
-        log.contains("killing QEMU pid")
-            && log.contains("at once, without a quit: its restore failed"),
-        "the failed restore's QEMU was not killed at once; agent log:\n{log}"
+        killed,
+        "no failed restore's QEMU was killed at once; agent log:\n{log}"
     );
     assert!(
         !log.contains("did not quit"),
