@@ -215,7 +215,7 @@ impl Cluster {
                 return Err(AgentError::BootTimeout {
                     vm: m.vm.name.clone(),
                     secs: timeout.as_secs(),
-                    console: last_lines(&m.vm.console_tail(4000), 15),
+                    console: last_lines(&m.vm.console_for_error(4000), 15),
                 });
             }
             std::thread::sleep(Duration::from_millis(10));

@@ -457,7 +457,9 @@ pub(crate) fn try_start_and_load(
     match load_state(&mut vm, state, warm).map(|()| t.elapsed().as_secs_f64() * 1000.0) {
         Ok(ms) => Ok((vm, ms)),
         Err(e) => {
-            vm.shutdown();
+            // The state file is kept; this QEMU's half-loaded state is
+            // worthless, and the retry with the previous binary waits.
+            vm.discard("loading the saved state into it failed");
             Err(e)
         }
     }
@@ -500,7 +502,7 @@ fn cold(
                 return Err(AgentError::BootTimeout {
                     vm: new.name.clone(),
                     secs: 120,
-                    console: new.console_tail(2000),
+                    console: new.console_for_error(2000),
                 });
             }
             std::thread::sleep(Duration::from_millis(5));

@@ -16,6 +16,9 @@ use crate::AgentError;
 /// How long a QEMU gets to quit on request before it is killed.
 const QUIT_GRACE: Duration = Duration::from_secs(5);
 
+/// What an error says of the console when this QEMU printed nothing on it.
+pub const CONSOLE_EMPTY: &str = "(the console is empty since this QEMU started)";
+
 /// A running (or exited) QEMU process of the cluster.
 pub struct Vm {
     /// VM name.
@@ -41,6 +44,10 @@ pub struct Vm {
     child: Option<Child>,
     qmp: Option<QmpClient>,
     scan_offset: u64,
+    /// The console log's length when this QEMU started (or was adopted):
+    /// the log is appended across incarnations of the VM (boot, restores,
+    /// restarts), and an error quotes only what this QEMU printed.
+    console_start: u64,
     exit_status: Option<String>,
 }
 
@@ -61,6 +68,7 @@ impl Vm {
                 let _ = std::fs::remove_file(&i.events_log);
             }
         }
+        let console_start = file_len(&config.console_log);
         let mut cmd = Command::new(qemu);
         if let Some(d) = &config.module_dir {
             cmd.env("QEMU_MODULE_DIR", d);
@@ -84,6 +92,7 @@ impl Vm {
             child: Some(child),
             qmp: None,
             scan_offset: 0,
+            console_start,
             exit_status: None,
             config,
         })
@@ -91,7 +100,8 @@ impl Vm {
 
     /// A QEMU started by a previous image of this agent process (see
     /// `handover`): same pid, still our child; its QMP session is reopened
-    /// on first use.
+    /// on first use. Its errors quote the console from here on (where its
+    /// own output began is not recorded; this is never earlier).
     pub fn adopt(
         config: QemuConfig,
         pid: u32,
@@ -113,6 +123,7 @@ impl Vm {
             child: None,
             qmp: None,
             scan_offset: 0,
+            console_start: file_len(&config.console_log),
             exit_status: None,
             config,
         }
@@ -180,7 +191,14 @@ impl Vm {
             return Err(AgentError::QemuExited {
                 vm: self.name.clone(),
                 status,
-                output: format!("{}{}", tail(&self.qemu_log, 2000), self.console_tail(2000)),
+                output: [
+                    tail(&self.qemu_log, 2000).trim_end().to_string(),
+                    self.console_for_error(2000),
+                ]
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .collect::<Vec<_>>()
+                .join("\n"),
             });
         }
         Ok(false)
@@ -278,9 +296,25 @@ impl Vm {
         }
     }
 
-    /// The last `bytes` bytes of the console (everything if 0).
+    /// The last `bytes` bytes of the console (everything if 0), of every
+    /// incarnation of the VM: what `vmcsnap console` shows.
     pub fn console_tail(&self, bytes: u64) -> String {
         tail(&self.config.console_log, bytes)
+    }
+
+    /// The last `bytes` bytes (everything if 0) of what this QEMU printed
+    /// on the console; `None` if nothing (but blank lines). For errors: an
+    /// earlier incarnation's lines say nothing about this one.
+    pub fn console_since_start(&self, bytes: u64) -> Option<String> {
+        let text = tail_from(&self.config.console_log, self.console_start, bytes);
+        (!text.trim().is_empty()).then_some(text)
+    }
+
+    /// [`Vm::console_since_start`] for an error's text: [`CONSOLE_EMPTY`]
+    /// if this QEMU printed nothing.
+    pub fn console_for_error(&self, bytes: u64) -> String {
+        self.console_since_start(bytes)
+            .unwrap_or_else(|| CONSOLE_EMPTY.to_string())
     }
 
     /// Asks QEMU to quit, kills it if it does not within a grace period, and
@@ -301,18 +335,45 @@ impl Vm {
                     "VM {}: QEMU did not quit; killing pid {}",
                     self.name, self.pid
                 ));
-                match self.child.as_mut() {
-                    Some(child) => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                    }
-                    None => crate::handover::kill_and_reap(self.pid),
-                }
-                self.exit_status = Some("killed".into());
+                self.kill();
             }
         }
         self.qmp = None;
     }
+
+    /// Kills QEMU at once (SIGKILL) and reaps it, without asking it to
+    /// quit: for a QEMU whose state is worthless (an incoming restore or
+    /// state load that failed). Such a QEMU may take seconds to answer or
+    /// never quit (a postcopy destination whose source is gone waits for
+    /// pages that never come), which `shutdown` would wait out. Logs
+    /// `why` when it kills. Never fails.
+    pub fn discard(&mut self, why: &str) {
+        if self.exited().is_none() {
+            crate::log(format!(
+                "VM {}: killing QEMU pid {} at once, without a quit: {why}",
+                self.name, self.pid
+            ));
+            self.kill();
+        }
+        self.qmp = None;
+    }
+
+    /// SIGKILL and reap.
+    fn kill(&mut self) {
+        match self.child.as_mut() {
+            Some(child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            None => crate::handover::kill_and_reap(self.pid),
+        }
+        self.exit_status = Some("killed".into());
+    }
+}
+
+/// The length of `path` (0 if it does not exist).
+fn file_len(path: &Path) -> u64 {
+    path.metadata().map(|m| m.len()).unwrap_or(0)
 }
 
 /// Reads `path` from byte `offset` to its end (lossy UTF-8).
@@ -326,17 +387,158 @@ fn read_from(path: &Path, offset: u64) -> std::io::Result<String> {
 
 /// The last `bytes` of a file (all if 0), starting at a line boundary.
 pub fn tail(path: &Path, bytes: u64) -> String {
-    let len = path.metadata().map(|m| m.len()).unwrap_or(0);
+    tail_from(path, 0, bytes)
+}
+
+/// The last `bytes` (all if 0) of what follows byte `from` of a file,
+/// starting at a line boundary if cut. A file now shorter than `from` was
+/// replaced since: all of it follows.
+pub fn tail_from(path: &Path, from: u64, bytes: u64) -> String {
+    let len = file_len(path);
+    let from = if len < from { 0 } else { from };
     let start = if bytes == 0 {
-        0
+        from
     } else {
-        len.saturating_sub(bytes)
+        len.saturating_sub(bytes).max(from)
     };
     let text = read_from(path, start).unwrap_or_default();
-    if start > 0 {
+    if start > from {
         if let Some(nl) = text.find('\n') {
             return text[nl + 1..].to_string();
         }
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn append(path: &Path, text: &str) {
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+    }
+
+    fn config(dir: &Path, incoming: bool) -> QemuConfig {
+        serde_json::from_value(serde_json::json!({
+            "name": "a", "accel": "tcg", "memory_mib": 64, "vcpus": 1,
+            "ram_file": dir.join("ram"), "kernel": "/k",
+            "console_log": dir.join("console.log"), "qmp_socket": dir.join("qmp.sock"),
+            "disks": [], "port_socket": dir.join("port.sock"),
+            "mac": "52:54:00:00:00:01", "incoming": incoming
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn tail_from_reads_only_what_follows_the_offset() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("console.log");
+        append(&p, "VMCSNAP-READY a\nold line\n");
+        let from = file_len(&p);
+        assert_eq!(tail_from(&p, from, 0), "", "nothing new yet");
+        assert_eq!(tail_from(&p, from, 100), "");
+        append(&p, "new one\nnew two\n");
+        assert_eq!(tail_from(&p, from, 0), "new one\nnew two\n");
+        // A bound larger than what is new never reaches back before `from`
+        // (and does not drop the first new line as a cut one).
+        assert_eq!(tail_from(&p, from, 1000), "new one\nnew two\n");
+        // A bound inside the new text starts at a line boundary.
+        assert_eq!(tail_from(&p, from, 10), "new two\n");
+        // The whole file is still there for `vmcsnap console`.
+        assert_eq!(tail(&p, 0), "VMCSNAP-READY a\nold line\nnew one\nnew two\n");
+        assert_eq!(tail(&p, 10), "new two\n");
+        // A file replaced by a shorter one since: all of it is new.
+        std::fs::write(&p, "fresh\n").unwrap();
+        assert_eq!(tail_from(&p, from, 0), "fresh\n");
+        // A missing file reads as empty.
+        assert_eq!(tail_from(&d.path().join("none"), 0, 0), "");
+    }
+
+    #[test]
+    fn an_adopted_vm_quotes_the_console_from_its_adoption() {
+        let d = tempfile::tempdir().unwrap();
+        let c = config(d.path(), false);
+        append(&c.console_log, "VMCSNAP-READY a\n");
+        let vm = Vm::adopt(
+            c.clone(),
+            0,
+            SystemTime::now(),
+            Some(1),
+            d.path().join("q.log"),
+        );
+        assert_eq!(vm.console_since_start(0), None);
+        assert_eq!(vm.console_for_error(2000), CONSOLE_EMPTY);
+        append(&c.console_log, "\n  \n");
+        assert_eq!(vm.console_since_start(0), None, "blank lines are nothing");
+        append(&c.console_log, "Kernel panic\n");
+        assert_eq!(vm.console_for_error(2000), "\n  \nKernel panic\n");
+        assert_eq!(vm.console_tail(0), "VMCSNAP-READY a\n\n  \nKernel panic\n");
+    }
+
+    /// A stand-in for QEMU: appends `line` to the console (unless empty),
+    /// then waits to be killed.
+    fn fake_qemu(dir: &Path, console: &Path, line: &str) -> PathBuf {
+        let bin = dir.join("fake-qemu");
+        let print = if line.is_empty() {
+            String::new()
+        } else {
+            format!("echo '{line}' >> '{}'\n", console.display())
+        };
+        std::fs::write(&bin, format!("#!/bin/sh\n{print}exec sleep 600\n")).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        bin
+    }
+
+    /// `Vm::spawn`, retried while another test thread's fork still holds
+    /// the just-written script open ("Text file busy").
+    fn spawn(bin: &Path, config: QemuConfig, log: PathBuf) -> Vm {
+        for _ in 0..100 {
+            match Vm::spawn(bin, config.clone(), log.clone()) {
+                Ok(vm) => return vm,
+                Err(e) if e.to_string().contains("busy") => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("{} stayed busy", bin.display());
+    }
+
+    #[test]
+    fn a_spawned_vm_quotes_only_its_own_console_and_is_discarded_at_once() {
+        let d = tempfile::tempdir().unwrap();
+        // An incoming QEMU appends to the console of earlier incarnations.
+        let c = config(d.path(), true);
+        append(&c.console_log, "VMCSNAP-READY a\nmemtouch: t=5\n");
+        let bin = fake_qemu(d.path(), &c.console_log, "this QEMU");
+        let mut vm = spawn(&bin, c.clone(), d.path().join("qemu.log"));
+        let t = Instant::now();
+        while vm.console_since_start(0).is_none() {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "the fake QEMU never printed"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(vm.console_for_error(2000), "this QEMU\n");
+        assert!(vm.console_tail(0).starts_with("VMCSNAP-READY a\n"));
+        assert_eq!(vm.exited(), None);
+        vm.discard("a test");
+        assert_eq!(vm.exited().as_deref(), Some("killed"));
+
+        // A fresh boot starts a fresh console: nothing of the earlier one.
+        let c = config(d.path(), false);
+        let bin = fake_qemu(d.path(), &c.console_log, "");
+        let mut vm = spawn(&bin, c.clone(), d.path().join("qemu.log"));
+        assert_eq!(vm.console_for_error(0), CONSOLE_EMPTY);
+        vm.discard("a test");
+        assert_eq!(vm.exited().as_deref(), Some("killed"));
+    }
 }

@@ -223,7 +223,10 @@ fn restore_cluster_journaled(
     };
     if let Some(reason) = &failed {
         for (mut member, ..) in restored {
-            member.vm.shutdown();
+            // Nothing of a failed cluster restore is kept: no need to ask.
+            member
+                .vm
+                .discard("the cluster restore failed, nothing of it is kept");
             member.vm.config.remove_runtime_files();
         }
         c.teardown();

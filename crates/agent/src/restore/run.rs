@@ -593,21 +593,28 @@ fn start_and_feed(
                         e => e.to_string(),
                     };
                     detail += &format!("; QEMU exited ({status})");
-                    for (what, path) in [
-                        ("its log", &vm.qemu_log),
-                        ("the guest console", &config.console_log),
-                    ] {
-                        let tail = crate::vm::tail(path, 1500);
-                        if !tail.trim().is_empty() {
-                            detail += &format!("; {what} ends:\n{}\n", tail.trim_end());
-                        }
+                    let log = crate::vm::tail(&vm.qemu_log, 1500);
+                    if !log.trim().is_empty() {
+                        detail += &format!("; its log ends:\n{}\n", log.trim_end());
                     }
+                    // Only what this QEMU printed: the console log goes on
+                    // from the VM's earlier incarnations (its boot, earlier
+                    // restores), whose lines would mislead here.
+                    detail += &match vm.console_since_start(1500) {
+                        Some(c) => format!("; the guest console ends:\n{}\n", c.trim_end()),
+                        None => format!("; {}", crate::vm::CONSOLE_EMPTY),
+                    };
                     fail(&name, detail)
                 }
                 _ => e,
             };
-            log(format!("restore of {name} failed, stopping its QEMU: {e}"));
-            vm.shutdown();
+            log(format!(
+                "restore of {name} failed, discarding its QEMU: {e}"
+            ));
+            // Its state is worthless, and a postcopy destination whose
+            // source is gone does not quit on request (7 s of QMP timeout
+            // and grace for nothing).
+            vm.discard("its restore failed, its state is worthless");
             let _ = switch.remove_port(port);
             config.remove_runtime_files();
             let _ = std::fs::remove_file(&overlay);
