@@ -352,10 +352,14 @@ mod tests {
     fn processes_are_recognised_by_their_command_line() {
         let d = tempfile::tempdir().unwrap();
         let sock = d.path().join("qmp.sock");
+        // `read` is a builtin: the shell never forks a child that would
+        // carry the same command line for a moment (a `sleep` did, and the
+        // scan found that child: a flaky test).
         let mut child = std::process::Command::new("sh")
             .arg("-c")
-            .arg("sleep 30; : \"$0\"")
+            .arg("read x; : \"$0\"")
             .arg(&sock)
+            .stdin(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         let pid = child.id();
