@@ -97,6 +97,19 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
             let mut cluster = crate::record::adopt(run)?;
             // ... and finish a restore it left half-done.
             crate::restore_journal::redo(run, &mut cluster);
+            // ... and remove what its interrupted operations left (a
+            // snapshot killed mid-way left its frozen disks behind forever).
+            match crate::gc::collect(run, &mut cluster) {
+                Ok(r) if !r.removed.is_empty() => log(format!(
+                    "removed {} leftovers of interrupted operations: {:?}",
+                    r.removed.len(),
+                    r.removed
+                )),
+                Ok(_) => {}
+                Err(e) => log(format!(
+                    "cannot remove leftovers of interrupted operations: {e}"
+                )),
+            }
             (listener, cluster, opts.exit_when_idle, 0)
         }
     };

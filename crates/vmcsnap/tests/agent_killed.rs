@@ -226,6 +226,26 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
         assert_all_running(&env, &format!("{what}, then again"));
     }
 
+    // Regression: a snapshot killed mid-way left `snapshots/.disks/<name>/`
+    // behind forever (7 of 7 kills). The adopting agent removes what no
+    // snapshot and no VM uses, so `gc` finds nothing left.
+    let gc = env.json(&["gc", "--json"]);
+    assert_eq!(gc["removed"], serde_json::json!([]), "{gc}");
+    let disks = env.run_dir().join("snapshots/.disks");
+    for e in std::fs::read_dir(&disks).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let used = gc["kept_in_use"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|k| k.as_str() == Some(&e.path().to_string_lossy()));
+        assert!(
+            env.run_dir().join("snapshots").join(&name).exists() || used,
+            "orphan frozen disks {} after the kills",
+            e.path().display()
+        );
+    }
+
     // Restores killed mid-way are redone by the next agent: the VM runs, at
     // the snapshot's point (so its workload may open new connections).
     env.ok(&["snapshot", "cli", "--mode", "hot", "--name", "cli-snap"]);

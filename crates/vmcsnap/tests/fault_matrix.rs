@@ -254,6 +254,68 @@ impl Matrix {
         self.ok(&["restore", base, "--mode", "lazy"]);
     }
 
+    /// Restores `vm` from its base snapshot if a failed operation left it
+    /// exited (stopped first) or out of the cluster.
+    fn restore_if_gone(&self, vm: &str) -> bool {
+        match self.status().into_iter().find(|s| s.0 == vm) {
+            Some((_, state, _)) if state == "running" => return false,
+            Some(_) => {
+                self.ok(&["stop", vm]);
+            }
+            None => {}
+        }
+        let base = &self.base.iter().find(|b| b.0 == vm).unwrap().1;
+        self.ok(&["restore", base, "--mode", "lazy"]);
+        true
+    }
+
+    /// Runs `args` (which starts a new QEMU for `vm`) and kills that QEMU
+    /// `after` it appeared; returns whether the command succeeded, its
+    /// output, and whether a QEMU was found to kill.
+    fn kill_new_qemu_during(
+        &self,
+        vm: &str,
+        args: &[&str],
+        after: Duration,
+    ) -> (bool, String, bool) {
+        let known = self.env.processes();
+        let mut child = self
+            .env
+            .command(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let needle = format!("cluster/{vm}/");
+        let t = Instant::now();
+        let mut killed = false;
+        while child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(60) {
+            let new = self.env.processes().into_iter().find(|p| {
+                !known.contains(p)
+                    && std::fs::read_link(format!("/proc/{p}/exe"))
+                        .is_ok_and(|e| e.to_string_lossy().contains("qemu"))
+                    && std::fs::read(format!("/proc/{p}/cmdline"))
+                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
+            });
+            if let Some(pid) = new {
+                std::thread::sleep(after);
+                // SAFETY: SIGKILL to the QEMU the command started (found by
+                // its command line among the run directory's processes).
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                killed = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text, killed)
+    }
+
     /// The invariants, after `cell`.
     fn check(&mut self, cell: &str) {
         // No VM lost or left paused.
@@ -451,6 +513,87 @@ fn rejuvenate_new_qemu_dies(m: &mut Matrix, mode: &str, fallback_fails: bool) ->
 }
 
 /// The phrase of an error that says what happened, for the table.
+/// A restore whose new QEMU is killed mid-way: it fails (or had finished);
+/// the VM comes back by restoring again.
+fn restore_qemu_killed(m: &mut Matrix, mode: &str) -> Outcome {
+    m.ok(&["stop", "srv"]);
+    let base = m.base[0].1.clone();
+    let (ok, text, killed) = m.kill_new_qemu_during(
+        "srv",
+        &["restore", &base, "--mode", mode],
+        Duration::from_millis(300),
+    );
+    assert!(killed, "no new QEMU appeared for the restore:\n{text}");
+    let note = if ok {
+        "finished before the kill".to_string()
+    } else {
+        format!("fails: {}", last_line(&text))
+    };
+    let again = m.restore_if_gone("srv");
+    Outcome {
+        note: format!("{note}{}", if again { "; restored again" } else { "" }),
+    }
+}
+
+/// A restore with no room for the restored VM's files: refused before
+/// anything is started.
+fn restore_disk_full(m: &mut Matrix) -> Outcome {
+    m.ok(&["stop", "srv"]);
+    let base = m.base[0].1.clone();
+    let filler = m.fill();
+    let (ok, text) = m.run(&["restore", &base, "--mode", "lazy"]);
+    std::fs::remove_file(&filler).unwrap();
+    assert!(!ok, "a restore onto a full disk succeeded:\n{text}");
+    assert!(text.contains("disk space"), "{text}");
+    m.restore_if_gone("srv");
+    Outcome {
+        note: "refused: error says \"not enough disk space\"; restored after".into(),
+    }
+}
+
+/// A saved restart (state to disk) onto a full disk: the old QEMU goes on.
+fn rejuvenate_disk_full(m: &mut Matrix) -> Outcome {
+    let pid = m.pid("srv");
+    let filler = m.fill();
+    let (ok, text) = m.run(&["rejuvenate", "--vm", "srv", "--mode", "saved"]);
+    std::fs::remove_file(&filler).unwrap();
+    assert!(!ok, "a saved restart onto a full disk succeeded:\n{text}");
+    assert_eq!(m.pid("srv"), pid, "the VM's QEMU changed");
+    Outcome {
+        note: format!("fails: {}; the old QEMU runs on", last_line(&text)),
+    }
+}
+
+/// A cluster restore in which a VM's new QEMU is killed: the restore fails
+/// whole (or had finished); restoring it again brings the cluster back.
+fn cluster_restore_peer_killed(m: &mut Matrix) -> Outcome {
+    let name = m.name("whole");
+    m.ok(&["snapshot", "--cluster", "--name", &name]);
+    m.ok(&["down"]);
+    let (ok, text, killed) = m.kill_new_qemu_during(
+        "cli",
+        &["restore", "--cluster", &name],
+        Duration::from_millis(300),
+    );
+    assert!(killed, "no QEMU appeared for the cluster restore:\n{text}");
+    let note = if ok {
+        "finished before the kill".to_string()
+    } else {
+        format!("fails: {}", last_line(&text))
+    };
+    let st = m.env.json(&["status", "--json"]);
+    if !ok || st["vms"].as_array().is_none_or(|v| v.len() < 2) {
+        m.ok(&["down"]);
+        m.ok(&["restore", "--cluster", &name]);
+    } else {
+        // Finished, then the kill took cli's QEMU: bring it back.
+        m.restore_if_gone("cli");
+    }
+    Outcome {
+        note: format!("{note}; restored whole again"),
+    }
+}
+
 fn last_line(text: &str) -> String {
     for phrase in [
         "No space left on device",
@@ -495,6 +638,11 @@ fn fast_cells() {
     m.cell("rejuvenate warm", "new QEMU and kept copy fail", |m| {
         rejuvenate_new_qemu_dies(m, "warm", true)
     });
+    m.cell("rejuvenate saved", "disk full", rejuvenate_disk_full);
+    m.cell("restore lazy", "QEMU killed", |m| {
+        restore_qemu_killed(m, "lazy")
+    });
+    m.cell("restore lazy", "disk full", restore_disk_full);
     m.print_table();
     m.env.ok(&["down"]);
     m.env.assert_clean();
@@ -534,7 +682,26 @@ fn every_cell() {
     m.cell("rejuvenate cold", "new QEMU and kept copy fail", |m| {
         rejuvenate_new_qemu_dies(m, "cold", true)
     });
-    m.print_table();
+    m.cell("rejuvenate saved", "disk full", rejuvenate_disk_full);
+    for mode in ["eager", "lazy", "workingset"] {
+        m.cell(&format!("restore {mode}"), "QEMU killed", |m| {
+            restore_qemu_killed(m, mode)
+        });
+    }
+    m.cell("restore lazy", "disk full", restore_disk_full);
+    m.cell(
+        "restore --cluster",
+        "a VM's QEMU killed",
+        cluster_restore_peer_killed,
+    );
+    // Last: `down` with a VM whose QEMU died leaves nothing either.
+    let pid = m.pid("cli");
+    // SAFETY: SIGKILL to cli's QEMU, whose pid status just gave.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     m.env.ok(&["down"]);
     m.env.assert_clean();
+    m.table.push(
+        "| down | a VM's QEMU killed before | everything removed (assert_clean) | - |".into(),
+    );
+    m.print_table();
 }
