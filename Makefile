@@ -39,4 +39,4 @@ fuzz:
 # kill -9 rounds of agent_killed.rs and the capture faults of
 # snapshot_failure.rs. Runs as root (it mounts a tmpfs to fill a disk).
 test-faults: guest
-	cargo test --release -p vmcsnap --test fault_matrix --test agent_killed --test snapshot_failure -- --include-ignored --nocapture 2>&1
+	VMCSNAP_FAULTS_ALL=1 cargo test --release -p vmcsnap --test fault_matrix --test agent_killed --test snapshot_failure -- --include-ignored --nocapture 2>&1

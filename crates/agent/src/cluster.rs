@@ -443,14 +443,25 @@ impl Cluster {
                 .into_iter()
                 .map(|m| {
                     let (switch, qemu_bin) = (switch.clone(), qemu_bin.clone());
-                    s.spawn(move || {
+                    let name = m.vm.name.clone();
+                    let h = s.spawn(move || {
                         crate::rejuvenate::rejuvenate(m, &switch, &qemu_bin, mode, fault)
-                    })
+                    });
+                    (name, h)
                 })
                 .collect();
+            // A restart that panics (a bug) is one VM's error: the others'
+            // reports still count.
             handles
                 .into_iter()
-                .map(|h| h.join().expect("rejuvenate thread panicked"))
+                .map(|(name, h)| {
+                    h.join().unwrap_or_else(|p| {
+                        Err(AgentError::BadRequest(format!(
+                            "the agent hit a bug restarting VM {name}: {}",
+                            crate::server::panic_message(p.as_ref())
+                        )))
+                    })
+                })
                 .collect()
         });
         let mut reports = Vec::new();

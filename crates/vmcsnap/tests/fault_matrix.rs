@@ -292,8 +292,11 @@ impl Matrix {
         while child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(60) {
             let new = self.env.processes().into_iter().find(|p| {
                 !known.contains(p)
-                    && std::fs::read_link(format!("/proc/{p}/exe"))
-                        .is_ok_and(|e| e.to_string_lossy().contains("qemu"))
+                    && std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| {
+                        // Not qemu-img, which creates the VM's overlay first.
+                        e.file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with("qemu-system"))
+                    })
                     && std::fs::read(format!("/proc/{p}/cmdline"))
                         .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
             });
@@ -391,6 +394,14 @@ impl Matrix {
         let next = self.name("next");
         self.ok(&["snapshot", "srv", "--mode", "hot", "--name", &next]);
         self.ok(&["inspect", &next, "--verify"]);
+        // Deleted again as an operator would (the directory, then `gc` for
+        // its frozen disks), so that the matrix fits its tmpfs.
+        std::fs::remove_dir_all(self.snapshots.join(&next)).unwrap();
+        let gc = self.env.json(&["gc", "--json"]);
+        let frozen = self.snapshots.join(".disks").join(&next);
+        for r in gc["removed"].as_array().unwrap() {
+            assert_eq!(r.as_str(), frozen.to_str(), "{cell}: gc removed more: {gc}");
+        }
     }
 
     /// Runs one cell and checks the invariants; records a table row.
@@ -581,9 +592,11 @@ fn cluster_restore_peer_killed(m: &mut Matrix) -> Outcome {
     } else {
         format!("fails: {}", last_line(&text))
     };
-    let st = m.env.json(&["status", "--json"]);
-    if !ok || st["vms"].as_array().is_none_or(|v| v.len() < 2) {
-        m.ok(&["down"]);
+    if !ok {
+        // A failed cluster restore leaves nothing (its agent exits).
+        assert!(text.contains("nothing was left running"), "{text}");
+        assert!(m.env.processes().is_empty(), "{:?}", m.env.processes());
+        assert!(m.env.shm_files().is_empty(), "{:?}", m.env.shm_files());
         m.ok(&["restore", "--cluster", &name]);
     } else {
         // Finished, then the kill took cli's QEMU: bring it back.
@@ -591,6 +604,61 @@ fn cluster_restore_peer_killed(m: &mut Matrix) -> Outcome {
     }
     Outcome {
         note: format!("{note}; restored whole again"),
+    }
+}
+
+/// `up` onto a full disk is refused up front, and `up` whose QEMU is
+/// killed while it boots tears the whole cluster down; then `up` works.
+fn up_faults(m: &mut Matrix, kill: bool) -> Outcome {
+    m.ok(&["down"]);
+    let spec = m.env.write_spec(SPEC);
+    let spec = spec.to_str().unwrap();
+    let (ok, text) = if kill {
+        let (ok, text, killed) =
+            m.kill_new_qemu_during("srv", &["up", spec], Duration::from_millis(300));
+        assert!(killed, "no QEMU appeared for up:\n{text}");
+        (ok, text)
+    } else {
+        let filler = m.fill();
+        let r = m.run(&["up", spec]);
+        std::fs::remove_file(&filler).unwrap();
+        r
+    };
+    assert!(!ok, "up succeeded:\n{text}");
+    if !kill {
+        assert!(text.contains("disk space"), "{text}");
+    }
+    assert!(m.env.processes().is_empty(), "{:?}", m.env.processes());
+    assert!(m.env.shm_files().is_empty(), "{:?}", m.env.shm_files());
+    m.ok(&["up", spec]);
+    for vm in VMS {
+        m.wait_memtouch(vm, "memtouch after up");
+    }
+    Outcome {
+        note: format!(
+            "fails: {}; nothing left; up again works",
+            if kill {
+                last_line(&text)
+            } else {
+                "refused: error says \"not enough disk space\"".into()
+            }
+        ),
+    }
+}
+
+/// A cluster snapshot onto a full disk fails whole; every VM runs on.
+fn cluster_snapshot_disk_full(m: &mut Matrix) -> Outcome {
+    let name = m.name("cluster-full");
+    let filler = m.fill();
+    let (ok, text) = m.run(&["snapshot", "--cluster", "--name", &name]);
+    std::fs::remove_file(&filler).unwrap();
+    assert!(
+        !ok,
+        "a cluster snapshot onto a full disk succeeded:\n{text}"
+    );
+    assert!(!m.snapshots.join(&name).exists(), "{text}");
+    Outcome {
+        note: format!("fails: {}", last_line(&text)),
     }
 }
 
@@ -667,6 +735,11 @@ fn every_cell() {
         "peer QEMU killed",
         cluster_snapshot_peer_killed,
     );
+    m.cell(
+        "snapshot --cluster",
+        "disk full",
+        cluster_snapshot_disk_full,
+    );
     for mode in ["warm", "saved"] {
         for fails in [false, true] {
             let fault = if fails {
@@ -694,6 +767,10 @@ fn every_cell() {
         "a VM's QEMU killed",
         cluster_restore_peer_killed,
     );
+    m.cell("up", "disk full", |m| up_faults(m, false));
+    m.cell("up", "a VM's QEMU killed while it boots", |m| {
+        up_faults(m, true)
+    });
     // Last: `down` with a VM whose QEMU died leaves nothing either.
     let pid = m.pid("cli");
     // SAFETY: SIGKILL to cli's QEMU, whose pid status just gave.
