@@ -84,6 +84,30 @@ fn missing_qemu_binary_names_the_package() {
     );
 }
 
+/// Fault matrix, `up` × a QEMU binary that fails after start: the error
+/// quotes what QEMU said, and nothing is left.
+#[test]
+fn qemu_that_fails_after_start_is_quoted_and_leaves_nothing() {
+    let _l = cluster_lock();
+    let mut env = Env::new();
+    let broken = env.run_dir().join("broken-qemu");
+    std::fs::write(
+        &broken,
+        "#!/bin/sh\necho 'qemu-system-x86_64: this build is broken' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    env.extra_env
+        .push(("VMCSNAP_QEMU".into(), broken.display().to_string()));
+    let err = expect_error(
+        &env,
+        &format!("[cluster]\nname = 'c'\naccel = 'tcg'\n{VM}"),
+        "VM \"a\"",
+    );
+    assert!(err.contains("this build is broken"), "{err}");
+    assert!(env.shm_files().is_empty());
+}
+
 #[test]
 fn vm_that_never_gets_ready_reports_its_console_and_leaves_nothing() {
     let _l = cluster_lock();

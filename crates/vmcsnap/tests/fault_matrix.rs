@@ -319,6 +319,24 @@ impl Matrix {
         (out.status.success(), text, killed)
     }
 
+    /// After an operation that took the cluster down: the command lines of
+    /// the run directory's processes still there after up to 10 s (the
+    /// agent exits right after its answer).
+    fn processes_left(&self) -> Vec<String> {
+        let t = Instant::now();
+        while !self.env.processes().is_empty() && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.env
+            .processes()
+            .iter()
+            .map(|p| {
+                let c = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                String::from_utf8_lossy(&c).replace('\0', " ")
+            })
+            .collect()
+    }
+
     /// The invariants, after `cell`.
     fn check(&mut self, cell: &str) {
         // No VM lost or left paused.
@@ -595,7 +613,8 @@ fn cluster_restore_peer_killed(m: &mut Matrix) -> Outcome {
     if !ok {
         // A failed cluster restore leaves nothing (its agent exits).
         assert!(text.contains("nothing was left running"), "{text}");
-        assert!(m.env.processes().is_empty(), "{:?}", m.env.processes());
+        let left = m.processes_left();
+        assert!(left.is_empty(), "left running: {left:?}");
         assert!(m.env.shm_files().is_empty(), "{:?}", m.env.shm_files());
         m.ok(&["restore", "--cluster", &name]);
     } else {
@@ -628,7 +647,8 @@ fn up_faults(m: &mut Matrix, kill: bool) -> Outcome {
     if !kill {
         assert!(text.contains("disk space"), "{text}");
     }
-    assert!(m.env.processes().is_empty(), "{:?}", m.env.processes());
+    let left = m.processes_left();
+    assert!(left.is_empty(), "left running: {left:?}");
     assert!(m.env.shm_files().is_empty(), "{:?}", m.env.shm_files());
     m.ok(&["up", spec]);
     for vm in VMS {
