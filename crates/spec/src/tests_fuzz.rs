@@ -2,22 +2,9 @@
 //! thousand deterministic mutations of a valid spec, so that CI runs it
 //! without nightly.
 
+use vmcsnap_testkit::Rng;
+
 use crate::testing::{edit_toml, exercise_spec, sample_spec};
-
-/// xorshift64*: deterministic, no dependencies.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 #[test]
 fn the_sample_spec_is_valid() {

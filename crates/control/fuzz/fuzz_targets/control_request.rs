@@ -19,6 +19,7 @@ use libfuzzer_sys::fuzz_target;
 use vmcsnap_control::testing::{
     exercise_replies, exercise_request, sample_replies, sample_requests,
 };
+use vmcsnap_testkit::apply_edits;
 
 fn requests() -> &'static [Vec<u8>] {
     static R: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
@@ -28,21 +29,6 @@ fn requests() -> &'static [Vec<u8>] {
 fn replies() -> &'static [u8] {
     static R: OnceLock<Vec<u8>> = OnceLock::new();
     R.get_or_init(|| sample_replies().concat())
-}
-
-fn edit(mut v: Vec<u8>, edits: &[u8]) -> Vec<u8> {
-    for e in edits.chunks_exact(6) {
-        let off = u32::from_le_bytes([e[1], e[2], e[3], e[4]]) as usize;
-        let at = off % (v.len() + 1);
-        match e[0] % 4 {
-            0 if at < v.len() => v[at] = e[5],
-            1 if at < v.len() => v[at] ^= e[5],
-            2 => v.truncate(at),
-            3 => v.insert(at, e[5]),
-            _ => {}
-        }
-    }
-    v
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -57,8 +43,8 @@ fuzz_target!(|data: &[u8]| {
                 return;
             };
             let r = &requests()[usize::from(which) % requests().len()];
-            drop(exercise_request(&edit(r.clone(), edits)).map_err(|e| e.to_string()));
+            drop(exercise_request(&apply_edits(r, edits)).map_err(|e| e.to_string()));
         }
-        _ => drop(exercise_replies(&edit(replies().to_vec(), payload)).map_err(|e| e.to_string())),
+        _ => drop(exercise_replies(&apply_edits(replies(), payload)).map_err(|e| e.to_string())),
     }
 });

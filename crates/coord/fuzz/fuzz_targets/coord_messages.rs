@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use vmcsnap_coord::testing::{exercise_lines, sample_lines};
+use vmcsnap_testkit::apply_edits;
 
 fn base() -> &'static [u8] {
     static BASE: OnceLock<Vec<u8>> = OnceLock::new();
@@ -29,18 +30,7 @@ fuzz_target!(|data: &[u8]| {
     let text = if mode % 2 == 0 {
         String::from_utf8_lossy(payload).into_owned()
     } else {
-        let mut v = base().to_vec();
-        for e in payload.chunks_exact(6) {
-            let off = u32::from_le_bytes([e[1], e[2], e[3], e[4]]) as usize;
-            let at = off % (v.len() + 1);
-            match e[0] % 4 {
-                0 if at < v.len() => v[at] = e[5],
-                1 if at < v.len() => v[at] ^= e[5],
-                2 => v.truncate(at),
-                3 => v.insert(at, e[5]),
-                _ => {}
-            }
-        }
+        let v = apply_edits(base(), payload);
         String::from_utf8_lossy(&v).into_owned()
     };
     let _ = exercise_lines(&text);

@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use vmcsnap_image::testing::{exercise_channel_log, reseal_channel_log};
 use vmcsnap_image::{encode_channel_log, ChannelFrame, FrameReason};
+use vmcsnap_testkit::apply_edits;
 
 fn base() -> &'static [u8] {
     static BASE: OnceLock<Vec<u8>> = OnceLock::new();
@@ -46,18 +47,7 @@ fuzz_target!(|data: &[u8]| {
             v
         }
         mode => {
-            let mut v = base().to_vec();
-            for e in payload.chunks_exact(6) {
-                let off = u32::from_le_bytes([e[1], e[2], e[3], e[4]]) as usize;
-                let at = off % (v.len() + 1);
-                match e[0] % 4 {
-                    0 if at < v.len() => v[at] = e[5],
-                    1 if at < v.len() => v[at] ^= e[5],
-                    2 => v.truncate(at),
-                    3 => v.insert(at, e[5]),
-                    _ => {}
-                }
-            }
+            let mut v = apply_edits(base(), payload);
             if mode == 3 {
                 reseal_channel_log(&mut v);
             }

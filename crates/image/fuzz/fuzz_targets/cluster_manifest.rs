@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use vmcsnap_image::testing::{edit_json, exercise_cluster_manifest, sample_cluster_manifest};
+use vmcsnap_testkit::apply_edits;
 
 fn base() -> &'static [u8] {
     static BASE: OnceLock<Vec<u8>> = OnceLock::new();
@@ -29,21 +30,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let content = match mode % 3 {
         0 => payload.to_vec(),
-        1 => {
-            let mut v = base().to_vec();
-            for e in payload.chunks_exact(6) {
-                let off = u32::from_le_bytes([e[1], e[2], e[3], e[4]]) as usize;
-                let at = off % (v.len() + 1);
-                match e[0] % 4 {
-                    0 if at < v.len() => v[at] = e[5],
-                    1 if at < v.len() => v[at] ^= e[5],
-                    2 => v.truncate(at),
-                    3 => v.insert(at, e[5]),
-                    _ => {}
-                }
-            }
-            v
-        }
+        1 => apply_edits(base(), payload),
         _ => edit_json(base(), payload),
     };
     let _ = exercise_cluster_manifest(&content).map_err(|e| e.to_string());

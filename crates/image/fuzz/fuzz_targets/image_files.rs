@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use vmcsnap_image::testing::{exercise, reseal};
 use vmcsnap_image::{FileKind, ImageMeta, ImageWriter, PageKey, RamBlock, WriterOptions};
+use vmcsnap_testkit::apply_edits;
 
 const FILES: [FileKind; 6] =
     [FileKind::Manifest, FileKind::Memory, FileKind::Index, FileKind::Zero, FileKind::Device, FileKind::Trace];
@@ -94,18 +95,7 @@ fuzz_target!(|data: &[u8]| {
             v
         }
         mode => {
-            let mut v = b.originals[f].clone();
-            for e in payload.chunks_exact(6) {
-                let off = u32::from_le_bytes([e[1], e[2], e[3], e[4]]) as usize;
-                let at = off % (v.len() + 1);
-                match e[0] % 4 {
-                    0 if at < v.len() => v[at] = e[5],
-                    1 if at < v.len() => v[at] ^= e[5],
-                    2 => v.truncate(at),
-                    3 => v.insert(at, e[5]),
-                    _ => {}
-                }
-            }
+            let mut v = apply_edits(&b.originals[f], payload);
             if mode == 3 {
                 reseal(kind, &mut v);
             }

@@ -1,5 +1,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use vmcsnap_testkit::Rng;
+
 use super::*;
 use crate::testing::{exercise_channel_log, reseal_channel_log};
 
@@ -562,21 +564,6 @@ fn reasons_serialize_in_kebab_case() {
         (FrameReason::HeldAtCut.code(), FrameReason::InFlight.code()),
         (1, 2)
     );
-}
-
-/// xorshift64*: deterministic, no dependencies.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }
 
 #[test]

@@ -2,22 +2,9 @@
 //! `crates/image/fuzz`) on a few thousand deterministic mutations of a
 //! valid `cluster.json`, so that CI runs it without nightly.
 
+use vmcsnap_testkit::Rng;
+
 use crate::testing::{edit_json, exercise_cluster_manifest, sample_cluster_manifest};
-
-/// xorshift64*: deterministic, no dependencies.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 #[test]
 fn the_sample_manifest_is_valid() {

@@ -16,6 +16,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use vmcsnap_spec::testing::{edit_toml, exercise_spec, sample_spec};
+use vmcsnap_testkit::apply_edits;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, payload)) = data.split_first() else {
@@ -24,18 +25,7 @@ fuzz_target!(|data: &[u8]| {
     let text = match mode % 3 {
         0 => String::from_utf8_lossy(payload).into_owned(),
         1 => {
-            let mut v = sample_spec().as_bytes().to_vec();
-            for e in payload.chunks_exact(6) {
-                let off = u32::from_le_bytes([e[1], e[2], e[3], e[4]]) as usize;
-                let at = off % (v.len() + 1);
-                match e[0] % 4 {
-                    0 if at < v.len() => v[at] = e[5],
-                    1 if at < v.len() => v[at] ^= e[5],
-                    2 => v.truncate(at),
-                    3 => v.insert(at, e[5]),
-                    _ => {}
-                }
-            }
+            let v = apply_edits(sample_spec().as_bytes(), payload);
             String::from_utf8_lossy(&v).into_owned()
         }
         _ => edit_toml(sample_spec(), payload),

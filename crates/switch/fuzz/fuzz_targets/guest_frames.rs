@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use vmcsnap_switch::testing::{exercise_guest_bytes, sample_program};
+use vmcsnap_testkit::apply_edits;
 
 fn base() -> &'static [u8] {
     static BASE: OnceLock<Vec<u8>> = OnceLock::new();
@@ -32,17 +33,6 @@ fuzz_target!(|data: &[u8]| {
         exercise_guest_bytes(payload);
         return;
     }
-    let mut v = base().to_vec();
-    for e in payload.chunks_exact(6) {
-        let off = u32::from_le_bytes([e[1], e[2], e[3], e[4]]) as usize;
-        let at = off % (v.len() + 1);
-        match e[0] % 4 {
-            0 if at < v.len() => v[at] = e[5],
-            1 if at < v.len() => v[at] ^= e[5],
-            2 => v.truncate(at),
-            3 => v.insert(at, e[5]),
-            _ => {}
-        }
-    }
+    let v = apply_edits(base(), payload);
     exercise_guest_bytes(&v);
 });

@@ -6,6 +6,7 @@ use dhcproto::v4::{
     Decodable, Decoder, DhcpOption, Encodable, Encoder, Flags, HType, Message, MessageType, Opcode,
     OptionCode,
 };
+use vmcsnap_testkit::Rng;
 
 use super::*;
 
@@ -505,22 +506,6 @@ fn options_dhcproto_would_assert_on_are_ignored_not_a_panic() {
             Some(Some(MessageType::Offer)),
             "{good:?}"
         );
-    }
-}
-
-/// xorshift64*: deterministic pseudo-random bytes without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
     }
 }
 
