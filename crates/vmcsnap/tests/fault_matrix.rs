@@ -92,6 +92,9 @@ impl Tmpfs {
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        // The run directory's own removal (before, in `Env`'s drop) could
+        // not remove its mount point.
+        let _ = std::fs::remove_dir(&self.0);
     }
 }
 
