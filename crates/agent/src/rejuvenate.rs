@@ -353,12 +353,7 @@ fn suspend_resume(
     }
     // Not before QEMU has accepted the switch's connection (QEMU 7.2
     // crashes starting a guest before: `Vm::wait_nic_accepted`).
-    if !vm.wait_nic_accepted(crate::restore::NIC_ACCEPT_BOUND)? {
-        log(format!(
-            "VM {}: QEMU has not accepted the switch's connection; resuming anyway",
-            vm.name
-        ));
-    }
+    vm.wait_nic_accepted()?;
     vm.execute("cont", Value::Null)?;
     let resume_us = event_ts(vm, "RESUME")?;
     crate::intent::clear(&vm.config);

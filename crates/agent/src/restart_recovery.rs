@@ -117,12 +117,7 @@ fn start_from_state(
     config.incoming = true;
     let (mut vm, _) = try_start_and_load(bin, &config, qemu_log, state, warm)?;
     // See `Vm::wait_nic_accepted`: QEMU 7.2 must not start the guest before.
-    if !vm.wait_nic_accepted(crate::restore::NIC_ACCEPT_BOUND)? {
-        log(format!(
-            "VM {}: QEMU has not accepted the switch's connection; resuming anyway",
-            config.name
-        ));
-    }
+    vm.wait_nic_accepted()?;
     vm.execute("cont", Value::Null)?;
     Ok(vm)
 }

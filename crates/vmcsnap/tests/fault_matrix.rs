@@ -465,6 +465,23 @@ fn snapshot_disk_full(m: &mut Matrix, mode: &str) -> Outcome {
     }
 }
 
+/// What a snapshot whose VM's QEMU was killed left: a valid snapshot (it
+/// had finished first) or nothing.
+fn killed_snapshot_note(m: &Matrix, ok: bool, text: &str, name: &str, cluster: bool) -> String {
+    if ok {
+        let mut args = vec!["inspect", name];
+        if cluster {
+            args.push("--cluster");
+        }
+        args.push("--verify");
+        m.ok(&args);
+        "finished before the kill; valid".to_string()
+    } else {
+        assert!(!m.snapshots.join(name).exists(), "{text}");
+        format!("fails: {}", last_line(text))
+    }
+}
+
 /// A VM's QEMU killed while it is snapshotted: the snapshot fails (or had
 /// finished and is valid); the VM comes back from its base snapshot.
 fn snapshot_qemu_killed(m: &mut Matrix, mode: &str) -> Outcome {
@@ -474,13 +491,7 @@ fn snapshot_qemu_killed(m: &mut Matrix, mode: &str) -> Outcome {
         &["snapshot", "srv", "--mode", mode, "--name", &name],
         Duration::from_millis(400),
     );
-    let note = if ok {
-        m.ok(&["inspect", &name, "--verify"]);
-        "finished before the kill; valid".to_string()
-    } else {
-        assert!(!m.snapshots.join(&name).exists(), "{text}");
-        format!("fails: {}", last_line(&text))
-    };
+    let note = killed_snapshot_note(m, ok, &text, &name, false);
     m.bring_back("srv");
     Outcome {
         note: format!("{note}; srv restored from its base snapshot"),
@@ -496,13 +507,7 @@ fn cluster_snapshot_peer_killed(m: &mut Matrix) -> Outcome {
         &["snapshot", "--cluster", "--name", &name],
         Duration::from_millis(600),
     );
-    let note = if ok {
-        m.ok(&["inspect", &name, "--cluster", "--verify"]);
-        "finished before the kill; valid".to_string()
-    } else {
-        assert!(!m.snapshots.join(&name).exists(), "{text}");
-        format!("fails: {}", last_line(&text))
-    };
+    let note = killed_snapshot_note(m, ok, &text, &name, true);
     m.bring_back("cli");
     Outcome {
         note: format!("{note}; cli restored from its base snapshot"),

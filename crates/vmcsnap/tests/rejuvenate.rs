@@ -268,6 +268,22 @@ fn script(path: &std::path::Path, body: &str) {
         .unwrap();
 }
 
+/// `vmcsnap ARGS` with the CLI's own `VMCSNAP_QEMU` set to `qemu`; its
+/// JSON output (it must succeed).
+fn json_with_qemu(env: &Env, args: &[&str], qemu: &std::path::Path) -> serde_json::Value {
+    let out = env
+        .command(args)
+        .env("VMCSNAP_QEMU", qemu)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn srv_state(env: &Env) -> String {
     let st = env.json(&["status", "--json"]);
     st["vms"]
@@ -368,17 +384,11 @@ fn broken_new_qemu_falls_back_to_the_previous_binary() {
         &fixed,
         &format!("touch {}\nexec {real} \"$@\"", marker.display()),
     );
-    let out = env
-        .command(&["rejuvenate", "--vm", "srv", "--mode", "warm", "--json"])
-        .env("VMCSNAP_QEMU", &fixed)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = json_with_qemu(
+        &env,
+        &["rejuvenate", "--vm", "srv", "--mode", "warm", "--json"],
+        &fixed,
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["reports"][0]["fell_back_to_old_binary"], false, "{v}");
     assert!(marker.exists(), "the CLI's VMCSNAP_QEMU was not used");
     assert!(!kept.exists(), "the kept copy outlived its use");
@@ -397,17 +407,11 @@ fn broken_new_qemu_falls_back_to_the_previous_binary() {
     assert!(!out.status.success());
     assert_eq!(srv_state(&env), "exited");
     std::fs::remove_file(&marker).unwrap();
-    let out = env
-        .command(&["rejuvenate", "--vm", "srv", "--resume", "--json"])
-        .env("VMCSNAP_QEMU", &fixed)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = json_with_qemu(
+        &env,
+        &["rejuvenate", "--vm", "srv", "--resume", "--json"],
+        &fixed,
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["recovered"][0]["intent"], "boot", "{v}");
     assert_eq!(v["recovered"][0]["on_kept_copy"], false, "{v}");
     assert!(marker.exists());

@@ -40,7 +40,6 @@ mod run;
 mod start_gate;
 pub mod traces;
 
-pub(crate) use run::NIC_ACCEPT_BOUND;
 pub use run::{
     hybrid_size, restore, restore_into, saved_vm, InCluster, Options, Report, RestoreEvent, Saved,
     WssChoice, CLUSTER_START_QUIET,
