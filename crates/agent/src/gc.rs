@@ -10,7 +10,7 @@
 //!   committed), unless a running VM's disk chain still reads from it (a VM
 //!   restored from a snapshot that was since deleted by hand).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use vmcsnap_control::GcResult;
 
@@ -28,8 +28,10 @@ pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, 
         return Ok(result);
     }
     let me = std::process::id();
-    let temps = vmcsnap_image::cleanup_where(&root, |pid| pid.is_some_and(|p| p != me && alive(p)))
-        .map_err(|e| AgentError::BadRequest(format!("cleaning {}: {e}", root.display())))?;
+    let temps = vmcsnap_image::cleanup_where(&root, |pid| {
+        pid.is_some_and(|p| p != me && vmcsnap_image::process_running(p))
+    })
+    .map_err(|e| AgentError::BadRequest(format!("cleaning {}: {e}", root.display())))?;
     result.removed.extend(temps);
     let in_use = disk_files_in_use(cluster);
     let disks = root.join(".disks");
@@ -53,10 +55,6 @@ pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, 
     result.removed.sort();
     result.kept_in_use.sort();
     Ok(result)
-}
-
-fn alive(pid: u32) -> bool {
-    Path::new("/proc").join(pid.to_string()).exists()
 }
 
 /// Every file a VM of the cluster reads or writes as disk: the recorded

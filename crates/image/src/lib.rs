@@ -95,7 +95,8 @@ pub use error::{ReadError, Version};
 pub use format::{FileKind, PageKey, FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSION};
 pub use index::{BlockInfo, ZeroBitmap};
 pub use list::{
-    check_committed, cleanup_stale, cleanup_where, list_snapshots, ListError, SnapshotEntry,
+    check_committed, cleanup_stale, cleanup_where, list_snapshots, process_running, ListError,
+    SnapshotEntry,
 };
 pub use manifest::{DiskRef, FileRef, Files, Manifest, Metrics, QemuInfo, RamBlock, VmInfo};
 pub use plan::{ReadExtent, ReadPlan};

@@ -132,9 +132,23 @@ pub(crate) fn snapshot_dirs(root: &Path) -> Result<Vec<(String, PathBuf)>, ListE
 /// is no longer running (or whose name carries no pid). Returns what was
 /// removed. A running writer's directory is left alone.
 pub fn cleanup_stale(root: &Path) -> Result<Vec<PathBuf>, ListError> {
-    cleanup_where(root, |pid| {
-        pid.is_some_and(|p| Path::new("/proc").join(p.to_string()).exists())
-    })
+    cleanup_where(root, |pid| pid.is_some_and(process_running))
+}
+
+/// Whether process `pid` still runs: it exists and is neither a zombie nor
+/// dying. A killed writer stays in `/proc` as a zombie until its parent
+/// reaps it, and an agent's parent is whatever adopted it (an init that
+/// may reap late, or never): its temporary directories are garbage then.
+pub fn process_running(pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `pid (comm) S ...`: comm may hold spaces and parentheses, the state
+    // follows the last ')'.
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].trim_start().chars().next());
+    !matches!(state, Some('Z' | 'X' | 'x') | None)
 }
 
 /// Removes the temporary directories under `root` except those for which

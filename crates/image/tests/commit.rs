@@ -5,7 +5,9 @@ mod common;
 use std::fs;
 
 use common::*;
-use vmcsnap_image::{check_committed, cleanup_stale, list_snapshots, Image, ImageWriter};
+use vmcsnap_image::{
+    check_committed, cleanup_stale, list_snapshots, process_running, Image, ImageWriter,
+};
 
 #[test]
 fn uncommitted_snapshot_is_not_listed() {
@@ -56,6 +58,32 @@ fn crashed_writer_leaves_only_a_temp_dir_that_cleanup_removes() {
     let removed = cleanup_stale(root).unwrap();
     assert_eq!(removed, vec![dead, root.join("t.tmp-junk")]);
     assert_eq!(fs::read_dir(root).unwrap().count(), 0);
+}
+
+/// Regression (CI, stop 25): an agent killed mid-snapshot stays a zombie
+/// until whatever adopted it reaps it, and `/proc/<pid>` exists meanwhile;
+/// the next agent kept its temporary directory as "being written".
+#[test]
+fn a_zombie_writers_temp_dir_is_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    // Not reaped: it stays a zombie once it has exited.
+    let t = std::time::Instant::now();
+    while process_running(pid) {
+        assert!(t.elapsed().as_secs() < 10, "`true` did not exit");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(
+        std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the child is a zombie, still in /proc"
+    );
+    let dir = root.join(format!("s.tmp-{pid}-0"));
+    fs::create_dir(&dir).unwrap();
+    assert_eq!(cleanup_stale(root).unwrap(), vec![dir]);
+    child.wait().unwrap();
+    assert!(process_running(std::process::id()));
 }
 
 #[test]

@@ -37,7 +37,7 @@ fn base() -> &'static Base {
         for e in fs::read_dir(&root).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if let Some(pid) = name.strip_prefix("vmcsnap-image-fuzz-") {
-                if !std::path::Path::new("/proc").join(pid).exists() {
+                if !pid.parse().is_ok_and(vmcsnap_image::process_running) {
                     let _ = fs::remove_dir_all(e.path());
                 }
             }
