@@ -63,8 +63,8 @@ pub enum ReadError {
     },
     /// The file's major format version is not the one this build reads.
     #[error(
-        "{file}: format version {found} is not supported: this build reads version \
-         {supported} and every {}.x; use a vmcsnap release that reads major version {}",
+        "{file}: format version {found} is not supported: this build reads major versions \
+         1 to {} (it writes {supported}); use a vmcsnap release that reads major version {}",
         supported.major, found.major
     )]
     UnsupportedVersion {

@@ -9,16 +9,28 @@ use std::path::Path;
 
 use crate::error::{ReadError, Version};
 
-/// The major format version this build writes and reads.
-pub const FORMAT_MAJOR: u16 = 1;
+/// The major format version this build writes (by default) and reads.
+/// Version 2 added compressed blocks, duplicate pages and locality flags;
+/// see `docs/image-format.md`.
+pub const FORMAT_MAJOR: u16 = 2;
+/// The oldest major version this build reads (and can still write, see
+/// `WriterOptions::format`).
+pub const OLDEST_MAJOR: u16 = 1;
 /// The minor format version this build writes (it reads every minor of
-/// [`FORMAT_MAJOR`]).
+/// every major from [`OLDEST_MAJOR`] to [`FORMAT_MAJOR`]).
 pub const FORMAT_MINOR: u16 = 0;
 /// [`FORMAT_MAJOR`].[`FORMAT_MINOR`].
 pub const FORMAT_VERSION: Version = Version {
     major: FORMAT_MAJOR,
     minor: FORMAT_MINOR,
 };
+/// Version 1.0, which this build still writes on request.
+pub const FORMAT_V1: Version = Version { major: 1, minor: 0 };
+
+/// Whether this build reads files of major version `major`.
+pub fn reads_major(major: u16) -> bool {
+    (OLDEST_MAJOR..=FORMAT_MAJOR).contains(&major)
+}
 
 /// Length of a v1 [`FileHeader`]. Later minors may write longer headers
 /// (the length is in the header); readers skip what they do not know.
@@ -53,9 +65,27 @@ pub const MAX_DEVICE_STATE_LEN: u64 = 1 << 30;
 /// Most trace sections.
 pub const MAX_TRACE_SECTIONS: u32 = 256;
 
-/// Compression codec numbers stored in block headers. v1 writes only
-/// [`COMPRESSION_NONE`]; the field is there so later versions can add codecs.
+/// Compression codec numbers stored in block headers and the block table.
+/// v1 writes only [`COMPRESSION_NONE`].
 pub const COMPRESSION_NONE: u8 = 0;
+/// LZ4 block format (no frame), v2.
+pub const COMPRESSION_LZ4: u8 = 1;
+/// Zstandard (one frame per block), v2.
+pub const COMPRESSION_ZSTD: u8 = 2;
+
+/// Block flag (v2): the block holds pages the guest wrote while the
+/// snapshot ran, in the order it first wrote them (a locality block of the
+/// working set); blocks without it hold pages in guest-physical order.
+pub const BLOCK_FLAG_HOT: u8 = 1;
+/// Block flags a v2 reader knows.
+pub const BLOCK_FLAGS_KNOWN: u8 = BLOCK_FLAG_HOT;
+
+/// Index entry flag (v2): the page's bytes equal another page's, stored
+/// once; `block`/`slot` name the slot that page owns (the block's page
+/// list names the owner), and the entry's CRC equals the slot's.
+pub const ENTRY_FLAG_DUP: u16 = 1;
+/// Index entry flags a v2 reader knows.
+pub const ENTRY_FLAGS_KNOWN: u16 = ENTRY_FLAG_DUP;
 
 /// Index entry `block` value of a page that is not in the memory image.
 pub const NO_BLOCK: u32 = u32::MAX;
@@ -231,7 +261,7 @@ impl FileHeader {
             major: get_u16(b, 8),
             minor: get_u16(b, 10),
         };
-        if version.major != FORMAT_MAJOR {
+        if !reads_major(version.major) {
             return Err(ReadError::UnsupportedVersion {
                 file: file.into(),
                 found: version,
@@ -431,10 +461,10 @@ mod tests {
             FileHeader::decode(p, FileKind::Index, &bad, 1000),
             Err(ReadError::BadCrc { .. })
         ));
-        let mut v2 = b;
-        v2[8] = 2;
+        let mut v3 = b;
+        v3[8] = 3;
         assert!(matches!(
-            FileHeader::decode(p, FileKind::Index, &v2, 1000),
+            FileHeader::decode(p, FileKind::Index, &v3, 1000),
             Err(ReadError::UnsupportedVersion { .. })
         ));
     }

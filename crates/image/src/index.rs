@@ -7,14 +7,15 @@
 //!   0 8 offset       file offset of the block header in memory.img
 //!   8 4 stored_len   header + page list + stored payload
 //!  12 2 page_count
-//!  14 1 compression
-//!  15 1 flags
+//!  14 1 compression  0 none, 1 lz4, 2 zstd (v2)
+//!  15 1 flags        bit 0 hot (v2); 0 in v1
 //! then for each RAM block, in manifest order:
 //!   section header, 16 bytes: ram_block u32, pages u32, reserved u64 (0)
 //!   pages × 12-byte entries:
 //!     0 4 block      memory-image block, or 0xffffffff if not stored
 //!     4 2 slot       position of the page in the block
-//!     6 2 flags      0 in v1
+//!     6 2 flags      bit 0 duplicate (v2: block/slot is another page's
+//!                    slot holding the same bytes); 0 in v1
 //!     8 4 crc        CRC32C of the page's (uncompressed) bytes
 //! ```
 //!
@@ -28,8 +29,8 @@ use std::path::Path;
 
 use crate::error::ReadError;
 use crate::format::{
-    get_u16, get_u32, get_u64, pad8, BLOCK_ENTRY_LEN, BLOCK_HEADER_LEN, COMPRESSION_NONE,
-    MAX_BLOCK_PAYLOAD, NO_BLOCK,
+    get_u16, get_u32, get_u64, pad8, BLOCK_ENTRY_LEN, BLOCK_FLAGS_KNOWN, BLOCK_HEADER_LEN,
+    COMPRESSION_NONE, ENTRY_FLAGS_KNOWN, ENTRY_FLAG_DUP, MAX_BLOCK_PAYLOAD, NO_BLOCK,
 };
 
 /// Bytes per block-table entry.
@@ -97,6 +98,12 @@ impl BlockInfo {
         self.offset + (BLOCK_HEADER_LEN + usize::from(self.page_count) * BLOCK_ENTRY_LEN) as u64
     }
 
+    /// Whether the block holds pages the guest wrote during the snapshot,
+    /// in first-write order (v2 locality block).
+    pub fn is_hot(&self) -> bool {
+        self.flags & crate::format::BLOCK_FLAG_HOT != 0
+    }
+
     /// Stored payload length.
     pub fn payload_len(&self) -> u32 {
         self.stored_len - (BLOCK_HEADER_LEN + usize::from(self.page_count) * BLOCK_ENTRY_LEN) as u32
@@ -141,6 +148,8 @@ pub(crate) struct IndexContext<'a> {
     pub first_block: u64,
     /// Size of the memory image.
     pub memory_len: u64,
+    /// Major format version (v1: no flags, no compression).
+    pub major: u16,
 }
 
 /// Decodes and cross-checks a `pages.idx` body (its CRC already checked).
@@ -173,6 +182,16 @@ pub(crate) fn decode_index(
             return Err(bad(format!(
                 "block {i} is at offset {}, expected {next}",
                 info.offset
+            )));
+        }
+        let flags_ok = match cx.major {
+            1 => info.flags == 0 && info.compression == COMPRESSION_NONE,
+            _ => info.flags & !BLOCK_FLAGS_KNOWN == 0,
+        };
+        if !flags_ok {
+            return Err(bad(format!(
+                "block {i} has flags {:#x} and compression {}, which format {}.x does not have",
+                info.flags, info.compression, cx.major
             )));
         }
         if info.page_count == 0 || info.page_count > cx.pages_per_block {
@@ -209,8 +228,11 @@ pub(crate) fn decode_index(
             cx.memory_len
         )));
     }
-    // Every (block, slot) must be claimed by exactly one page.
+    // Every (block, slot) must be claimed by exactly one page (its owner);
+    // v2 duplicates point at a claimed slot with the same CRC.
     let mut claimed = vec![0u64; total_slots.div_ceil(64) as usize];
+    let mut slot_crc = vec![0u32; total_slots as usize];
+    let mut dups = Vec::new();
     let mut stored: u64 = 0;
     let mut pos = cx.blocks as usize * 16;
     let mut ram = Vec::with_capacity(cx.ram_pages.len());
@@ -232,6 +254,16 @@ pub(crate) fn decode_index(
                 flags: get_u16(e, 6),
                 crc: get_u32(e, 8),
             };
+            let known = match cx.major {
+                1 => 0,
+                _ => ENTRY_FLAGS_KNOWN,
+            };
+            if entry.flags & !known != 0 || (!entry.is_stored() && entry.flags != 0) {
+                return Err(bad(format!(
+                    "page {r}:{p} has flags {:#x}, which format {}.x does not have here",
+                    entry.flags, cx.major
+                )));
+            }
             if entry.is_stored() {
                 let Some(info) = blocks.get(entry.block as usize) else {
                     return Err(bad(format!(
@@ -246,6 +278,12 @@ pub(crate) fn decode_index(
                     )));
                 }
                 let bit = slot_base[entry.block as usize] + u64::from(entry.slot);
+                if entry.flags & ENTRY_FLAG_DUP != 0 {
+                    dups.push((r, p, bit, entry.crc));
+                    entries.push(entry);
+                    continue;
+                }
+                slot_crc[bit as usize] = entry.crc;
                 let (w, m) = ((bit / 64) as usize, 1u64 << (bit % 64));
                 if claimed[w] & m != 0 {
                     return Err(bad(format!(
@@ -264,6 +302,14 @@ pub(crate) fn decode_index(
         return Err(bad(format!(
             "{stored} pages are indexed but the blocks hold {total_slots}"
         )));
+    }
+    // Every slot is claimed now, so a duplicate's slot has an owner.
+    for (r, p, bit, crc) in dups {
+        if slot_crc[bit as usize] != crc {
+            return Err(bad(format!(
+                "duplicate page {r}:{p} names a slot whose page has another CRC"
+            )));
+        }
     }
     Ok((blocks, ram))
 }

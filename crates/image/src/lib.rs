@@ -69,6 +69,7 @@
 
 pub mod channel_log;
 pub mod cluster;
+pub mod codec;
 pub mod error;
 mod fileio;
 pub mod format;
@@ -91,14 +92,17 @@ pub use cluster::{
     list_cluster_snapshots, ChannelStateRef, ClusterError, ClusterManifest, ClusterSnapshotEntry,
     ClusterVm, Edge, Timeline, CHANNEL_LOG, CLUSTER_MANIFEST,
 };
+pub use codec::Codec;
 pub use error::{ReadError, Version};
-pub use format::{FileKind, PageKey, FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSION};
+pub use format::{FileKind, PageKey, FORMAT_MAJOR, FORMAT_MINOR, FORMAT_V1, FORMAT_VERSION};
 pub use index::{BlockInfo, ZeroBitmap};
 pub use list::{
     check_committed, cleanup_stale, cleanup_where, list_snapshots, process_running, ListError,
     SnapshotEntry,
 };
-pub use manifest::{DiskRef, FileRef, Files, Manifest, Metrics, QemuInfo, RamBlock, VmInfo};
+pub use manifest::{
+    DiskRef, FileRef, Files, Manifest, Metrics, QemuInfo, RamBlock, Storage, VmInfo,
+};
 pub use plan::{ReadExtent, ReadPlan};
 pub use reader::{Block, Image, ImageStats, PageLocation, PageState};
 pub use trace::{TraceSection, TRACE_FAFL};

@@ -20,7 +20,7 @@ use serde_json::Value;
 use crate::error::{ReadError, Version};
 use crate::fileio::{open_file, read_at, read_vec_at};
 use crate::format::{
-    pages_for, valid_page_size, FileKind, FORMAT_MAJOR, FORMAT_VERSION, MAX_BLOCK_PAYLOAD,
+    pages_for, reads_major, valid_page_size, FileKind, FORMAT_VERSION, MAX_BLOCK_PAYLOAD,
     MAX_MANIFEST_LEN, MAX_NAME_LEN, MAX_PAGES_PER_BLOCK, MAX_RAM_BLOCKS,
 };
 
@@ -62,6 +62,37 @@ pub struct Manifest {
     /// Free-form labels (e.g. cluster snapshot id).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// How the memory image is stored (v2; absent in v1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<Storage>,
+}
+
+/// How a v2 memory image is stored: codec, locality and savings. Written by
+/// the writer, informational (the block table is what readers trust).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Storage {
+    /// Compression asked for (`none`, `lz4`, `zstd`); each block names
+    /// the codec it actually used.
+    pub codec: String,
+    /// Blocks of pages the guest wrote during the snapshot.
+    #[serde(default)]
+    pub blocks_hot: u32,
+    /// Blocks stored compressed.
+    #[serde(default)]
+    pub blocks_compressed: u32,
+    /// Blocks stored raw because every compression worker was busy (the
+    /// capture never waits for compression).
+    #[serde(default)]
+    pub blocks_raw_fallback: u32,
+    /// Pages whose bytes equal another page's, stored once.
+    #[serde(default)]
+    pub pages_duplicate: u64,
+    /// Bytes of the stored pages before compression.
+    #[serde(default)]
+    pub payload_raw_bytes: u64,
+    /// Bytes of the stored pages as stored.
+    #[serde(default)]
+    pub payload_stored_bytes: u64,
 }
 
 /// The VM a snapshot is of.
@@ -261,16 +292,21 @@ impl Manifest {
         Ok(())
     }
 
-    /// Encodes header line + JSON body.
+    /// Encodes header line + JSON body, as version [`FORMAT_VERSION`].
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_as(FORMAT_VERSION)
+    }
+
+    /// Encodes header line + JSON body with `version` in the header line.
+    pub fn encode_as(&self, version: Version) -> Vec<u8> {
         // Serialising plain data to JSON cannot fail (string keys only).
         let mut body = serde_json::to_vec_pretty(self).unwrap_or_default();
         body.push(b'\n');
         let crc = crc32c::crc32c(&body);
         let mut out = format!(
             "{MANIFEST_MAGIC} {}.{} len={} crc32c={crc:08x}\n",
-            FORMAT_VERSION.major,
-            FORMAT_VERSION.minor,
+            version.major,
+            version.minor,
             body.len()
         )
         .into_bytes();
@@ -317,7 +353,7 @@ impl Manifest {
             major: maj.parse().map_err(|_| bad())?,
             minor: min.parse().map_err(|_| bad())?,
         };
-        if version.major != FORMAT_MAJOR {
+        if !reads_major(version.major) {
             return Err(ReadError::UnsupportedVersion {
                 file: file.into(),
                 found: version,
@@ -428,9 +464,11 @@ mod tests {
             (v.major, v.minor, hl, len, crc),
             (1, 7, ok.len(), 12, 0xabcd)
         );
-        let v2 = b"VMCSNAP-MANIFEST 2.0 len=12 crc32c=0000abcd\n";
+        let v2 = b"VMCSNAP-MANIFEST 2.3 len=12 crc32c=0000abcd\n";
+        assert_eq!(Manifest::decode_header(p, v2, 100).unwrap().0.major, 2);
+        let v3 = b"VMCSNAP-MANIFEST 3.0 len=12 crc32c=0000abcd\n";
         assert!(matches!(
-            Manifest::decode_header(p, v2, 100),
+            Manifest::decode_header(p, v3, 100),
             Err(ReadError::UnsupportedVersion { .. })
         ));
         assert!(matches!(

@@ -80,13 +80,19 @@ impl Image {
         }
         plan.whole_blocks.sort_unstable();
         plan.whole_blocks.dedup();
+        // A page asked for twice is read once; two pages sharing one slot
+        // (v2 duplicates) share its bytes in the extent.
         located.sort_unstable();
-        located.dedup_by_key(|x| x.0);
+        located.dedup();
         let max_extent = max_extent.max(ps);
         let mut cur: Option<ReadExtent> = None;
         for (off, key, crc) in located {
             if let Some(e) = cur.as_mut() {
                 let end = e.offset + e.len;
+                if off + ps <= end {
+                    e.pages.push((key, off - e.offset, crc));
+                    continue;
+                }
                 if off >= end && off - end <= max_gap && off + ps - e.offset <= max_extent {
                     e.len = off + ps - e.offset;
                     e.pages.push((key, off - e.offset, crc));

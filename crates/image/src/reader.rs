@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use crate::error::{ReadError, Version};
 use crate::fileio::{open_file, read_at, read_body, read_header};
 use crate::format::{
-    get_u16, FileHeader, FileKind, PageKey, COMPRESSION_NONE, FORMAT_MAJOR, FORMAT_VERSION,
-    MAX_DEVICE_STATE_LEN,
+    get_u16, reads_major, FileHeader, FileKind, PageKey, COMPRESSION_NONE, ENTRY_FLAG_DUP,
+    FORMAT_VERSION, MAX_DEVICE_STATE_LEN,
 };
 use crate::index::{
     bitmap_body_len, decode_bitmaps, decode_index, index_body_len, BlockInfo, IndexContext,
@@ -67,8 +67,19 @@ pub struct ImageStats {
     pub pages_stored: u64,
     /// Zero pages.
     pub pages_zero: u64,
+    /// Pages stored once for several pages of equal bytes (v2), not
+    /// counting the page that owns the slot.
+    pub pages_duplicate: u64,
     /// Pages neither stored nor zero.
     pub pages_absent: u64,
+    /// Blocks of pages the guest wrote during the snapshot (v2).
+    pub blocks_hot: u32,
+    /// Blocks stored compressed (v2).
+    pub blocks_compressed: u32,
+    /// Bytes of the stored pages before compression.
+    pub payload_raw_bytes: u64,
+    /// Bytes of the stored pages as stored (after compression).
+    pub payload_stored_bytes: u64,
     /// Memory-image blocks.
     pub blocks: u32,
     /// Size of the memory image.
@@ -140,11 +151,19 @@ impl Image {
                     expected: kind.describe(),
                 });
             }
-            if n == 12 && get_u16(&pre, 8) != FORMAT_MAJOR {
+            if n == 12 && get_u16(&pre, 8) != version.major {
                 let found = Version {
                     major: get_u16(&pre, 8),
                     minor: get_u16(&pre, 10),
                 };
+                if reads_major(found.major) {
+                    return Err(ReadError::corrupt(
+                        path,
+                        format!(
+                            "format version {found}, the manifest's is {version}: files of two snapshots mixed"
+                        ),
+                    ));
+                }
                 return Err(ReadError::UnsupportedVersion {
                     file: path,
                     found,
@@ -217,6 +236,7 @@ impl Image {
             pages_per_block: manifest.pages_per_block,
             first_block: u64::from(mem.header.header_len),
             memory_len: mem.len,
+            major: version.major,
         };
         let (blocks, index) = decode_index(&cx, &body)?;
         drop(body);
@@ -345,12 +365,28 @@ impl Image {
         let pages_total: u64 = self.index.iter().map(|e| e.len() as u64).sum();
         let pages_stored: u64 = self.blocks.iter().map(|b| u64::from(b.page_count)).sum();
         let pages_zero: u64 = self.zero.iter().map(ZeroBitmap::count).sum();
+        let pages_duplicate: u64 = self
+            .index
+            .iter()
+            .flatten()
+            .filter(|e| e.is_stored() && e.flags & ENTRY_FLAG_DUP != 0)
+            .count() as u64;
         let files: u64 = self.manifest.files.all().iter().map(|(_, f)| f.size).sum();
+        let ps = self.manifest.page_size as u64;
         ImageStats {
             pages_total,
             pages_stored,
             pages_zero,
-            pages_absent: pages_total - pages_stored - pages_zero,
+            pages_duplicate,
+            pages_absent: pages_total - pages_stored - pages_duplicate - pages_zero,
+            blocks_hot: self.blocks.iter().filter(|b| b.is_hot()).count() as u32,
+            blocks_compressed: self
+                .blocks
+                .iter()
+                .filter(|b| b.compression != COMPRESSION_NONE)
+                .count() as u32,
+            payload_raw_bytes: pages_stored * ps,
+            payload_stored_bytes: self.blocks.iter().map(|b| u64::from(b.payload_len())).sum(),
             blocks: self.blocks.len() as u32,
             memory_bytes: self.manifest.files.memory.size,
             total_bytes: files + self.manifest_len,

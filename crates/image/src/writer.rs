@@ -1,11 +1,23 @@
 //! The streaming writer ([`ImageWriter`]).
 //!
-//! Pages are appended to `memory.img` in arrival order, grouped into blocks
-//! of up to `pages_per_block` pages and written with one `writev` per
-//! block; all-zero pages only set a bit. Memory use is bounded: one block
-//! buffer, the index (12 bytes per guest page), the zero bitmaps (1 bit per
-//! guest page) and the traces (8 bytes per entry); the last three go to
-//! disk at [`ImageWriter::commit`].
+//! Non-zero pages are grouped into blocks of up to `pages_per_block` pages;
+//! all-zero pages only set a bit. Format v2 (the default) keeps two open
+//! blocks, so that blocks have locality (Halite): pages the guest wrote
+//! while the snapshot ran ([`ImageWriter::add_hot_page`]) fill *hot*
+//! blocks in the order the guest first wrote them, every other page fills
+//! *cold* blocks in arrival order (guest-physical order for every stream
+//! QEMU sends). Full blocks are compressed by the worker pool of
+//! [`pipeline`](self) and appended in submission order with one `writev`
+//! each; a page whose bytes equal an earlier page's is stored once (the
+//! index points both at one slot). Format v1 ([`WriterOptions::v1`]) keeps
+//! one block in arrival order, uncompressed, without duplicates.
+//!
+//! Memory use is bounded: the open blocks, the blocks in flight in the
+//! pool, the index (12 bytes per guest page), the zero bitmaps and the
+//! pages-given bitmap (1 bit per guest page each), the duplicate table (16
+//! bytes of hash + 8 of key per stored page, v2) and the traces (8 bytes
+//! per entry); the index, bitmaps and traces go to disk at
+//! [`ImageWriter::commit`].
 //!
 //! Everything is written under a temporary directory next to the final
 //! one (`<name>.tmp-<pid>-<n>`); `commit` fsyncs every file, writes the
@@ -13,7 +25,7 @@
 //! fsyncs the parent. A snapshot that was not committed has no final name,
 //! and dropping an uncommitted writer removes its temporary directory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -22,18 +34,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use thiserror::Error;
 
 mod commit;
+pub mod pipeline;
 
+use crate::codec::Codec;
+use crate::error::Version;
 use crate::fileio::{new_image_id, write_all_vectored, write_body_file};
 use crate::format::{
     is_zero, pages_for, valid_page_size, BlockHeader, FileHeader, FileKind, PageKey,
-    BLOCK_ENTRY_LEN, BLOCK_HEADER_LEN, COMPRESSION_NONE, DEFAULT_PAGES_PER_BLOCK, FILE_HEADER_LEN,
-    MAX_BLOCK_PAYLOAD, MAX_DEVICE_STATE_LEN, MAX_NAME_LEN, MAX_PAGES_PER_BLOCK, MAX_RAM_BLOCKS,
-    MAX_TRACE_SECTIONS,
+    BLOCK_ENTRY_LEN, BLOCK_FLAG_HOT, BLOCK_HEADER_LEN, DEFAULT_PAGES_PER_BLOCK, ENTRY_FLAG_DUP,
+    FILE_HEADER_LEN, FORMAT_V1, FORMAT_VERSION, MAX_BLOCK_PAYLOAD, MAX_DEVICE_STATE_LEN,
+    MAX_NAME_LEN, MAX_PAGES_PER_BLOCK, MAX_RAM_BLOCKS, MAX_TRACE_SECTIONS,
 };
 use crate::index::{BlockInfo, IndexEntry, ZeroBitmap};
 use crate::list::TEMP_MARKER;
 use crate::manifest::{is_plain_name, DiskRef, Manifest, Metrics, QemuInfo, RamBlock, VmInfo};
 use crate::trace::{valid_section_name, TraceSection, TRACE_FAFL};
+use pipeline::{Done, Pool, WorkerInit};
 
 /// Why writing a snapshot failed.
 #[derive(Debug, Error)]
@@ -127,6 +143,16 @@ pub struct WriterOptions {
     pub pages_per_block: u16,
     /// Refuse to commit unless every guest page was given (default true).
     pub require_complete: bool,
+    /// Major format version to write: 2 (default) or 1 (uncompressed, one
+    /// block stream, no duplicates: readable by older vmcsnap builds).
+    pub format_major: u16,
+    /// Block compression (v2; default LZ4).
+    pub codec: Codec,
+    /// Store pages with equal bytes once (v2; default true).
+    pub dedup: bool,
+    /// Compression worker threads; 0 (default) = one fewer than the CPUs,
+    /// 1 to 4.
+    pub compress_threads: usize,
 }
 
 impl Default for WriterOptions {
@@ -134,8 +160,39 @@ impl Default for WriterOptions {
         WriterOptions {
             pages_per_block: DEFAULT_PAGES_PER_BLOCK,
             require_complete: true,
+            format_major: FORMAT_VERSION.major,
+            codec: Codec::default(),
+            dedup: true,
+            compress_threads: 0,
         }
     }
+}
+
+impl WriterOptions {
+    /// Options that write format 1.0 (what vmcsnap wrote before v2).
+    pub fn v1() -> Self {
+        WriterOptions {
+            format_major: 1,
+            codec: Codec::None,
+            dedup: false,
+            ..Default::default()
+        }
+    }
+
+    fn version(&self) -> Version {
+        if self.format_major == 1 {
+            FORMAT_V1
+        } else {
+            FORMAT_VERSION
+        }
+    }
+}
+
+/// A block being filled.
+#[derive(Debug, Default)]
+struct OpenBlock {
+    keys: Vec<(PageKey, u32)>,
+    payload: Vec<u8>,
 }
 
 /// A committed snapshot.
@@ -150,7 +207,6 @@ pub struct Committed {
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// Writes one snapshot; see the module documentation.
-#[derive(Debug)]
 pub struct ImageWriter {
     final_dir: PathBuf,
     tmp_dir: PathBuf,
@@ -161,18 +217,40 @@ pub struct ImageWriter {
     ram_pages: Vec<u32>,
     mem: Option<File>,
     mem_len: u64,
-    cur_keys: Vec<(PageKey, u32)>,
-    cur_payload: Vec<u8>,
+    /// Open blocks: `[cold, hot]`.
+    open: [OpenBlock; 2],
+    pool: Pool,
     list_buf: Vec<u8>,
     blocks: Vec<BlockInfo>,
     index: Vec<Vec<IndexEntry>>,
     zero: Vec<ZeroBitmap>,
+    /// One bit per guest page: given (stored, zero or duplicate).
+    given: Vec<Vec<u64>>,
+    /// Content hash → the page that stores those bytes (v2 dedup).
+    by_content: HashMap<u128, PageKey>,
+    /// Pages stored as a reference to an equal page: (page, owner, crc).
+    dups: Vec<(PageKey, PageKey, u32)>,
     traces: Vec<TraceSection>,
     device_len: Option<u64>,
     metrics: Metrics,
     pages_stored: u64,
+    raw_bytes: u64,
+    blocks_hot: u32,
+    blocks_compressed: u32,
     poisoned: bool,
     committed: bool,
+}
+
+impl std::fmt::Debug for ImageWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageWriter")
+            .field("final_dir", &self.final_dir)
+            .field("tmp_dir", &self.tmp_dir)
+            .field("opts", &self.opts)
+            .field("pages_stored", &self.pages_stored)
+            .field("blocks", &self.blocks.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl ImageWriter {
@@ -196,6 +274,14 @@ impl ImageWriter {
             return invalid(format!(
                 "page size {} is not a power of two in 4096..=65536",
                 meta.page_size
+            ));
+        }
+        if !(1..=2).contains(&opts.format_major)
+            || (opts.format_major == 1 && (opts.codec != Codec::None || opts.dedup))
+        {
+            return invalid(format!(
+                "format {} with compression {} and dedup {} cannot be written (v1 has neither)",
+                opts.format_major, opts.codec, opts.dedup
             ));
         }
         let ppb = opts.pages_per_block;
@@ -231,6 +317,7 @@ impl ImageWriter {
         // bytes and 1 bit per guest page. Fail cleanly, not by aborting.
         let mut index = Vec::new();
         let mut zero = Vec::new();
+        let mut given = Vec::new();
         for &p in &ram_pages {
             let mut v = Vec::new();
             if v.try_reserve_exact(p as usize).is_err() {
@@ -239,7 +326,12 @@ impl ImageWriter {
             v.resize(p as usize, IndexEntry::NONE);
             index.push(v);
             zero.push(ZeroBitmap::new(p));
+            given.push(vec![0u64; (p as usize).div_ceil(64)]);
         }
+        let threads = match opts.compress_threads {
+            0 => pipeline::auto_threads(),
+            n => n,
+        };
         if final_dir.exists() {
             return Err(WriteError::Exists(final_dir.into()));
         }
@@ -262,14 +354,20 @@ impl ImageWriter {
             opts,
             mem: None,
             mem_len: 0,
-            cur_keys: Vec::with_capacity(usize::from(ppb)),
-            cur_payload: Vec::with_capacity(usize::from(ppb) * 4096),
+            open: Default::default(),
+            pool: Pool::new(opts.codec, threads),
             list_buf: Vec::new(),
             blocks: Vec::new(),
+            given,
+            by_content: HashMap::new(),
+            dups: Vec::new(),
             traces: Vec::new(),
             device_len: None,
             metrics: Metrics::default(),
             pages_stored: 0,
+            raw_bytes: 0,
+            blocks_hot: 0,
+            blocks_compressed: 0,
             poisoned: false,
             committed: false,
         };
@@ -339,6 +437,19 @@ impl ImageWriter {
         })
     }
 
+    /// Runs `f` in each compression worker thread as it starts (e.g. to
+    /// lower its scheduling priority). Call before the first page.
+    pub fn on_worker_start(&mut self, f: WorkerInit) {
+        self.pool.set_init(f);
+    }
+
+    /// The header every binary file of this snapshot starts from.
+    pub(crate) fn file_header(&self) -> FileHeader {
+        let mut h = FileHeader::new(self.image_id);
+        h.version = self.opts.version();
+        h
+    }
+
     fn check_key(&self, key: PageKey) -> Result<(), WriteError> {
         let pages = *self
             .ram_pages
@@ -351,17 +462,43 @@ impl ImageWriter {
                 pages,
             });
         }
-        let (r, p) = (key.ram_block as usize, key.page as usize);
-        if self.index[r][p].is_stored() || self.zero[r].is_zero(key.page) {
+        if self.is_given(key) {
             return Err(WriteError::DuplicatePage(key));
         }
         Ok(())
     }
 
+    fn is_given(&self, key: PageKey) -> bool {
+        let p = key.page as usize;
+        self.given[key.ram_block as usize][p / 64] & (1 << (p % 64)) != 0
+    }
+
+    fn set_given(&mut self, key: PageKey) {
+        let p = key.page as usize;
+        self.given[key.ram_block as usize][p / 64] |= 1 << (p % 64);
+    }
+
     /// Adds a page. An all-zero page only sets its bit in the zero bitmap;
-    /// any other page is appended to the current block. Each page may be
-    /// given once ([`WriteError::DuplicatePage`] otherwise).
+    /// any other page goes to a cold block (or, v2, is recorded as a
+    /// duplicate of an equal page already given). Each page may be given
+    /// once ([`WriteError::DuplicatePage`] otherwise).
     pub fn add_page(&mut self, ram_block: u32, page: u32, data: &[u8]) -> Result<(), WriteError> {
+        self.add(PageKey { ram_block, page }, data, false)
+    }
+
+    /// [`add_page`](Self::add_page) for a page the guest wrote while the
+    /// snapshot ran: v2 puts it in a hot block, in the order given (the
+    /// guest's first-access order); v1 treats it like any page.
+    pub fn add_hot_page(
+        &mut self,
+        ram_block: u32,
+        page: u32,
+        data: &[u8],
+    ) -> Result<(), WriteError> {
+        self.add(PageKey { ram_block, page }, data, true)
+    }
+
+    fn add(&mut self, key: PageKey, data: &[u8], hot: bool) -> Result<(), WriteError> {
         if self.poisoned {
             return Err(WriteError::Poisoned);
         }
@@ -371,25 +508,37 @@ impl ImageWriter {
                 found: data.len(),
             });
         }
-        let key = PageKey { ram_block, page };
         self.check_key(key)?;
+        self.set_given(key);
         if is_zero(data) {
-            self.zero[ram_block as usize].set(page);
+            self.zero[key.ram_block as usize].set(key.page);
             return Ok(());
         }
         let crc = crc32c::crc32c(data);
-        let slot = self.cur_keys.len() as u16;
-        self.index[ram_block as usize][page as usize] = IndexEntry {
-            block: self.blocks.len() as u32,
-            slot,
-            flags: 0,
-            crc,
-        };
-        self.cur_keys.push((key, crc));
-        self.cur_payload.extend_from_slice(data);
+        if self.opts.dedup {
+            let h = xxhash_rust::xxh3::xxh3_128(data);
+            match self.by_content.get(&h) {
+                Some(&owner) => {
+                    self.dups.push((key, owner, crc));
+                    return Ok(());
+                }
+                None => {
+                    self.by_content.insert(h, key);
+                }
+            }
+        }
+        let which = usize::from(hot && self.opts.format_major >= 2);
+        let ppb = usize::from(self.opts.pages_per_block);
+        let open = &mut self.open[which];
+        if open.payload.capacity() == 0 {
+            open.payload = self.pool.buffer();
+            open.payload.reserve(ppb * self.page_size);
+        }
+        open.keys.push((key, crc));
+        open.payload.extend_from_slice(data);
         self.pages_stored += 1;
-        if self.cur_keys.len() >= usize::from(self.opts.pages_per_block) {
-            self.flush_block()?;
+        if open.keys.len() >= ppb {
+            self.submit(which)?;
         }
         Ok(())
     }
@@ -399,64 +548,133 @@ impl ImageWriter {
         if self.poisoned {
             return Err(WriteError::Poisoned);
         }
-        self.check_key(PageKey { ram_block, page })?;
+        let key = PageKey { ram_block, page };
+        self.check_key(key)?;
+        self.set_given(key);
         self.zero[ram_block as usize].set(page);
         Ok(())
     }
 
-    /// Ends the current block early (the next page starts a new one), so a
+    /// Ends the open blocks early (the next pages start new ones), so a
     /// caller can keep pages that belong together in one block.
     pub fn flush_block(&mut self) -> Result<(), WriteError> {
-        if self.cur_keys.is_empty() {
-            return Ok(());
-        }
         if self.poisoned {
             return Err(WriteError::Poisoned);
         }
-        let page_count = self.cur_keys.len() as u16;
+        for which in [1, 0] {
+            if !self.open[which].keys.is_empty() {
+                self.submit(which)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands open block `which` to the pool; appends what is ready.
+    fn submit(&mut self, which: usize) -> Result<(), WriteError> {
+        let open = std::mem::take(&mut self.open[which]);
+        let ready = self.pool.submit(which == 1, open.keys, open.payload);
+        self.append_all(ready)
+    }
+
+    fn append_all(&mut self, ready: Vec<Done>) -> Result<(), WriteError> {
+        for d in ready {
+            self.append(&d)?;
+            self.pool.recycle(d.job.raw);
+        }
+        Ok(())
+    }
+
+    /// Waits for the pool and appends every block still in flight.
+    fn drain_pool(&mut self) -> Result<(), WriteError> {
+        self.flush_block()?;
+        match self.pool.finish() {
+            Some(ready) => self.append_all(ready),
+            None => {
+                self.poisoned = true;
+                Err(WriteError::InvalidMeta(
+                    "a compression worker stopped with a block; the snapshot was not committed"
+                        .into(),
+                ))
+            }
+        }
+    }
+
+    /// Appends one finished block to the memory image and indexes its pages.
+    fn append(&mut self, d: &Done) -> Result<(), WriteError> {
+        let page_count = d.job.keys.len() as u16;
+        let seq = self.blocks.len() as u32;
         self.list_buf.clear();
-        for (k, crc) in &self.cur_keys {
+        for (k, crc) in &d.job.keys {
             self.list_buf.extend_from_slice(&k.ram_block.to_le_bytes());
             self.list_buf.extend_from_slice(&k.page.to_le_bytes());
             self.list_buf.extend_from_slice(&crc.to_le_bytes());
         }
+        let payload = d.payload();
+        let flags = if d.job.hot { BLOCK_FLAG_HOT } else { 0 };
         let mut h = BlockHeader {
-            seq: self.blocks.len() as u32,
+            seq,
             page_count,
-            compression: COMPRESSION_NONE,
-            flags: 0,
-            payload_len: self.cur_payload.len() as u32,
-            raw_len: self.cur_payload.len() as u32,
+            compression: d.codec.id(),
+            flags,
+            payload_len: payload.len() as u32,
+            raw_len: d.job.raw.len() as u32,
             crc: 0,
         };
         let enc = h.encode();
         let mut crc = crc32c::crc32c(&enc[..BLOCK_HEADER_LEN - 4]);
         crc = crc32c::crc32c_append(crc, &self.list_buf);
-        h.crc = crc32c::crc32c_append(crc, &self.cur_payload);
-        let stored_len = (BLOCK_HEADER_LEN + self.list_buf.len() + self.cur_payload.len()) as u32;
+        h.crc = crc32c::crc32c_append(crc, payload);
+        let stored_len = (BLOCK_HEADER_LEN + self.list_buf.len() + payload.len()) as u32;
         debug_assert_eq!(
             self.list_buf.len(),
             usize::from(page_count) * BLOCK_ENTRY_LEN
         );
         // One writev per block: no copy into a user-space buffer.
-        self.io(FileKind::Memory, |w| {
+        let list = std::mem::take(&mut self.list_buf);
+        let written = self.io(FileKind::Memory, |w| {
             let mem = w
                 .mem
                 .as_mut()
                 .ok_or_else(|| io::Error::other("memory image closed"))?;
-            write_all_vectored(mem, &[&h.encode(), &w.list_buf, &w.cur_payload])
-        })?;
+            write_all_vectored(mem, &[&h.encode(), &list, payload])
+        });
+        self.list_buf = list;
+        written?;
+        for (slot, (k, crc)) in d.job.keys.iter().enumerate() {
+            self.index[k.ram_block as usize][k.page as usize] = IndexEntry {
+                block: seq,
+                slot: slot as u16,
+                flags: 0,
+                crc: *crc,
+            };
+        }
         self.blocks.push(BlockInfo {
             offset: self.mem_len,
             stored_len,
             page_count,
-            compression: COMPRESSION_NONE,
-            flags: 0,
+            compression: d.codec.id(),
+            flags,
         });
         self.mem_len += u64::from(stored_len);
-        self.cur_keys.clear();
-        self.cur_payload.clear();
+        self.raw_bytes += d.job.raw.len() as u64;
+        self.blocks_hot += u32::from(d.job.hot);
+        self.blocks_compressed += u32::from(d.codec != Codec::None);
         Ok(())
+    }
+
+    /// Points every duplicate page at its owner's slot (once every block
+    /// is appended).
+    fn resolve_dups(&mut self) {
+        for &(key, owner, crc) in &self.dups {
+            let o = self.index[owner.ram_block as usize][owner.page as usize];
+            debug_assert!(o.is_stored() && o.crc == crc);
+            self.index[key.ram_block as usize][key.page as usize] = IndexEntry {
+                block: o.block,
+                slot: o.slot,
+                flags: ENTRY_FLAG_DUP,
+                crc,
+            };
+        }
     }
 
     /// Writes the device-state blob (once).
@@ -474,7 +692,7 @@ impl ImageWriter {
             )));
         }
         let path = self.file_path(FileKind::Device);
-        let header = FileHeader::new(self.image_id);
+        let header = self.file_header();
         let len = self.io(FileKind::Device, |_| {
             write_body_file(&path, FileKind::Device, header, |w| w.write_all(data))
         })?;

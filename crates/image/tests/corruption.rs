@@ -107,17 +107,17 @@ fn foreign_file_of_the_right_size() {
 fn unknown_major_version_in_each_file() {
     let fx = Fixture::new();
     for file in DATA_FILES {
-        let dir = fx.damaged(file, |d| d[8] = 2);
+        let dir = fx.damaged(file, |d| d[8] = 3);
         let e = open_err(&dir);
         match &e {
             ReadError::UnsupportedVersion {
                 found, supported, ..
             } => {
-                assert_eq!((found.major, supported.major), (2, 1));
+                assert_eq!((found.major, supported.major), (3, 2));
             }
             _ => panic!("{file}: {e}"),
         }
-        assert!(e.to_string().contains("2.0 is not supported"), "{e}");
+        assert!(e.to_string().contains("3.0 is not supported"), "{e}");
     }
     let dir = fx.damaged("manifest", |d| d[17] = b'3');
     assert!(matches!(
@@ -129,7 +129,7 @@ fn unknown_major_version_in_each_file() {
 #[test]
 fn newer_minor_version_is_accepted() {
     let fx = Fixture::new();
-    // A manifest from version 1.9 with a field this build does not know.
+    // A manifest from version 2.9 with a field this build does not know.
     let dir = fx.damaged("manifest", |d| {
         let nl = d.iter().position(|&c| c == b'\n').unwrap();
         let mut v: serde_json::Value = serde_json::from_slice(&d[nl + 1..]).unwrap();
@@ -137,7 +137,7 @@ fn newer_minor_version_is_accepted() {
         v["metrics"]["new_metric"] = serde_json::json!(5);
         let body = serde_json::to_vec(&v).unwrap();
         let head = format!(
-            "VMCSNAP-MANIFEST 1.9 len={} crc32c={:08x}\n",
+            "VMCSNAP-MANIFEST 2.9 len={} crc32c={:08x}\n",
             body.len(),
             crc32c::crc32c(&body)
         );

@@ -4,18 +4,19 @@ mod common;
 
 use common::*;
 use vmcsnap_image::{
-    Image, ImageWriter, PageKey, PageState, WriteError, WriterOptions, FORMAT_VERSION, TRACE_FAFL,
+    Image, ImageWriter, PageKey, PageState, WriteError, WriterOptions, FORMAT_V1, TRACE_FAFL,
 };
 
 #[test]
-fn round_trip_everything() {
+fn round_trip_everything_v1() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("snap1");
-    let committed = build(&dir);
+    let committed = build_v1(&dir);
     assert_eq!(committed.path, dir);
 
     let img = Image::open(&dir).unwrap();
-    assert_eq!(img.version(), FORMAT_VERSION);
+    assert_eq!(img.version(), FORMAT_V1);
+    assert!(img.manifest().storage.is_none());
     let m = img.manifest();
     assert_eq!(m, &committed.manifest);
     assert_eq!(m.vm.name, "a");
@@ -101,10 +102,10 @@ fn round_trip_everything() {
 }
 
 #[test]
-fn read_plans_merge_and_read_back() {
+fn read_plans_merge_and_read_back_v1() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("s");
-    build(&dir);
+    build_v1(&dir);
     let img = Image::open(&dir).unwrap();
     let fafl = img.fafl().to_vec();
     // The FAFL pages were written first: they sit in the first block.
@@ -154,6 +155,7 @@ fn flush_block_ends_blocks_early() {
     let opts = WriterOptions {
         pages_per_block: 64,
         require_complete: false,
+        ..Default::default()
     };
     let mut w = ImageWriter::create_with(&dir, meta(&[("mem", 100 * PS as u64)]), opts).unwrap();
     for p in [1u32, 2, 3] {

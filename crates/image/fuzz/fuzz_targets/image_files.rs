@@ -55,7 +55,7 @@ fn base() -> &'static Base {
             device_state_format: "fuzz".into(),
             ..Default::default()
         };
-        let opts = WriterOptions { pages_per_block: 4, require_complete: true };
+        let opts = WriterOptions { pages_per_block: 4, require_complete: true, ..Default::default() };
         let mut w = ImageWriter::create_with(&dir, meta, opts).unwrap();
         for (r, n) in [(0u32, 20u32), (1, 7)] {
             for p in 0..n {

@@ -1,11 +1,10 @@
 //! Reading and checking whole memory-image blocks.
 
 use super::Image;
+use crate::codec::{decompress, Codec};
 use crate::error::ReadError;
 use crate::fileio::read_vec_at;
-use crate::format::{
-    get_u32, BlockHeader, PageKey, BLOCK_ENTRY_LEN, BLOCK_HEADER_LEN, COMPRESSION_NONE,
-};
+use crate::format::{get_u32, BlockHeader, PageKey, BLOCK_ENTRY_LEN, BLOCK_HEADER_LEN};
 use crate::index::BlockInfo;
 
 /// A memory-image block, read and checked.
@@ -103,6 +102,7 @@ impl Image {
         if h.seq != i
             || h.page_count != info.page_count
             || h.compression != info.compression
+            || h.flags != info.flags
             || h.payload_len != info.payload_len()
             || u64::from(h.raw_len) != u64::from(h.page_count) * self.manifest.page_size as u64
         {
@@ -137,18 +137,32 @@ impl Image {
             pages.push(key);
             crcs.push(crc);
         }
-        if info.compression != COMPRESSION_NONE {
-            return Err(ReadError::UnsupportedCompression {
+        let ps = self.page_size();
+        let start = BLOCK_HEADER_LEN + list_len;
+        let codec =
+            Codec::from_id(info.compression).map_err(|_| ReadError::UnsupportedCompression {
                 file: self.mem_path.clone(),
                 block: i,
                 codec: info.compression,
-            });
+            })?;
+        if codec != Codec::None {
+            // Bounded: raw_len = page_count × page_size, checked above.
+            let mut out = vec![0u8; h.raw_len as usize];
+            decompress(codec, &raw[start..], &mut out)
+                .map_err(|e| corrupt(format!("the compressed payload is damaged ({e})")))?;
+            raw.truncate(start);
+            raw.extend_from_slice(&out);
         }
-        let ps = self.page_size();
-        let start = BLOCK_HEADER_LEN + list_len;
         for (slot, page) in raw[start..].chunks_exact(ps).enumerate() {
             if crc32c::crc32c(page) != crcs[slot] {
-                return Err(self.page_crc_error(i, info.offset + (start + slot * ps) as u64));
+                // In a compressed block the offset is the block's: the
+                // page has no offset of its own in the file.
+                let at = if codec == Codec::None {
+                    info.offset + (start + slot * ps) as u64
+                } else {
+                    info.offset
+                };
+                return Err(self.page_crc_error(i, at));
             }
         }
         raw.drain(..start);

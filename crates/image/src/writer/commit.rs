@@ -11,9 +11,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{Committed, ImageWriter, WriteError};
 use crate::fileio::{sync_dir, write_body_file};
-use crate::format::{FileHeader, FileKind, PageKey, FILE_HEADER_LEN};
+use crate::format::{FileKind, PageKey, FILE_HEADER_LEN};
 use crate::index::{encode_bitmaps, encode_index};
-use crate::manifest::{FileRef, Files, Manifest};
+use crate::manifest::{FileRef, Files, Manifest, Storage};
 use crate::trace::{encode_trace, TRACE_FAFL};
 
 impl ImageWriter {
@@ -43,8 +43,9 @@ impl ImageWriter {
         if self.opts.require_complete {
             self.check_complete()?;
         }
-        self.flush_block()?;
-        let mut header = FileHeader::new(self.image_id);
+        self.drain_pool()?;
+        self.resolve_dups();
+        let mut header = self.file_header();
         header.body_len = self.mem_len - FILE_HEADER_LEN as u64;
         header.count = self.blocks.len() as u32;
         header.page_size = self.page_size as u32;
@@ -92,7 +93,7 @@ impl ImageWriter {
             device: file_ref(FileKind::Device, device_len),
             trace: file_ref(FileKind::Trace, trace_len),
         });
-        let bytes = manifest.encode();
+        let bytes = manifest.encode_as(self.opts.version());
         self.io(FileKind::Manifest, |w| {
             let mut f = File::options()
                 .write(true)
@@ -131,14 +132,15 @@ impl ImageWriter {
     fn check_complete(&self) -> Result<(), WriteError> {
         let mut missing = 0u64;
         let mut first = None;
-        for (r, entries) in self.index.iter().enumerate() {
-            for (p, e) in entries.iter().enumerate() {
-                if !e.is_stored() && !self.zero[r].is_zero(p as u32) {
+        for (r, &pages) in self.ram_pages.iter().enumerate() {
+            for p in 0..pages {
+                let key = PageKey {
+                    ram_block: r as u32,
+                    page: p,
+                };
+                if !self.is_given(key) {
                     missing += 1;
-                    first.get_or_insert(PageKey {
-                        ram_block: r as u32,
-                        page: p as u32,
-                    });
+                    first.get_or_insert(key);
                 }
             }
         }
@@ -151,7 +153,7 @@ impl ImageWriter {
     fn manifest(&self, files: Files) -> Manifest {
         let mut metrics = self.metrics.clone();
         let zero = self.pages_zero();
-        metrics.pages_total = Some(self.pages_stored + zero);
+        metrics.pages_total = Some(self.pages_stored + self.dups.len() as u64 + zero);
         metrics.pages_zero = Some(zero);
         metrics.bytes_written = Some(files.all().iter().map(|(_, f)| f.size).sum());
         if metrics.pages_guest_written.is_none() {
@@ -176,6 +178,15 @@ impl ImageWriter {
             files,
             metrics,
             labels: self.meta.labels.clone(),
+            storage: (self.opts.format_major >= 2).then(|| Storage {
+                codec: self.opts.codec.name().into(),
+                blocks_hot: self.blocks_hot,
+                blocks_compressed: self.blocks_compressed,
+                blocks_raw_fallback: self.pool.raw_fallback,
+                pages_duplicate: self.dups.len() as u64,
+                payload_raw_bytes: self.raw_bytes,
+                payload_stored_bytes: self.blocks.iter().map(|b| u64::from(b.payload_len())).sum(),
+            }),
         }
     }
 }

@@ -10,12 +10,24 @@ use vmcsnap_image::{
 
 pub const PS: usize = 4096;
 
-/// Deterministic page contents; `None` = zero page.
+/// Deterministic page contents; `None` = zero page. Pages `p % 11 == 4`
+/// (not zero) all hold the same bytes (v2 stores them once), pages
+/// `p % 3 == 1` compress well, the others are random (stored raw).
 pub fn page_content(key: PageKey) -> Option<Vec<u8>> {
     if key.page % 5 == 3 {
         return None;
     }
+    if key.page % 11 == 4 {
+        return Some(b"the same page ".iter().copied().cycle().take(PS).collect());
+    }
     let mut p = vec![0u8; PS];
+    if key.page % 3 == 1 {
+        let tag = format!("page {}:{} ", key.ram_block, key.page);
+        for (b, t) in p.iter_mut().zip(tag.bytes().cycle()).take(PS / 2) {
+            *b = t;
+        }
+        return Some(p);
+    }
     let mut x = u64::from(key.ram_block) << 32 | u64::from(key.page);
     for chunk in p.chunks_mut(8) {
         x = x
@@ -87,11 +99,32 @@ pub fn build(dir: &Path) -> vmcsnap_image::Committed {
     )
 }
 
+/// [`build`] in format 1.0 (one block stream, uncompressed, no duplicates).
+pub fn build_v1(dir: &Path) -> vmcsnap_image::Committed {
+    build_opts(
+        dir,
+        &[("pc.ram", 50 * PS as u64 - 100), ("vga", 12 * PS as u64)],
+        WriterOptions {
+            pages_per_block: 8,
+            ..WriterOptions::v1()
+        },
+    )
+}
+
 pub fn build_with(dir: &Path, ram: &[(&str, u64)], ppb: u16) -> vmcsnap_image::Committed {
     let opts = WriterOptions {
         pages_per_block: ppb,
         ..Default::default()
     };
+    build_opts(dir, ram, opts)
+}
+
+/// Writes pages in [`arrival_order`]: the FAFL pages with `add_hot_page`.
+pub fn build_opts(
+    dir: &Path,
+    ram: &[(&str, u64)],
+    opts: WriterOptions,
+) -> vmcsnap_image::Committed {
     let mut w = ImageWriter::create_with(dir, meta(ram), opts).unwrap();
     let pages: Vec<u32> = ram
         .iter()
@@ -100,6 +133,7 @@ pub fn build_with(dir: &Path, ram: &[(&str, u64)], ppb: u16) -> vmcsnap_image::C
     let (order, fafl) = arrival_order(&pages);
     for (i, k) in order.iter().enumerate() {
         match page_content(*k) {
+            Some(d) if fafl.contains(k) => w.add_hot_page(k.ram_block, k.page, &d).unwrap(),
             Some(d) => w.add_page(k.ram_block, k.page, &d).unwrap(),
             // Half the zero pages as data, half as zero-page records.
             None if i % 2 == 0 => w.add_page(k.ram_block, k.page, &[0u8; PS]).unwrap(),
