@@ -142,9 +142,11 @@ pub(crate) fn dispatch(
             name,
             reference,
             fault,
+            storage,
         } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
             let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
+            let writer = crate::snapshot::writer_options(storage.as_deref())?;
             let fault = fault
                 .map(|f| f.parse())
                 .transpose()
@@ -158,6 +160,7 @@ pub(crate) fn dispatch(
                 fault,
                 vm_config,
                 target: None,
+                writer,
             };
             let mut hooks: Box<dyn crate::snapshot::Hooks> = match fault {
                 Some(crate::fault::Fault::PanicWhenPaused) => {

@@ -19,8 +19,10 @@
 //! * **Pages** → `add_page` / `add_zero_page`, keyed by (block index,
 //!   offset / page size). A ZERO record only sets the bitmap bit.
 //! * **Guest-written pages** ([`PageOrigin::GuestWrite`](vmcsnap_migstream::PageOrigin),
-//!   background snapshot only) → the `fafl` trace, in stream order, and the
-//!   `pages_guest_written` metric.
+//!   background snapshot only) → the `fafl` trace, in stream order, the
+//!   `pages_guest_written` metric, and the image's hot locality blocks
+//!   (`add_hot_page`: in the order the guest wrote them, apart from the
+//!   address-ordered scan).
 //! * **Device state** (every FULL device section, verbatim) → `device.bin`,
 //!   format [`DEVICE_STATE_FORMAT`].
 //! * **End of stream** → [`Captured`]: complete but uncommitted, so the
@@ -104,5 +106,5 @@ pub use progress::{CaptureProgress, CaptureStats, Phase};
 pub use run::capture;
 pub use stage::SCRATCH_NAME;
 
-pub use vmcsnap_image::{DiskRef, Metrics, WriterOptions};
+pub use vmcsnap_image::{Codec, DiskRef, Metrics, WorkerInit, WriterOptions};
 pub use vmcsnap_migstream::ReaderOptions;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde_json::Value;
-use vmcsnap_image::{DiskRef, WriterOptions};
+use vmcsnap_image::{DiskRef, WorkerInit, WriterOptions};
 use vmcsnap_migstream::ReaderOptions;
 
 /// What `device.bin` holds in an image written by this crate (the
@@ -97,6 +97,10 @@ pub struct CaptureOptions {
     /// `require_complete` should stay on: a capture whose stream misses
     /// pages is not a snapshot.
     pub writer: WriterOptions,
+    /// Runs first in each compression worker thread of the image writer
+    /// (the agent lowers their priority there, so that compression takes
+    /// CPU the guests leave idle).
+    pub compress_worker_init: Option<WorkerInit>,
     /// Stream reader settings (page size, device-state limit, vmdesc policy).
     pub reader: ReaderOptions,
     /// The progress callback runs each time this many more stream bytes
@@ -119,6 +123,7 @@ impl CaptureOptions {
             labels: BTreeMap::new(),
             device_state_format: DEVICE_STATE_FORMAT.to_owned(),
             writer: WriterOptions::default(),
+            compress_worker_init: None,
             reader: ReaderOptions::default(),
             progress_interval_bytes: 64 << 20,
         }

@@ -201,7 +201,10 @@ impl Run<'_> {
             .iter()
             .map(|b| (b.used_length / page_size) as u32)
             .collect();
-        let writer = ImageWriter::create_with(self.final_dir, meta, self.opts.writer)?;
+        let mut writer = ImageWriter::create_with(self.final_dir, meta, self.opts.writer)?;
+        if let Some(init) = &self.opts.compress_worker_init {
+            writer.on_worker_start(init.clone());
+        }
         if self.opts.mode == CaptureMode::Precopy {
             self.stage = Some(PageStage::create(
                 writer.temp_path(),
@@ -237,6 +240,7 @@ impl Run<'_> {
                 Some(&self.fill_page[..])
             }
         };
+        let mut hot = false;
         match origin {
             PageOrigin::Resent => {
                 self.pages_resent += 1;
@@ -253,12 +257,15 @@ impl Run<'_> {
             PageOrigin::GuestWrite if self.opts.mode == CaptureMode::BackgroundSnapshot => {
                 writer.trace_push(key)?;
                 self.pages_guest_written += 1;
+                hot = true;
             }
             PageOrigin::GuestWrite | PageOrigin::Scan => {}
         }
         match (&mut self.stage, data) {
             (Some(stage), Some(d)) => stage.page(key.ram_block, key.page, d)?,
             (Some(stage), None) => stage.zero(key.ram_block, key.page),
+            // Guest-written pages go to hot locality blocks (format v2).
+            (None, Some(d)) if hot => writer.add_hot_page(key.ram_block, key.page, d)?,
             (None, Some(d)) => writer.add_page(key.ram_block, key.page, d)?,
             (None, None) => writer.add_zero_page(key.ram_block, key.page)?,
         }

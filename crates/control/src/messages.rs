@@ -67,6 +67,10 @@ pub enum Request {
         /// `capture-error-after=BYTES` (see the agent's `fault` module).
         #[serde(default)]
         fault: Option<String>,
+        /// How the memory image is stored: `lz4` (default), `zstd`,
+        /// `none` (format 2 uncompressed) or `v1` (format 1.0).
+        #[serde(default)]
+        storage: Option<String>,
     },
     /// Take a consistent snapshot of every VM of the cluster at once
     /// (HotSnap's coordinated protocol, with the switch's packet mediator)

@@ -44,6 +44,7 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
             name: Some("s1".into()),
             reference: Some(PathBuf::from("snapshots/s0")),
             fault: None,
+            storage: Some("zstd".into()),
         },
         Request::ClusterSnapshot {
             mode: "hot".into(),

@@ -1,13 +1,13 @@
-//! The vmcsnap snapshot image format, version 1.
+//! The vmcsnap snapshot image format, version 2 (reads version 1).
 //!
 //! A snapshot of one VM is a directory:
 //!
 //! ```text
 //! <root>/<name>/
-//!   manifest     "VMCSNAP-MANIFEST 1.0 len=N crc32c=X\n" + JSON: VM config, QEMU version and
-//!                machine, RAM blocks, disks, metrics, and the name + size of every file below
-//!   memory.img   header | block 0 | block 1 | ...    non-zero pages in arrival order
-//!   pages.idx    header | block table | per RAM block: page → (block, slot, crc)
+//!   manifest     "VMCSNAP-MANIFEST 2.0 len=N crc32c=X\n" + JSON: VM config, QEMU version and
+//!                machine, RAM blocks, disks, metrics, storage, and the name + size of every file below
+//!   memory.img   header | block 0 | block 1 | ...    non-zero pages in locality blocks
+//!   pages.idx    header | block table | per RAM block: page → (block, slot, flags, crc)
 //!   zero.bmp     header | per RAM block: one bit per page, set = zero page
 //!   device.bin   header | device-state blob
 //!   trace.bin    header | named sections of page keys ("fafl": guest writes, in order)
@@ -16,13 +16,17 @@
 //! +-------------------+----------------------------------------------+-------
 //! | file header (64)  | block 0                                      | block 1 ...
 //! | magic VMCSNMEM,   | +-------------+-------------------+--------+ |
-//! | version, image id,| | header (32) | page list         | pages  | |
-//! | page size, blocks | | MBLK seq n  | n × (ram_block,   | n ×    | |
-//! | header CRC        | | compression | page, page CRC)   | 4 KiB  | |
-//! |                   | | CRC32C of header+list+pages     |        | |
+//! | version, image id,| | header (32) | page list         | pages, | |
+//! | page size, blocks | | MBLK seq n  | n × (ram_block,   | LZ4 or | |
+//! | header CRC        | | codec, flags| page, page CRC)   | zstd   | |
+//! |                   | | CRC32C of header+list+stored payload       | |
 //! +-------------------+----------------------------------------------+-------
 //! ```
 //!
+//! Version 2 adds hot blocks (pages the guest wrote during the snapshot,
+//! in first-write order; the rest in address order), per-block
+//! compression ([`codec`]) by a worker pool that never blocks the capture
+//! (`writer::pipeline`), and duplicate pages stored once (index flag).
 //! Every binary file starts with the same 64-byte header (magic, version,
 //! image id, body length, CRC of the body, CRC of the header). Integers are
 //! little-endian. `docs/image-format.md` describes every byte, the commit
@@ -107,4 +111,5 @@ pub use plan::{ReadExtent, ReadPlan};
 pub use reader::{Block, Image, ImageStats, PageLocation, PageState};
 pub use trace::{TraceSection, TRACE_FAFL};
 pub use verify::{BadBlock, VerifyReport};
+pub use writer::pipeline::WorkerInit;
 pub use writer::{Committed, ImageMeta, ImageWriter, WriteError, WriterOptions};

@@ -112,6 +112,11 @@ pub enum Command {
         /// after SECONDS (commit-stall-deadline=SECONDS), to check what a failure leaves.
         #[arg(long, hide = true, value_name = "FAULT", conflicts_with = "cluster")]
         inject_fault: Option<String>,
+        /// How the memory image is stored: lz4 (default: compressed locality blocks, equal
+        /// pages once), zstd (smaller, slower to write), none (no compression) or v1 (image
+        /// format 1.0, for older vmcsnap releases).
+        #[arg(long, value_parser = ["lz4", "zstd", "none", "v1"], conflicts_with = "cluster")]
+        storage: Option<String>,
         /// With --cluster: cut each VM once its QEMU read everything sent to it, without
         /// checking (cut probes) that QEMU handed it all to the guest; frames QEMU still held
         /// are then missing from a restore. To measure what the probes change.

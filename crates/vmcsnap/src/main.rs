@@ -181,6 +181,7 @@ fn run(cli: Cli) -> Result<()> {
             name,
             reference,
             inject_fault,
+            storage,
             json,
             ..
         } => {
@@ -195,6 +196,7 @@ fn run(cli: Cli) -> Result<()> {
                     name,
                     reference,
                     fault: inject_fault,
+                    storage,
                 },
             )?;
             output::json_or(json, &v, || output::snapshot(&v))

@@ -267,6 +267,25 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
     let img = vmcsnap_agent::image::Image::open(dir)
         .with_context(|| format!("snapshot {}", dir.display()))?;
     let st = img.stats();
+    let mut sizes: Vec<u32> = img.blocks().iter().map(|b| b.stored_len).collect();
+    sizes.sort_unstable();
+    let size_at = |q: f64| {
+        sizes
+            .get(((sizes.len().max(1) - 1) as f64 * q) as usize)
+            .copied()
+            .unwrap_or(0)
+    };
+    let ratio = if st.payload_stored_bytes > 0 {
+        st.payload_raw_bytes as f64 / st.payload_stored_bytes as f64
+    } else {
+        1.0
+    };
+    let stream_bytes = img
+        .manifest()
+        .metrics
+        .other
+        .get("stream_bytes")
+        .and_then(Value::as_u64);
     let report = verify.then(|| img.verify());
     let bad: Vec<Value> = report
         .iter()
@@ -281,7 +300,13 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
             "pages_total": st.pages_total, "pages_stored": st.pages_stored, "pages_zero": st.pages_zero,
             "pages_absent": st.pages_absent, "blocks": st.blocks, "memory_bytes": st.memory_bytes,
             "total_bytes": st.total_bytes, "device_state_bytes": st.device_state_bytes,
+            "pages_duplicate": st.pages_duplicate, "blocks_hot": st.blocks_hot,
+            "blocks_compressed": st.blocks_compressed, "payload_raw_bytes": st.payload_raw_bytes,
+            "payload_stored_bytes": st.payload_stored_bytes, "compression_ratio": ratio,
+            "stream_bytes": stream_bytes,
+            "block_bytes": { "min": size_at(0.0), "median": size_at(0.5), "max": size_at(1.0) },
         },
+        "format": img.version().to_string(),
         "fafl_len": img.fafl().len(),
         "verify": report.as_ref().map(|r| serde_json::json!({
             "ok": r.is_ok(), "blocks_checked": r.blocks_checked, "pages_checked": r.pages_checked,
@@ -310,8 +335,23 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         }
         println!("  metrics    {}", serde_json::to_string(&m.metrics)?);
         println!(
-            "  pages      {} total, {} stored, {} zero, {} absent; {} blocks, {} bytes memory, {} bytes total",
-            st.pages_total, st.pages_stored, st.pages_zero, st.pages_absent, st.blocks, st.memory_bytes, st.total_bytes
+            "  pages      {} total: {} stored, {} duplicate, {} zero, {} absent",
+            st.pages_total, st.pages_stored, st.pages_duplicate, st.pages_zero, st.pages_absent
+        );
+        let codec = m.storage.as_ref().map_or("none", |s| s.codec.as_str());
+        println!(
+            "  storage    format {}, {codec}: {} blocks ({} hot, {} compressed; {}/{}/{} bytes min/median/max), ratio {ratio:.2}",
+            img.version(), st.blocks, st.blocks_hot, st.blocks_compressed, size_at(0.0), size_at(0.5), size_at(1.0)
+        );
+        let stream = stream_bytes.map_or(String::new(), |b| {
+            format!(
+                " ({:.2}x of QEMU's {b} stream bytes)",
+                st.total_bytes as f64 / b.max(1) as f64
+            )
+        });
+        println!(
+            "  bytes      {} memory image, {} total{stream}",
+            st.memory_bytes, st.total_bytes
         );
         println!(
             "  device     {} bytes ({})",

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{cluster_lock, last_field, Env};
-use vmcsnap_agent::image::{Image, PageKey, PageState};
+use vmcsnap_agent::image::Image;
 
 const SPEC: &str = r#"
 [cluster]
@@ -83,16 +83,12 @@ fn assert_ram_equals_image(img_dir: &Path, ram: &Path) {
     let id = img.ram_block_id("mem").unwrap();
     let ps = img.page_size();
     let ram = std::fs::read(ram).unwrap();
-    assert_eq!(ram.len(), img.ram_block_pages(id) as usize * ps);
-    let mut buf = vec![0u8; ps];
-    let mut bad = vec![];
-    for p in 0..img.ram_block_pages(id) as usize {
-        let st = img.read_page(PageKey::new(id, p as u32), &mut buf).unwrap();
-        assert!(!matches!(st, PageState::Absent));
-        if buf[..] != ram[p * ps..(p + 1) * ps] {
-            bad.push(p);
-        }
-    }
+    let mut want = vec![0u8; img.ram_block_pages(id) as usize * ps];
+    img.read_ram_block(id, &mut want).unwrap();
+    assert_eq!(ram.len(), want.len());
+    let bad: Vec<usize> = (0..want.len() / ps)
+        .filter(|p| want[p * ps..(p + 1) * ps] != ram[p * ps..(p + 1) * ps])
+        .collect();
     assert!(
         bad.is_empty(),
         "{} pages differ from the image, first {:?}",
@@ -246,6 +242,20 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Image format 1.0 (what vmcsnap wrote before format 2) still restores;
+    // checked page by page below.
+    env.json(&[
+        "snapshot",
+        "a",
+        "--name",
+        "s-v1",
+        "--storage",
+        "v1",
+        "--json",
+    ]);
+    let v1 = env.json(&["inspect", "s-v1", "--json"]);
+    assert_eq!(v1["format"], "1.0", "{v1}");
+    assert_eq!(v1["stats"]["blocks_compressed"], 0, "{v1}");
 
     // The destination QEMU dies mid-restore: a clear error, nothing of a left.
     env.ok(&["stop", "a"]);
@@ -303,6 +313,24 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
         .find(|p| p.to_string_lossy().ends_with("-rs-a"))
         .expect("a's RAM file");
     assert_ram_equals_image(&env.run_dir().join("snapshots/s-hot"), &ram);
+    // The hot snapshot is format 2: compressed locality blocks, the
+    // guest-written pages in hot blocks.
+    let hot = env.json(&["inspect", "s-hot", "--json"]);
+    assert_eq!(hot["format"], "2.0", "{hot}");
+    assert!(
+        hot["stats"]["blocks_compressed"].as_u64().unwrap() > 0,
+        "{hot}"
+    );
+    assert!(hot["stats"]["blocks_hot"].as_u64().unwrap() > 0, "{hot}");
+    // And a format 1.0 image restores exactly too.
+    env.ok(&["stop", "a"]);
+    env.json(&["restore", "s-v1", "--mode", "lazy", "--paused", "--json"]);
+    let ram = env
+        .shm_files()
+        .into_iter()
+        .find(|p| p.to_string_lossy().ends_with("-rs-a"))
+        .expect("a's RAM file");
+    assert_ram_equals_image(&env.run_dir().join("snapshots/s-v1"), &ram);
 
     // A corrupt page is never delivered: the restore fails, nothing of a runs.
     env.ok(&["stop", "a"]);

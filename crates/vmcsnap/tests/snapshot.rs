@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{cluster_lock, last_field, Env};
-use vmcsnap_agent::image::{Image, PageKey, PageState};
+use vmcsnap_agent::image::Image;
 
 const SPEC: &str = r#"
 [cluster]
@@ -53,20 +53,13 @@ fn compare_with_reference(dir: &Path, reference: &Path) -> (u64, u64) {
     let reference = std::fs::read(reference).unwrap();
     let pages = img.ram_block_pages(id) as usize;
     assert_eq!(reference.len(), pages * ps, "reference size vs RAM block");
-    let mut buf = vec![0u8; ps];
-    let (mut stored, mut zero) = (0, 0);
-    let mut mismatches = vec![];
-    for p in 0..pages {
-        buf.fill(0xAA);
-        match img.read_page(PageKey::new(id, p as u32), &mut buf).unwrap() {
-            PageState::Stored(_) => stored += 1,
-            PageState::Zero => zero += 1,
-            PageState::Absent => panic!("page {p} absent from {}", dir.display()),
-        }
-        if buf[..] != reference[p * ps..(p + 1) * ps] {
-            mismatches.push(p);
-        }
-    }
+    let mut image = vec![0xAAu8; pages * ps];
+    let (stored, zero) = img
+        .read_ram_block(id, &mut image)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mismatches: Vec<usize> = (0..pages)
+        .filter(|p| image[p * ps..(p + 1) * ps] != reference[p * ps..(p + 1) * ps])
+        .collect();
     assert!(
         mismatches.is_empty(),
         "{}: {} of {pages} pages differ from the RAM at the pause (first: {:?})",
@@ -165,11 +158,19 @@ fn snapshot_modes_are_exact_and_harmless() {
         ("precopy", "s-precopy"),
         ("precopy", "s-precopy2"),
         ("precopy", "s-precopy3"),
+        // Every storage of the image (format 2 LZ4 above, the default).
+        ("hot", "s-hot-zstd"),
+        ("hot", "s-hot-none"),
+        ("stop-copy", "s-sc-v1"),
     ] {
         let name = name.to_string();
         let reference: PathBuf = env.run_dir().join(format!("ref-{name}.bin"));
         let before = memtouch_writes(&env);
-        let r = env.json(&[
+        let storage = name
+            .rsplit('-')
+            .next()
+            .filter(|s| ["zstd", "none", "v1"].contains(s));
+        let mut args = vec![
             "snapshot",
             "a",
             "--mode",
@@ -179,7 +180,11 @@ fn snapshot_modes_are_exact_and_harmless() {
             "--reference",
             reference.to_str().unwrap(),
             "--json",
-        ]);
+        ];
+        if let Some(s) = storage {
+            args.extend(["--storage", s]);
+        }
+        let r = env.json(&args);
         assert_eq!(r["name"], name.as_str());
         assert_eq!(r["mode"], mode);
         let dir = PathBuf::from(r["path"].as_str().unwrap());
@@ -191,6 +196,17 @@ fn snapshot_modes_are_exact_and_harmless() {
             inspect["manifest"]["metrics"]["downtime_ms"],
             r["downtime_ms"].as_f64().unwrap().round() as u64
         );
+        assert_eq!(
+            inspect["format"],
+            if storage == Some("v1") { "1.0" } else { "2.0" },
+            "{inspect}"
+        );
+        if storage.is_none() || storage == Some("zstd") {
+            assert!(
+                inspect["stats"]["blocks_compressed"].as_u64().unwrap() > 0,
+                "{inspect}"
+            );
+        }
         let (stored, zero) = compare_with_reference(&dir, &reference);
         let _ = std::fs::remove_file(&reference);
         if mode == "hot" {

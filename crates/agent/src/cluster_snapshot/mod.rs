@@ -291,6 +291,7 @@ fn run_protocol(
                     root: ctx.tmp.join("vms"),
                     disks_dir: ctx.disks.join(&vm),
                 }),
+                writer: Default::default(),
             };
             let job = Job {
                 opts,

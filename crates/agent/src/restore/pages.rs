@@ -2,23 +2,34 @@
 //!
 //! Pages that go before the guest starts are read with the image's read
 //! plan: sorted by file offset and merged into large sequential reads
-//! (HotRestore §5.2), one extent in memory at a time. Every other page is a
-//! positioned read of one page. Both check each page's CRC32C: a corrupt
-//! page is never delivered to the guest, the restore fails instead.
+//! (HotRestore §5.2), one extent in memory at a time. In a format-2 image
+//! every other page is read with its whole block (decompressed once, kept
+//! in a small cache): a demand fault then sends the rest of its locality
+//! block and prefetches the next block of the same kind ([`companions`]),
+//! as Halite does. A format-1 image keeps positioned reads of one page and
+//! the source's 4-page address window. Every page's CRC32C is checked: a
+//! corrupt page is never delivered to the guest, the restore fails
+//! instead.
+//!
+//! [`companions`]: PageSource::companions
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use vmcsnap_image::plan::ReadPlan;
-use vmcsnap_image::{Image, PageKey, PageState};
+use vmcsnap_image::{Block, Image, PageKey, PageState};
 use vmcsnap_migstream::postcopy::{PageId, PageSource};
 
 /// Gaps up to this many bytes are read through rather than seeked over.
 const MAX_GAP: u64 = 64 << 10;
 /// Longest single read.
 const MAX_EXTENT: u64 = 8 << 20;
+/// Decompressed blocks kept (16 MiB of 256 KiB blocks).
+const CACHE_BLOCKS: usize = 64;
+/// Blocks prefetched after a demand fault's own block.
+pub const PREFETCH_BLOCKS: usize = 1;
 
 /// The image as a [`PageSource`].
 pub struct ImagePages<'a> {
@@ -28,11 +39,17 @@ pub struct ImagePages<'a> {
     planned: HashMap<PageKey, (usize, usize)>,
     loaded: Option<usize>,
     buf: Vec<u8>,
+    /// Format 2: read whole blocks and offer their pages as companions.
+    blockwise: bool,
+    /// Most recently used last.
+    cache: VecDeque<Arc<Block>>,
     /// Bytes read from the memory image so far.
     pub bytes_read: Arc<AtomicU64>,
     /// Pages handed out so far (each page once: the source sends a page
     /// only once).
     pub pages_read: Arc<AtomicU64>,
+    /// Blocks read whole (format 2).
+    pub blocks_read: Arc<AtomicU64>,
 }
 
 impl<'a> ImagePages<'a> {
@@ -52,9 +69,31 @@ impl<'a> ImagePages<'a> {
             planned,
             loaded: None,
             buf: Vec::new(),
+            blockwise: img.version().major >= 2,
+            cache: VecDeque::with_capacity(CACHE_BLOCKS),
             bytes_read: Arc::default(),
             pages_read: Arc::default(),
+            blocks_read: Arc::default(),
         })
+    }
+
+    /// Block `b`, from the cache or read (and decompressed) now.
+    fn block(&mut self, b: u32) -> io::Result<Arc<Block>> {
+        if let Some(i) = self.cache.iter().position(|x| x.index == b) {
+            let blk = self.cache.remove(i).unwrap_or_else(|| unreachable!());
+            self.cache.push_back(blk.clone());
+            return Ok(blk);
+        }
+        let blk = Arc::new(self.img.read_block(b).map_err(to_io)?);
+        let stored = self.img.blocks()[b as usize].stored_len;
+        self.bytes_read
+            .fetch_add(u64::from(stored), Ordering::Relaxed);
+        self.blocks_read.fetch_add(1, Ordering::Relaxed);
+        if self.cache.len() >= CACHE_BLOCKS {
+            self.cache.pop_front();
+        }
+        self.cache.push_back(blk.clone());
+        Ok(blk)
     }
 }
 
@@ -76,6 +115,18 @@ impl PageSource for ImagePages<'_> {
             buf.copy_from_slice(&self.buf[off..off + buf.len()]);
             return Ok(true);
         }
+        if self.blockwise {
+            return match self.img.locate(key).map_err(to_io)? {
+                PageState::Stored(loc) => {
+                    let blk = self.block(loc.block)?;
+                    // `locate` checked the slot against the block table.
+                    buf.copy_from_slice(blk.page(usize::from(loc.slot)));
+                    Ok(true)
+                }
+                PageState::Zero => Ok(false),
+                PageState::Absent => Err(absent(id)),
+            };
+        }
         match self.img.read_page(key, buf).map_err(to_io)? {
             PageState::Stored(_) => {
                 self.bytes_read
@@ -83,12 +134,47 @@ impl PageSource for ImagePages<'_> {
                 Ok(true)
             }
             PageState::Zero => Ok(false),
-            PageState::Absent => Err(io::Error::other(format!(
-                "page {} of RAM block {} is not in the image",
-                id.page, id.block
-            ))),
+            PageState::Absent => Err(absent(id)),
         }
     }
+
+    /// Format 2: the other pages of the requested page's block (the pages
+    /// written with it: the guest's first-write order in a hot block,
+    /// address order in a cold one), then those of the next block of the
+    /// same kind, read now so that the source sends them from memory.
+    fn companions(&mut self, id: PageId, out: &mut Vec<PageId>) -> bool {
+        if !self.blockwise {
+            return false;
+        }
+        let key = PageKey::new(id.block, id.page);
+        let Ok(PageState::Stored(loc)) = self.img.locate(key) else {
+            return false;
+        };
+        let blocks = self.img.blocks();
+        let hot = blocks[loc.block as usize].is_hot();
+        let next = (loc.block as usize + 1..blocks.len())
+            .filter(|&b| blocks[b].is_hot() == hot)
+            .take(PREFETCH_BLOCKS);
+        for b in std::iter::once(loc.block as usize).chain(next) {
+            // A block that fails to read is reported when its page is
+            // requested; prefetch is best effort.
+            let Ok(blk) = self.block(b as u32) else {
+                continue;
+            };
+            out.extend(blk.pages.iter().filter(|k| **k != key).map(|k| PageId {
+                block: k.ram_block,
+                page: k.page,
+            }));
+        }
+        true
+    }
+}
+
+fn absent(id: PageId) -> io::Error {
+    io::Error::other(format!(
+        "page {} of RAM block {} is not in the image",
+        id.page, id.block
+    ))
 }
 
 /// Every page of the image once, in image order: stored pages by their

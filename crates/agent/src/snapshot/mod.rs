@@ -115,6 +115,41 @@ pub struct Options {
     /// Where the snapshot goes; `None`: `<run>/snapshots/<name>`, frozen
     /// disks in `<run>/snapshots/.disks/<name>`.
     pub target: Option<Target>,
+    /// How the image is stored (format, codec, dedup).
+    pub writer: vmcsnap_capture::WriterOptions,
+}
+
+/// The writer options a request's `storage` names: `lz4` (default),
+/// `zstd`, `none` (format 2, uncompressed) or `v1` (format 1.0).
+pub fn writer_options(storage: Option<&str>) -> Result<vmcsnap_capture::WriterOptions, AgentError> {
+    use vmcsnap_capture::{Codec, WriterOptions};
+    match storage {
+        None => Ok(WriterOptions::default()),
+        Some("v1") => Ok(WriterOptions::v1()),
+        Some(s) => {
+            let codec: Codec = s.parse().map_err(|_| {
+                AgentError::BadRequest(format!(
+                    "unknown image storage {s:?}: use lz4, zstd, none or v1"
+                ))
+            })?;
+            Ok(WriterOptions {
+                codec,
+                ..Default::default()
+            })
+        }
+    }
+}
+
+/// Lowers the calling thread's scheduling priority (nice +10): image
+/// compression then takes the CPU time guests leave idle, and a guest's
+/// vCPU threads win when both want a CPU. Best effort.
+fn background_priority() {
+    // SAFETY: gettid and setpriority take and return plain integers; with
+    // PRIO_PROCESS and a thread id, setpriority changes only this thread.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 10);
+    }
 }
 
 /// Where a snapshot goes when it is part of something larger (a VM's
@@ -291,6 +326,10 @@ pub fn snapshot(
         return Err(e);
     }
     copts.progress_interval_bytes = 32 << 20;
+    copts.writer = opts.writer;
+    copts.compress_worker_init = Some(vmcsnap_capture::WorkerInit(std::sync::Arc::new(
+        background_priority,
+    )));
     let mut extra = std::collections::BTreeMap::new();
     extra.insert("overlay".to_string(), json!(overlay));
     extra.insert("original_path".to_string(), json!(current_disk));

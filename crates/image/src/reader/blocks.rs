@@ -65,6 +65,49 @@ impl Image {
         self.check_block(i, &info, raw)
     }
 
+    /// Reads every page of RAM block `ram_block` into `out` (its pages ×
+    /// page size bytes), each memory-image block once (decompressed and
+    /// checked), zero pages as zeros. Returns (pages stored, zero pages);
+    /// [`ReadError::NotFound`] if a page is in neither (an incomplete image).
+    pub fn read_ram_block(&self, ram_block: u32, out: &mut [u8]) -> Result<(u64, u64), ReadError> {
+        let ps = self.page_size();
+        let pages = self.ram_block_pages(ram_block) as usize;
+        if out.len() != pages * ps {
+            return Err(ReadError::InvalidArgument(format!(
+                "buffer is {} bytes, RAM block {ram_block} is {} bytes",
+                out.len(),
+                pages * ps
+            )));
+        }
+        let mut wanted: Vec<(u32, u16, usize)> = Vec::with_capacity(pages);
+        let mut zero = 0;
+        for p in 0..pages {
+            match self.locate(PageKey::new(ram_block, p as u32))? {
+                crate::PageState::Stored(loc) => wanted.push((loc.block, loc.slot, p)),
+                crate::PageState::Zero => {
+                    out[p * ps..(p + 1) * ps].fill(0);
+                    zero += 1;
+                }
+                crate::PageState::Absent => {
+                    return Err(ReadError::NotFound(format!(
+                        "page {ram_block}:{p} is not in this image"
+                    )))
+                }
+            }
+        }
+        wanted.sort_unstable();
+        let mut current: Option<Block> = None;
+        for &(b, slot, p) in &wanted {
+            if current.as_ref().map(|c| c.index) != Some(b) {
+                current = Some(self.read_block(b)?);
+            }
+            if let Some(c) = &current {
+                out[p * ps..(p + 1) * ps].copy_from_slice(c.page(usize::from(slot)));
+            }
+        }
+        Ok((wanted.len() as u64, zero))
+    }
+
     /// Iterates over every block in file order (each read and checked).
     pub fn iter_blocks(&self) -> impl Iterator<Item = Result<Block, ReadError>> + '_ {
         (0..self.blocks.len() as u32).map(move |i| self.read_block(i))

@@ -26,7 +26,14 @@ use crate::codec::{compress, Codec};
 use crate::format::PageKey;
 
 /// A callback each worker thread runs first (e.g. to lower its priority).
-pub type WorkerInit = Arc<dyn Fn() + Send + Sync>;
+#[derive(Clone)]
+pub struct WorkerInit(pub Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for WorkerInit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WorkerInit")
+    }
+}
 
 /// One full block on its way to the file.
 #[derive(Debug)]
@@ -123,7 +130,7 @@ impl Pool {
                 .name(format!("vmcsnap-compress-{i}"))
                 .spawn(move || {
                     if let Some(f) = init {
-                        f();
+                        (f.0)();
                     }
                     let mut out = Vec::new();
                     loop {

@@ -115,6 +115,16 @@ pub trait PageSource: Send {
     /// is all zeros (then `buf` may be left as it is and a ZERO record is
     /// sent).
     fn read_page(&mut self, id: PageId, buf: &mut [u8]) -> std::io::Result<bool>;
+
+    /// The pages to send right after the requested page `id`, in order
+    /// (its locality block, then prefetched blocks), appended to `out`.
+    /// `false` (the default): the source has no locality to offer, and the
+    /// next [`SourceConfig::demand_cluster`]` - 1` pages by address go
+    /// instead.
+    fn companions(&mut self, id: PageId, out: &mut Vec<PageId>) -> bool {
+        let _ = (id, out);
+        false
+    }
 }
 
 /// Holds the background push from another thread: until the instant last

@@ -96,6 +96,7 @@ pub fn run_source(
         sent_count: 0,
         demand: VecDeque::new(),
         neighbours: VecDeque::new(),
+        companions: Vec::new(),
         section: None,
         run_at: None,
         eof_sent: false,
@@ -200,6 +201,8 @@ struct Sender<'a> {
     sent_count: u64,
     demand: VecDeque<PageId>,
     neighbours: VecDeque<PageId>,
+    /// Scratch for [`PageSource::companions`].
+    companions: Vec<PageId>,
     section: Option<Section>,
     run_at: Option<Instant>,
     eof_sent: bool,
@@ -372,9 +375,26 @@ impl Sender<'_> {
         Ok(())
     }
 
-    /// After the requested page `id`: the unsent pages of its cluster (the
-    /// next `demand_cluster - 1` pages of its block).
+    /// After the requested page `id`: the unsent pages among its companions
+    /// (the page source's locality block and prefetch), or else of its
+    /// cluster (the next `demand_cluster - 1` pages of its RAM block).
     fn queue_neighbours(&mut self, id: PageId) {
+        let mut companions = std::mem::take(&mut self.companions);
+        companions.clear();
+        if self.pages.companions(id, &mut companions) {
+            for &n in &companions {
+                if self.cfg.block_pages(n.block) <= u64::from(n.page) {
+                    continue; // not a page of the destination: ignore
+                }
+                // Not marked queued: a request for it still goes first.
+                if !self.sent[self.index(n)] {
+                    self.neighbours.push_back(n);
+                }
+            }
+            self.companions = companions;
+            return;
+        }
+        self.companions = companions;
         let block_pages = self.cfg.block_pages(id.block);
         let page = u64::from(id.page);
         let end = (page + u64::from(self.cfg.demand_cluster.max(1))).min(block_pages);
