@@ -126,7 +126,10 @@ fn run(cli: Cli) -> Result<()> {
                     println!("removed {}", p.display());
                 }
                 for p in &r.kept_in_use {
-                    println!("kept {} (a VM's disk uses it)", p.display());
+                    println!(
+                        "kept {} (a running VM's disk or a snapshot's frozen disk reads from it)",
+                        p.display()
+                    );
                 }
                 if r.removed.is_empty() {
                     println!("nothing to remove");

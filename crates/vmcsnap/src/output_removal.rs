@@ -3,9 +3,13 @@
 use anyhow::Result;
 use vmcsnap_control::{RemovedSnapshot, SnapshotKind, SnapshotsDeleteResult};
 
-/// Bytes as MiB with one decimal.
-fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+/// Bytes in the largest binary unit below them, one decimal.
+fn size(bytes: u64) -> String {
+    let units = [(30, "GiB"), (20, "MiB"), (10, "KiB")];
+    match units.iter().find(|(shift, _)| bytes >= 1u64 << shift) {
+        Some((shift, unit)) => format!("{:.1} {unit}", bytes as f64 / (1u64 << shift) as f64),
+        None => format!("{bytes} bytes"),
+    }
 }
 
 /// What a removed snapshot was of.
@@ -27,7 +31,7 @@ pub fn removal(r: &SnapshotsDeleteResult, json: bool) -> Result<()> {
     }
     let verb = if r.dry_run { "would remove" } else { "removed" };
     for s in &r.removed {
-        println!("{verb} {} ({}), {}", s.name, of(s), mib(s.bytes_freed));
+        println!("{verb} {} ({}), {}", s.name, of(s), size(s.bytes_freed));
     }
     for d in &r.kept_in_use {
         println!(
@@ -41,9 +45,20 @@ pub fn removal(r: &SnapshotsDeleteResult, json: bool) -> Result<()> {
     if r.removed.is_empty() {
         println!("nothing to remove");
     } else if r.dry_run {
-        println!("would free {} (nothing was removed)", mib(r.bytes_freed));
+        println!("would free {} (nothing was removed)", size(r.bytes_freed));
     } else {
-        println!("freed {}", mib(r.bytes_freed));
+        println!("freed {}", size(r.bytes_freed));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes_read_in_their_unit() {
+        assert_eq!(super::size(0), "0 bytes");
+        assert_eq!(super::size(1536), "1.5 KiB");
+        assert_eq!(super::size(100 << 20), "100.0 MiB");
+        assert_eq!(super::size(3 << 30), "3.0 GiB");
+    }
 }
