@@ -259,6 +259,15 @@ pub(crate) fn dispatch(
             Ok(json!({ "cluster": name }))
         }
         Request::Gc => Ok(to_json(&crate::gc::collect(run, cluster)?)),
+        Request::SnapshotsDelete { names } => Ok(to_json(&crate::snapshot_removal::delete(
+            run, cluster, &names,
+        )?)),
+        Request::SnapshotsPrune { keep, vm, dry_run } => {
+            let opts = crate::snapshot_removal::PruneOptions { keep, vm, dry_run };
+            Ok(to_json(&crate::snapshot_removal::prune(
+                run, cluster, &opts,
+            )?))
+        }
         Request::Shutdown => {
             if let Some(c) = cluster {
                 return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()));

@@ -129,6 +129,9 @@ pub enum AgentError {
     /// A request that makes no sense.
     #[error("{0}")]
     BadRequest(String),
+    /// Deleting or pruning snapshots failed.
+    #[error(transparent)]
+    Removal(#[from] crate::snapshot_removal::RemovalError),
     /// A migration (state save or load) failed.
     #[error("VM {vm:?}: {what} failed: {detail}")]
     Migration {

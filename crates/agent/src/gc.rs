@@ -7,8 +7,10 @@
 //!   included, is garbage);
 //! - a frozen-disk directory `.disks/<name>` with no snapshot `<name>` beside
 //!   it (a snapshot killed after the disk was frozen and before it was
-//!   committed), unless a running VM's disk chain still reads from it (a VM
-//!   restored from a snapshot that was since deleted by hand).
+//!   committed, or one deleted), unless a running VM's disk chain still
+//!   reads from it (a VM restored from a snapshot since deleted) or the
+//!   frozen disk of a snapshot that stays does (one taken of such a VM; see
+//!   `snapshot_removal::disk_refs`).
 
 use std::path::PathBuf;
 
@@ -33,7 +35,7 @@ pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, 
     })
     .map_err(|e| AgentError::BadRequest(format!("cleaning {}: {e}", root.display())))?;
     result.removed.extend(temps);
-    let in_use = disk_files_in_use(cluster);
+    let in_use = crate::snapshot_removal::InUse::gather(&root, cluster, &Default::default());
     let disks = root.join(".disks");
     let Ok(entries) = std::fs::read_dir(&disks) else {
         return Ok(result);
@@ -44,7 +46,7 @@ pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, 
         if root.join(&name).exists() {
             continue;
         }
-        if in_use.iter().any(|f| f.starts_with(&dir)) {
+        if in_use.reads_from(&dir) {
             result.kept_in_use.push(dir);
             continue;
         }
@@ -59,7 +61,7 @@ pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, 
 
 /// Every file a VM of the cluster reads or writes as disk: the recorded
 /// paths, and each live QEMU's backing chains.
-fn disk_files_in_use(cluster: &mut Option<Cluster>) -> Vec<PathBuf> {
+pub(crate) fn disk_files_in_use(cluster: &mut Option<Cluster>) -> Vec<PathBuf> {
     let Some(c) = cluster.as_mut() else {
         return vec![];
     };

@@ -47,6 +47,7 @@ pub mod restore_journal;
 pub mod sampler;
 pub mod server;
 pub mod snapshot;
+pub mod snapshot_removal;
 pub mod vm;
 
 pub use error::AgentError;

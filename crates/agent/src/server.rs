@@ -287,6 +287,13 @@ fn run_locked(
         );
     let read_only = matches!(request, Request::Status | Request::Console { .. });
     let restart = matches!(request, Request::RestartAgent);
+    // Requests after which an agent started on demand (`--exit-when-idle`)
+    // goes away if no cluster is up.
+    let then_idle = changes_state
+        || matches!(
+            request,
+            Request::SnapshotsDelete { .. } | Request::SnapshotsPrune { .. }
+        );
     if !read_only {
         lock(&sh.view).busy = Some((what.clone(), Instant::now()));
     }
@@ -347,7 +354,7 @@ fn run_locked(
     if !read_only {
         refresh_view(sh, &mut guard);
     }
-    if stop || (sh.exit_when_idle && changes_state && guard.is_none()) {
+    if stop || (sh.exit_when_idle && then_idle && guard.is_none()) {
         if let Some(mut c) = guard.take() {
             c.teardown();
         }
@@ -444,6 +451,14 @@ fn describe(request: &Request) -> String {
         Request::Stop { vm } => format!("stop {vm}"),
         Request::Down => "down".into(),
         Request::Gc => "gc".into(),
+        Request::SnapshotsDelete { names } => format!("snapshots delete {}", names.join(" ")),
+        Request::SnapshotsPrune { keep, vm, dry_run } => format!(
+            "snapshots prune --keep {keep}{}{}",
+            vm.as_ref()
+                .map(|v| format!(" --vm {v}"))
+                .unwrap_or_default(),
+            if *dry_run { " --dry-run" } else { "" }
+        ),
         Request::Shutdown => "agent stop".into(),
     }
 }

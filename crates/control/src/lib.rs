@@ -20,7 +20,8 @@ pub mod testing;
 mod wire;
 
 pub use messages::{
-    Busy, ConsoleResult, GcResult, Recover, Reply, Request, StatusResult, UpResult, VmStatus, VmUp,
+    Busy, ConsoleResult, GcResult, Recover, RemovedSnapshot, Reply, Request, SnapshotKind,
+    SnapshotsDeleteResult, StatusResult, UpResult, VmStatus, VmUp,
 };
 pub use wire::{call, read_request, write_reply, ControlError, MAX_LINE};
 

@@ -148,6 +148,26 @@ pub enum Request {
     /// Remove what dead operations left in the snapshot directory.
     /// Result: [`GcResult`].
     Gc,
+    /// Delete committed snapshots (per-VM or cluster) by name, with the
+    /// frozen disks no running VM or other snapshot reads from. Result:
+    /// [`SnapshotsDeleteResult`].
+    SnapshotsDelete {
+        /// Snapshot names, as `vmcsnap snapshots` lists them.
+        names: Vec<String>,
+    },
+    /// Delete all but the `keep` newest committed snapshots of each VM (and
+    /// of each cluster, for cluster snapshots). Result:
+    /// [`SnapshotsDeleteResult`].
+    SnapshotsPrune {
+        /// How many to keep per VM (per cluster); 0 only with `vm`.
+        keep: u32,
+        /// Only this VM's snapshots (cluster snapshots are left alone).
+        #[serde(default)]
+        vm: Option<String>,
+        /// Say what would go; remove nothing.
+        #[serde(default)]
+        dry_run: bool,
+    },
     /// Restart the agent in place (exec of its executable, VMs untouched).
     /// Result: `{"pid", "generation"}` of the image that answered.
     RestartAgent,
@@ -258,6 +278,55 @@ pub struct GcResult {
     /// What was removed.
     pub removed: Vec<PathBuf>,
     /// Leftover-looking directories kept because a VM's disk uses them.
+    pub kept_in_use: Vec<PathBuf>,
+}
+
+/// What a snapshot is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotKind {
+    /// One VM's snapshot.
+    Vm,
+    /// A cluster snapshot (every VM, with the channel state).
+    Cluster,
+}
+
+/// One snapshot removed by `snapshots delete` or `snapshots prune` (or
+/// that a `prune --dry-run` would remove).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RemovedSnapshot {
+    /// Its name.
+    pub name: String,
+    /// Per-VM or cluster snapshot.
+    pub kind: SnapshotKind,
+    /// The VM (or, for a cluster snapshot, the cluster) it is of; `None`
+    /// if its manifest could not be read (an invalid snapshot).
+    pub of: Option<String>,
+    /// When it was committed (Unix ms), if its manifest says.
+    pub created_unix_ms: Option<u64>,
+    /// Disk space its removal freed (allocated bytes of the files whose
+    /// last link went), frozen disks included.
+    pub bytes_freed: u64,
+    /// Its frozen-disk directory, if it had one and it was removed.
+    pub disks_removed: Option<PathBuf>,
+}
+
+/// Result of `snapshots delete` and `snapshots prune`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotsDeleteResult {
+    /// The snapshot directory (`<run-dir>/snapshots`).
+    pub root: PathBuf,
+    /// `prune --dry-run`: nothing was removed; `removed` is what would go.
+    pub dry_run: bool,
+    /// The snapshots removed, in the order they went.
+    pub removed: Vec<RemovedSnapshot>,
+    /// `prune`: the committed snapshots kept, newest first per VM.
+    pub kept: Vec<String>,
+    /// Disk space freed in all (allocated bytes).
+    pub bytes_freed: u64,
+    /// Frozen-disk directories of removed snapshots kept because a running
+    /// VM's disk or another snapshot's frozen disk reads from them (as for
+    /// `gc`; `vmcsnap gc` removes them once nothing does).
     pub kept_in_use: Vec<PathBuf>,
 }
 

@@ -70,6 +70,15 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
         },
         Request::Stop { vm: "beta".into() },
         Request::Down,
+        Request::Gc,
+        Request::SnapshotsDelete {
+            names: vec!["s1".into(), "demo-1".into()],
+        },
+        Request::SnapshotsPrune {
+            keep: 2,
+            vm: Some("alpha".into()),
+            dry_run: true,
+        },
         Request::RestartAgent,
         Request::Shutdown,
     ];

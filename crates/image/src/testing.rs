@@ -6,7 +6,8 @@
 //! [`reseal_channel_log`] and [`exercise_channel_log`] do the same for a
 //! cluster snapshot's channel-state file, and
 //! [`sample_cluster_manifest`] and [`exercise_cluster_manifest`] give and
-//! check a cluster manifest (`cluster.json`).
+//! check a cluster manifest (`cluster.json`). [`write_small_snapshot`]
+//! writes a tiny committed snapshot for tests of snapshot directories.
 
 use std::path::Path;
 
@@ -375,4 +376,89 @@ fn interesting_value(what: u8) -> serde_json::Value {
         30 => json!("é"),
         _ => json!(ClusterManifest::FORMAT),
     }
+}
+
+/// Writes a small committed per-VM snapshot of VM `vm` at `dir` (4 pages,
+/// `disks` as its frozen disks) for tests of what manages directories of
+/// snapshots (listing, deleting, pruning). With `created_unix_ms`, the
+/// manifest says it was committed then (the writer stamps the time of the
+/// commit). Returns its manifest.
+pub fn write_small_snapshot(
+    dir: &Path,
+    vm: &str,
+    created_unix_ms: Option<u64>,
+    disks: Vec<crate::DiskRef>,
+) -> Result<crate::Manifest, crate::WriteError> {
+    let meta = crate::ImageMeta {
+        vm: crate::VmInfo {
+            name: vm.into(),
+            config: serde_json::json!({"memory_mib": 1}),
+        },
+        page_size: 4096,
+        ram_blocks: vec![crate::RamBlock {
+            name: "pc.ram".into(),
+            used_length: 4 * 4096,
+        }],
+        disks,
+        device_state_format: "test".into(),
+        ..Default::default()
+    };
+    let mut w = crate::ImageWriter::create(dir, meta)?;
+    for p in 0..4u32 {
+        w.add_page(0, p, &[p as u8 + 1; 4096])?;
+    }
+    w.set_device_state(b"dev")?;
+    let mut m = w.commit()?.manifest;
+    if let Some(ms) = created_unix_ms {
+        m.created_unix_ms = ms;
+        let path = dir.join(FileKind::Manifest.default_name());
+        std::fs::write(&path, m.encode())
+            .map_err(|source| crate::WriteError::Io { path, source })?;
+    }
+    Ok(m)
+}
+
+/// Writes a small committed cluster snapshot named `name` of cluster
+/// `cluster` at `dir`: one [`write_small_snapshot`] per VM of `vms` under
+/// `vms/`, with `disks(vm)` as its frozen disks, an empty channel-state
+/// file and `cluster.json` saying it was committed at `created_unix_ms`.
+pub fn write_small_cluster_snapshot(
+    dir: &Path,
+    name: &str,
+    cluster: &str,
+    vms: &[&str],
+    created_unix_ms: u64,
+    disks: &dyn Fn(&str) -> Vec<crate::DiskRef>,
+) -> Result<ClusterManifest, Box<dyn std::error::Error + Send + Sync>> {
+    std::fs::create_dir_all(dir.join(VMS_DIR))?;
+    let mut list = Vec::new();
+    for (i, vm) in vms.iter().enumerate() {
+        let snapshot = format!("{VMS_DIR}/{vm}");
+        write_small_snapshot(&dir.join(&snapshot), vm, Some(created_unix_ms), disks(vm))?;
+        list.push(ClusterVm {
+            name: (*vm).into(),
+            snapshot,
+            memory_mib: 1,
+            ip: format!("10.77.0.{}", i + 2),
+            mac: format!("52:54:00:77:00:{:02x}", i + 2),
+            timeline: Timeline::default(),
+            metrics: serde_json::Value::Null,
+        });
+    }
+    let summary = crate::write_channel_log(&dir.join(CHANNEL_LOG), &[])?;
+    let m = ClusterManifest {
+        format: ClusterManifest::FORMAT.into(),
+        version: ClusterManifest::VERSION,
+        name: name.into(),
+        cluster: cluster.into(),
+        mode: "hot".into(),
+        created_unix_ms,
+        network: serde_json::Value::Null,
+        vms: list,
+        channel_state: ChannelStateRef::from_summary(&summary),
+        edges: vec![],
+        metrics: serde_json::Value::Null,
+    };
+    m.save(dir)?;
+    Ok(m)
 }

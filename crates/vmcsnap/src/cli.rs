@@ -190,8 +190,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List the committed snapshots of the run directory.
+    /// List the snapshots of the run directory (as `snapshots list`), or
+    /// delete or prune them.
+    #[command(args_conflicts_with_subcommands = true)]
     Snapshots {
+        #[command(subcommand)]
+        cmd: Option<SnapshotsCmd>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -267,6 +271,52 @@ pub enum Command {
     Image {
         #[command(subcommand)]
         cmd: ImageCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotsCmd {
+    /// List the snapshots of the run directory (what `vmcsnap snapshots` does).
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete snapshots (per-VM or cluster snapshots, by the names `vmcsnap
+    /// snapshots` lists) with their frozen disks.
+    ///
+    /// Each is renamed away first: an interruption leaves it whole, or a temporary directory
+    /// that `vmcsnap gc` removes. Frozen disks that a running VM (one
+    /// restored from the snapshot) or another snapshot still reads stay and
+    /// are reported as kept; `vmcsnap gc` removes them once unused. A VM's
+    /// snapshot inside a cluster snapshot is not deleted alone.
+    Delete {
+        /// The snapshots' names.
+        #[arg(required = true, value_name = "NAME")]
+        names: Vec<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Keep the N newest committed snapshots of each VM, and the N newest
+    /// cluster snapshots of each cluster; delete the others.
+    ///
+    /// They are deleted as `delete` does. Newest by the commit time in the manifest. Invalid snapshots
+    /// are left alone (delete them by name).
+    Prune {
+        /// How many snapshots to keep per VM (and per cluster). 0 deletes
+        /// every snapshot of a VM, and is refused without --vm.
+        #[arg(long, value_name = "N")]
+        keep: u32,
+        /// Only this VM's snapshots (cluster snapshots are left alone).
+        #[arg(long)]
+        vm: Option<String>,
+        /// Print what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -366,5 +416,50 @@ mod tests {
             super::Cli::try_parse_from(["vmcsnap", "exec"]).is_err(),
             "a command is required"
         );
+    }
+
+    /// `snapshots` lists with or without `list`; `delete` needs a name,
+    /// `prune` a --keep.
+    #[test]
+    fn snapshots_subcommands_parse() {
+        use super::{Cli, Command, SnapshotsCmd};
+        use clap::Parser;
+        let parse = |args: &[&str]| {
+            let mut v = vec!["vmcsnap", "snapshots"];
+            v.extend_from_slice(args);
+            Cli::try_parse_from(v).map(|c| match c.command {
+                Command::Snapshots { cmd, json } => (cmd, json),
+                other => panic!("{other:?}"),
+            })
+        };
+        assert!(matches!(parse(&["--json"]), Ok((None, true))));
+        assert!(matches!(
+            parse(&["list", "--json"]),
+            Ok((Some(SnapshotsCmd::List { json: true }), false))
+        ));
+        let Ok((Some(SnapshotsCmd::Delete { names, json }), _)) = parse(&["delete", "a", "b"])
+        else {
+            panic!("delete")
+        };
+        assert_eq!((names, json), (vec!["a".to_string(), "b".into()], false));
+        assert!(parse(&["delete"]).is_err(), "a name is required");
+        let Ok((
+            Some(SnapshotsCmd::Prune {
+                keep,
+                vm,
+                dry_run,
+                json,
+            }),
+            _,
+        )) = parse(&["prune", "--keep", "2", "--vm", "a", "--dry-run", "--json"])
+        else {
+            panic!("prune")
+        };
+        assert_eq!(
+            (keep, vm.as_deref(), dry_run, json),
+            (2, Some("a"), true, true)
+        );
+        assert!(parse(&["prune"]).is_err(), "--keep is required");
+        assert!(parse(&["--json", "delete", "a"]).is_err());
     }
 }

@@ -6,6 +6,7 @@ mod cli;
 mod launch;
 mod output;
 mod output_cluster;
+mod output_removal;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -15,7 +16,7 @@ use clap::Parser;
 use vmcsnap_agent::{AgentOptions, RunDir};
 use vmcsnap_control::{call, ConsoleResult, GcResult, Request, StatusResult, UpResult};
 
-use cli::{AgentCmd, Cli, Command, GuestCmd, ImageCmd};
+use cli::{AgentCmd, Cli, Command, GuestCmd, ImageCmd, SnapshotsCmd};
 
 fn main() {
     // Like any Unix filter, end quietly when the reader of our output goes
@@ -125,7 +126,10 @@ fn run(cli: Cli) -> Result<()> {
                     println!("removed {}", p.display());
                 }
                 for p in &r.kept_in_use {
-                    println!("kept {} (a VM's disk uses it)", p.display());
+                    println!(
+                        "kept {} (a running VM's disk or a snapshot's frozen disk reads from it)",
+                        p.display()
+                    );
                 }
                 if r.removed.is_empty() {
                     println!("nothing to remove");
@@ -271,7 +275,23 @@ fn run(cli: Cli) -> Result<()> {
         Command::AnalyzeWs { snapshot, json } => {
             output::analyze_ws(&run_dir.snapshots_dir().join(&snapshot), json)
         }
-        Command::Snapshots { json } => output::snapshots(&run_dir.snapshots_dir(), json),
+        Command::Snapshots { cmd, json } => match cmd {
+            None => output::snapshots(&run_dir.snapshots_dir(), json),
+            Some(SnapshotsCmd::List { json }) => output::snapshots(&run_dir.snapshots_dir(), json),
+            Some(SnapshotsCmd::Delete { names, json }) => {
+                removal(&run_dir, &Request::SnapshotsDelete { names }, json)
+            }
+            Some(SnapshotsCmd::Prune {
+                keep,
+                vm,
+                dry_run,
+                json,
+            }) => removal(
+                &run_dir,
+                &Request::SnapshotsPrune { keep, vm, dry_run },
+                json,
+            ),
+        },
         Command::Inspect {
             snapshot,
             cluster,
@@ -451,6 +471,15 @@ fn up(run_dir: &RunDir, spec: &Path, json: bool) -> Result<()> {
     )?;
     let up: UpResult = serde_json::from_value(v.clone())?;
     output::json_or(json, &v, || output::up(&up))
+}
+
+/// `snapshots delete` and `snapshots prune`: through the agent (started
+/// for it if none runs), which serialises them with snapshots and restores.
+fn removal(run_dir: &RunDir, req: &Request, json: bool) -> Result<()> {
+    launch::ensure_agent(run_dir, true)?;
+    let v = request(&run_dir.agent_socket(), req)?;
+    let r: vmcsnap_control::SnapshotsDeleteResult = serde_json::from_value(v)?;
+    output_removal::removal(&r, json)
 }
 
 /// `vmcsnap exec -- CMD`: CMD in the run directory's cluster namespace.

@@ -530,6 +530,81 @@ fn lazy_restores_in_a_row_never_crash_qemu() {
     }
     let st = env.json(&["status", "--json"]);
     assert_eq!(st["vms"][0]["state"], "running", "{st}");
+    snapshot_lifecycle(&env);
     env.ok(&["down"]);
     env.assert_clean();
+}
+
+/// `snapshots delete`, `prune` and `gc` on a live cluster whose VM `a`
+/// runs restored from snapshot `s` (so its disk chain reads `s`'s frozen
+/// disk), in the cluster of `lazy_restores_in_a_row_never_crash_qemu` (no
+/// boot of its own).
+fn snapshot_lifecycle(env: &Env) {
+    use serde_json::json;
+    let snaps = env.run_dir().join("snapshots");
+    let disks = |n: &str| snaps.join(".disks").join(n);
+    let removed = |r: &serde_json::Value| -> Vec<String> {
+        r["removed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // p1..p3 are of a restored VM: their frozen overlays name s's frozen
+    // disk by absolute path.
+    for name in ["p1", "p2", "p3"] {
+        env.json(&["snapshot", "a", "--mode", "hot", "--name", name, "--json"]);
+    }
+    env.ok(&["stop", "a"]);
+    env.json(&["restore", "p2", "--mode", "eager", "--json"]);
+
+    // p2 is in use: its memory image goes, its frozen disk stays (reported).
+    let r = env.json(&["snapshots", "delete", "p2", "--json"]);
+    assert_eq!(removed(&r), ["p2"], "{r}");
+    assert_eq!(r["kept_in_use"], json!([disks("p2")]), "{r}");
+    assert!(r["bytes_freed"].as_u64().unwrap() > 0, "{r}");
+    assert!(!snaps.join("p2").exists() && disks("p2").is_dir());
+    // s's frozen disk is read by a and by p1's and p3's frozen disks.
+    let r = env.json(&["snapshots", "delete", "s", "--json"]);
+    assert_eq!(r["kept_in_use"], json!([disks("s")]), "{r}");
+    let out = env.vmcsnap(&["snapshots", "delete", "p2"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no snapshot named \"p2\""),
+        "{err}"
+    );
+
+    // Prune: a dry run removes nothing, then p1 goes with its disk.
+    let dry = env.json(&["snapshots", "prune", "--keep", "1", "--dry-run", "--json"]);
+    assert_eq!(
+        (removed(&dry), &dry["kept"]),
+        (vec!["p1".into()], &json!(["p3"])),
+        "{dry}"
+    );
+    assert!(snaps.join("p1").is_dir());
+    let r = env.json(&["snapshots", "prune", "--keep", "1", "--json"]);
+    assert_eq!(removed(&r), ["p1"], "{r}");
+    assert_eq!(r["removed"][0]["disks_removed"], json!(disks("p1")), "{r}");
+    let human = env.ok(&["snapshots", "prune", "--keep", "1"]);
+    assert!(human.contains("nothing to remove"), "{human}");
+    let list = env.json(&["snapshots", "--json"]);
+    let listed: Vec<&str> = list["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ["p3"], "{list}");
+
+    // With no VM running, nothing but p3's frozen disk reads s's: gc
+    // removes p2's disk and keeps s's, and p3 still restores through it.
+    env.ok(&["stop", "a"]);
+    let g = env.json(&["gc", "--json"]);
+    assert_eq!(g["removed"], json!([disks("p2")]), "{g}");
+    assert_eq!(g["kept_in_use"], json!([disks("s")]), "{g}");
+    env.json(&["restore", "p3", "--mode", "eager", "--paused", "--json"]);
+    let st = env.json(&["status", "--json"]);
+    assert_eq!(st["vms"][0]["state"], "paused", "{st}");
+    assert!(disks("p3").is_dir() && snaps.join("p3").is_dir());
 }
