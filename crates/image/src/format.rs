@@ -84,8 +84,20 @@ pub const BLOCK_FLAGS_KNOWN: u8 = BLOCK_FLAG_HOT;
 /// once; `block`/`slot` name the slot that page owns (the block's page
 /// list names the owner), and the entry's CRC equals the slot's.
 pub const ENTRY_FLAG_DUP: u16 = 1;
+/// Index entry flag (v2): the page's bytes are on a frozen disk of the
+/// snapshot (a page of the guest's page cache): disk `slot` (its position
+/// in the manifest's `disks`), byte offset `block × page_size` of the
+/// disk as the guest sees it. Nothing of it is in `memory.img`.
+pub const ENTRY_FLAG_DISK: u16 = 2;
+/// Index entry flag (v2): the page's bytes equal the same page of the
+/// parent snapshot (the manifest's `parent`), where they are read;
+/// `block` is 0xFFFFFFFF and `slot` 0.
+pub const ENTRY_FLAG_PARENT: u16 = 4;
 /// Index entry flags a v2 reader knows.
-pub const ENTRY_FLAGS_KNOWN: u16 = ENTRY_FLAG_DUP;
+pub const ENTRY_FLAGS_KNOWN: u16 = ENTRY_FLAG_DUP | ENTRY_FLAG_DISK | ENTRY_FLAG_PARENT;
+/// Longest chain of parents a reader follows (a writer starts a full
+/// snapshot well before: see `WriterOptions`).
+pub const MAX_CHAIN_DEPTH: u32 = 64;
 
 /// Index entry `block` value of a page that is not in the memory image.
 pub const NO_BLOCK: u32 = u32::MAX;
@@ -123,6 +135,9 @@ pub enum FileKind {
     Device,
     /// `trace.bin`: page-access traces (the FAFL queue).
     Trace,
+    /// `hashes.bin` (v2, optional): a 128-bit content hash per page, for
+    /// incremental snapshots of the same VM.
+    Hashes,
 }
 
 impl FileKind {
@@ -135,6 +150,7 @@ impl FileKind {
             FileKind::Zero => *b"VMCSNZBM",
             FileKind::Device => *b"VMCSNDEV",
             FileKind::Trace => *b"VMCSNTRC",
+            FileKind::Hashes => *b"VMCSNHSH",
         }
     }
 
@@ -147,6 +163,7 @@ impl FileKind {
             FileKind::Zero => "zero.bmp",
             FileKind::Device => "device.bin",
             FileKind::Trace => "trace.bin",
+            FileKind::Hashes => "hashes.bin",
         }
     }
 
@@ -159,6 +176,7 @@ impl FileKind {
             FileKind::Zero => "zero-page bitmap",
             FileKind::Device => "device state",
             FileKind::Trace => "trace",
+            FileKind::Hashes => "page hashes",
         }
     }
 }

@@ -30,7 +30,8 @@ use std::path::Path;
 use crate::error::ReadError;
 use crate::format::{
     get_u16, get_u32, get_u64, pad8, BLOCK_ENTRY_LEN, BLOCK_FLAGS_KNOWN, BLOCK_HEADER_LEN,
-    COMPRESSION_NONE, ENTRY_FLAGS_KNOWN, ENTRY_FLAG_DUP, MAX_BLOCK_PAYLOAD, NO_BLOCK,
+    COMPRESSION_NONE, ENTRY_FLAGS_KNOWN, ENTRY_FLAG_DISK, ENTRY_FLAG_DUP, ENTRY_FLAG_PARENT,
+    MAX_BLOCK_PAYLOAD, NO_BLOCK,
 };
 
 /// Bytes per block-table entry.
@@ -62,9 +63,20 @@ impl IndexEntry {
         crc: 0,
     };
 
-    /// True if the page is in the memory image.
+    /// True if the page is in the memory image (its own slot or, for a
+    /// duplicate, another page's).
     pub fn is_stored(&self) -> bool {
-        self.block != NO_BLOCK
+        self.block != NO_BLOCK && self.flags & ENTRY_FLAG_DISK == 0
+    }
+
+    /// For a page on a frozen disk: (disk number, byte offset in pages).
+    pub fn on_disk(&self) -> Option<(u16, u32)> {
+        (self.flags & ENTRY_FLAG_DISK != 0).then_some((self.slot, self.block))
+    }
+
+    /// True if the page is read from the parent snapshot.
+    pub fn in_parent(&self) -> bool {
+        self.flags & ENTRY_FLAG_PARENT != 0
     }
 
     pub(crate) fn encode(&self) -> [u8; 12] {
@@ -150,6 +162,10 @@ pub(crate) struct IndexContext<'a> {
     pub memory_len: u64,
     /// Major format version (v1: no flags, no compression).
     pub major: u16,
+    /// Frozen disks the manifest lists (disk references index them).
+    pub disks: usize,
+    /// Whether the manifest names a parent snapshot.
+    pub has_parent: bool,
 }
 
 /// Decodes and cross-checks a `pages.idx` body (its CRC already checked).
@@ -258,11 +274,41 @@ pub(crate) fn decode_index(
                 1 => 0,
                 _ => ENTRY_FLAGS_KNOWN,
             };
-            if entry.flags & !known != 0 || (!entry.is_stored() && entry.flags != 0) {
+            if entry.flags & !known != 0
+                || (!entry.is_stored() && entry.flags & ENTRY_FLAG_DUP != 0)
+            {
                 return Err(bad(format!(
                     "page {r}:{p} has flags {:#x}, which format {}.x does not have here",
                     entry.flags, cx.major
                 )));
+            }
+            if entry.flags & ENTRY_FLAG_DISK != 0 {
+                if entry.flags != ENTRY_FLAG_DISK
+                    || usize::from(entry.slot) >= cx.disks
+                    || entry.block == NO_BLOCK
+                {
+                    return Err(bad(format!(
+                        "page {r}:{p} refers to disk {} of {} (flags {:#x}): no such frozen disk",
+                        entry.slot, cx.disks, entry.flags
+                    )));
+                }
+                entries.push(entry);
+                continue;
+            }
+            if entry.in_parent() {
+                if entry.flags != ENTRY_FLAG_PARENT || entry.block != NO_BLOCK || entry.slot != 0 {
+                    return Err(bad(format!(
+                        "page {r}:{p} is in the parent but also names block {} slot {} (flags {:#x})",
+                        entry.block, entry.slot, entry.flags
+                    )));
+                }
+                if !cx.has_parent {
+                    return Err(bad(format!(
+                        "page {r}:{p} is in the parent snapshot, but the manifest names no parent"
+                    )));
+                }
+                entries.push(entry);
+                continue;
             }
             if entry.is_stored() {
                 let Some(info) = blocks.get(entry.block as usize) else {

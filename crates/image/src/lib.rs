@@ -77,6 +77,7 @@ pub mod codec;
 pub mod error;
 mod fileio;
 pub mod format;
+pub mod hashes;
 pub mod index;
 pub mod list;
 pub mod manifest;
@@ -105,11 +106,13 @@ pub use list::{
     SnapshotEntry,
 };
 pub use manifest::{
-    DiskRef, FileRef, Files, Manifest, Metrics, QemuInfo, RamBlock, Storage, VmInfo,
+    DiskRef, FileRef, Files, Manifest, Metrics, ParentRef, QemuInfo, RamBlock, Storage, VmInfo,
 };
 pub use plan::{ReadExtent, ReadPlan};
-pub use reader::{Block, Image, ImageStats, PageLocation, PageState};
+pub use reader::{Block, DiskPages, Image, ImageStats, PageLocation, PageState};
 pub use trace::{TraceSection, TRACE_FAFL};
 pub use verify::{BadBlock, VerifyReport};
 pub use writer::pipeline::WorkerInit;
-pub use writer::{Committed, ImageMeta, ImageWriter, WriteError, WriterOptions};
+pub use writer::{
+    Committed, DiskMatcher, ImageMeta, ImageWriter, ParentInfo, WriteError, WriterOptions,
+};

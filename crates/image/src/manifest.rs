@@ -21,7 +21,7 @@ use crate::error::{ReadError, Version};
 use crate::fileio::{open_file, read_at, read_vec_at};
 use crate::format::{
     pages_for, reads_major, valid_page_size, FileKind, FORMAT_VERSION, MAX_BLOCK_PAYLOAD,
-    MAX_MANIFEST_LEN, MAX_NAME_LEN, MAX_PAGES_PER_BLOCK, MAX_RAM_BLOCKS,
+    MAX_CHAIN_DEPTH, MAX_MANIFEST_LEN, MAX_NAME_LEN, MAX_PAGES_PER_BLOCK, MAX_RAM_BLOCKS,
 };
 
 /// The text magic at the start of a manifest (followed by a space).
@@ -65,6 +65,23 @@ pub struct Manifest {
     /// How the memory image is stored (v2; absent in v1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<Storage>,
+    /// The snapshot this one is incremental to (v2): pages flagged "in
+    /// parent" are read there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentRef>,
+}
+
+/// The parent of an incremental snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentRef {
+    /// The parent's directory name, a sibling of this snapshot's
+    /// directory (relative: the pair can move together).
+    pub name: String,
+    /// The parent's image id: a different snapshot under that name is
+    /// refused, never read.
+    pub image_id: String,
+    /// How many parents lie behind this snapshot (1: the parent is full).
+    pub depth: u32,
 }
 
 /// How a v2 memory image is stored: codec, locality and savings. Written by
@@ -87,6 +104,12 @@ pub struct Storage {
     /// Pages whose bytes equal another page's, stored once.
     #[serde(default)]
     pub pages_duplicate: u64,
+    /// Pages equal to the parent snapshot's (incremental snapshots).
+    #[serde(default)]
+    pub pages_in_parent: u64,
+    /// Pages found on a frozen disk (the guest's page cache).
+    #[serde(default)]
+    pub pages_on_disk: u64,
     /// Bytes of the stored pages before compression.
     #[serde(default)]
     pub payload_raw_bytes: u64,
@@ -161,18 +184,24 @@ pub struct Files {
     pub device: FileRef,
     /// The traces.
     pub trace: FileRef,
+    /// The page hashes (v2, optional: a parent for incremental snapshots
+    /// needs them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hashes: Option<FileRef>,
 }
 
 impl Files {
-    /// `(kind, file)` for every role.
-    pub fn all(&self) -> [(FileKind, &FileRef); 5] {
-        [
+    /// `(kind, file)` for every role present.
+    pub fn all(&self) -> Vec<(FileKind, &FileRef)> {
+        let mut v = vec![
             (FileKind::Memory, &self.memory),
             (FileKind::Index, &self.index),
             (FileKind::Zero, &self.zero),
             (FileKind::Device, &self.device),
             (FileKind::Trace, &self.trace),
-        ]
+        ];
+        v.extend(self.hashes.as_ref().map(|h| (FileKind::Hashes, h)));
+        v
     }
 }
 
@@ -278,6 +307,14 @@ impl Manifest {
             }
             if self.ram_blocks[..i].iter().any(|o| o.name == rb.name) {
                 return bad(format!("RAM block name {:?} appears twice", rb.name));
+            }
+        }
+        if let Some(p) = &self.parent {
+            if !is_plain_name(&p.name) || p.name.starts_with('.') {
+                return bad(format!("parent name {:?} is not a plain name", p.name));
+            }
+            if p.depth == 0 || p.depth > MAX_CHAIN_DEPTH {
+                return bad(format!("parent chain depth {} is out of range", p.depth));
             }
         }
         for (kind, f) in self.files.all() {

@@ -35,6 +35,9 @@ pub struct ReadPlan {
     pub zero: Vec<PageKey>,
     /// Wanted pages the image does not hold.
     pub absent: Vec<PageKey>,
+    /// Wanted pages held elsewhere (the parent snapshot, a frozen disk):
+    /// read one by one with [`Image::read_page`].
+    pub elsewhere: Vec<PageKey>,
 }
 
 impl ReadPlan {
@@ -76,6 +79,7 @@ impl Image {
                 },
                 PageState::Zero => plan.zero.push(k),
                 PageState::Absent => plan.absent.push(k),
+                PageState::OnDisk { .. } | PageState::InParent { .. } => plan.elsewhere.push(k),
             }
         }
         plan.whole_blocks.sort_unstable();

@@ -14,6 +14,7 @@
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{ReadError, Version};
 use crate::fileio::{open_file, read_at, read_body, read_header};
@@ -21,6 +22,7 @@ use crate::format::{
     get_u16, reads_major, FileHeader, FileKind, PageKey, COMPRESSION_NONE, ENTRY_FLAG_DUP,
     FORMAT_VERSION, MAX_DEVICE_STATE_LEN,
 };
+use crate::hashes::hashes_body_len;
 use crate::index::{
     bitmap_body_len, decode_bitmaps, decode_index, index_body_len, BlockInfo, IndexContext,
     IndexEntry, ZeroBitmap,
@@ -29,7 +31,9 @@ use crate::manifest::{Manifest, RamBlock};
 use crate::trace::{decode_trace, TraceSection, TRACE_FAFL};
 
 mod blocks;
+mod chain;
 pub use blocks::Block;
+pub use chain::DiskPages;
 
 /// Largest trace file body a reader loads.
 pub const MAX_TRACE_LEN: u64 = 1 << 30;
@@ -43,6 +47,21 @@ pub enum PageState {
     Zero,
     /// Neither stored nor zero (not in this image).
     Absent,
+    /// On a frozen disk of the snapshot (v2): disk number in the
+    /// manifest's `disks`, byte offset on the disk, CRC32C of the page.
+    OnDisk {
+        /// Index into the manifest's `disks`.
+        disk: u16,
+        /// Byte offset of the page on the disk (as the guest sees it).
+        offset: u64,
+        /// CRC32C of the page's bytes.
+        crc: u32,
+    },
+    /// The same page of the parent snapshot (v2 incremental).
+    InParent {
+        /// CRC32C of the page's bytes.
+        crc: u32,
+    },
 }
 
 /// Where a stored page is in the memory image.
@@ -70,6 +89,10 @@ pub struct ImageStats {
     /// Pages stored once for several pages of equal bytes (v2), not
     /// counting the page that owns the slot.
     pub pages_duplicate: u64,
+    /// Pages read from the parent snapshot (v2 incremental).
+    pub pages_in_parent: u64,
+    /// Pages stored as references to a frozen disk (v2).
+    pub pages_on_disk: u64,
     /// Pages neither stored nor zero.
     pub pages_absent: u64,
     /// Blocks of pages the guest wrote during the snapshot (v2).
@@ -106,10 +129,16 @@ pub struct Image {
     pub(crate) index: Vec<Vec<IndexEntry>>,
     zero: Vec<ZeroBitmap>,
     traces: Vec<TraceSection>,
+    /// The parent snapshot, opened and checked (incremental snapshots).
+    pub(crate) parent: Option<Box<Image>>,
+    /// Reads pages stored as disk references.
+    pub(crate) disk_pages: Option<Arc<dyn DiskPages>>,
+    /// `hashes.bin`, checked at open, read by [`Image::page_hashes`].
+    pub(crate) hashes_file: Option<(PathBuf, File, FileHeader)>,
 }
 
 /// An open data file and its checked header.
-struct Opened {
+pub(crate) struct Opened {
     path: PathBuf,
     file: File,
     len: u64,
@@ -117,8 +146,23 @@ struct Opened {
 }
 
 impl Image {
-    /// Opens and checks the snapshot in `dir` (see the module docs).
+    /// Opens and checks the snapshot in `dir` (see the module docs), and
+    /// its parents if it is incremental. Pages stored as disk references
+    /// cannot be read (use [`Image::open_with`]).
     pub fn open(dir: &Path) -> Result<Image, ReadError> {
+        Self::open_with(dir, None)
+    }
+
+    /// [`open`](Self::open), reading disk-reference pages with `disks`.
+    pub fn open_with(dir: &Path, disks: Option<Arc<dyn DiskPages>>) -> Result<Image, ReadError> {
+        Self::open_at(dir, disks, 0)
+    }
+
+    fn open_at(
+        dir: &Path,
+        disks: Option<Arc<dyn DiskPages>>,
+        depth: u32,
+    ) -> Result<Image, ReadError> {
         match fs::metadata(dir) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => return Err(ReadError::corrupt(dir, "not a directory")),
@@ -130,14 +174,9 @@ impl Image {
             .map_err(|e| ReadError::io(&mpath, e))?
             .len();
         let id = manifest.image_id_bytes().unwrap_or_default();
-        let open = |kind: FileKind| -> Result<Opened, ReadError> {
-            let fr = match kind {
-                FileKind::Memory => &manifest.files.memory,
-                FileKind::Index => &manifest.files.index,
-                FileKind::Zero => &manifest.files.zero,
-                FileKind::Device => &manifest.files.device,
-                _ => &manifest.files.trace,
-            };
+        let open_ref = |kind: FileKind,
+                        fr: &crate::manifest::FileRef|
+         -> Result<Opened, ReadError> {
             let path = dir.join(&fr.name);
             let (file, len) = open_file(&path)?;
             // A foreign file, or one of another major version, says so
@@ -197,6 +236,16 @@ impl Image {
                 header,
             })
         };
+        let open = |kind: FileKind| {
+            let fr = match kind {
+                FileKind::Memory => &manifest.files.memory,
+                FileKind::Index => &manifest.files.index,
+                FileKind::Zero => &manifest.files.zero,
+                FileKind::Device => &manifest.files.device,
+                _ => &manifest.files.trace,
+            };
+            open_ref(kind, fr)
+        };
         let mem = open(FileKind::Memory)?;
         let idx = open(FileKind::Index)?;
         let zero = open(FileKind::Zero)?;
@@ -237,6 +286,8 @@ impl Image {
             first_block: u64::from(mem.header.header_len),
             memory_len: mem.len,
             major: version.major,
+            disks: manifest.disks.len(),
+            has_parent: manifest.parent.is_some(),
         };
         let (blocks, index) = decode_index(&cx, &body)?;
         drop(body);
@@ -251,10 +302,13 @@ impl Image {
         let body = read_body(&zero.file, &zero.path, &zero.header)?;
         let bitmaps = decode_bitmaps(&zero.path, &ram_pages, &body)?;
         for (r, (entries, map)) in index.iter().zip(&bitmaps).enumerate() {
-            if let Some(p) = map.iter().find(|&p| entries[p as usize].is_stored()) {
+            if let Some(p) = map
+                .iter()
+                .find(|&p| entries[p as usize] != IndexEntry::NONE)
+            {
                 return Err(ReadError::corrupt(
                     &zero.path,
-                    format!("page {r}:{p} is both zero and stored"),
+                    format!("page {r}:{p} is both zero and stored (or referenced)"),
                 ));
             }
         }
@@ -267,6 +321,30 @@ impl Image {
         }
         let body = read_body(&trace.file, &trace.path, &trace.header)?;
         let traces = decode_trace(&trace.path, trace.header.count, &ram_pages, &body)?;
+        let hashes_file = match &manifest.files.hashes {
+            Some(fr) => {
+                let o = open_ref(FileKind::Hashes, fr)?;
+                if o.header.body_len != hashes_body_len(&ram_pages) {
+                    return Err(ReadError::corrupt(
+                        &o.path,
+                        "body length does not match the RAM blocks",
+                    ));
+                }
+                Some((o.path, o.file, o.header))
+            }
+            None => None,
+        };
+        let parent = match &manifest.parent {
+            Some(p) => Some(Box::new(chain::open_parent(
+                dir,
+                &manifest,
+                p,
+                disks.clone(),
+                depth,
+                Image::open_at,
+            )?)),
+            None => None,
+        };
 
         if device.header.body_len > MAX_DEVICE_STATE_LEN {
             return Err(ReadError::corrupt(
@@ -288,6 +366,9 @@ impl Image {
             index,
             zero: bitmaps,
             traces,
+            parent,
+            disk_pages: disks,
+            hashes_file,
         })
     }
 
@@ -371,6 +452,18 @@ impl Image {
             .flatten()
             .filter(|e| e.is_stored() && e.flags & ENTRY_FLAG_DUP != 0)
             .count() as u64;
+        let pages_in_parent = self
+            .index
+            .iter()
+            .flatten()
+            .filter(|e| e.in_parent())
+            .count() as u64;
+        let pages_on_disk = self
+            .index
+            .iter()
+            .flatten()
+            .filter(|e| e.on_disk().is_some())
+            .count() as u64;
         let files: u64 = self.manifest.files.all().iter().map(|(_, f)| f.size).sum();
         let ps = self.manifest.page_size as u64;
         ImageStats {
@@ -378,7 +471,14 @@ impl Image {
             pages_stored,
             pages_zero,
             pages_duplicate,
-            pages_absent: pages_total - pages_stored - pages_duplicate - pages_zero,
+            pages_in_parent,
+            pages_on_disk,
+            pages_absent: pages_total
+                - pages_stored
+                - pages_duplicate
+                - pages_in_parent
+                - pages_on_disk
+                - pages_zero,
             blocks_hot: self.blocks.iter().filter(|b| b.is_hot()).count() as u32,
             blocks_compressed: self
                 .blocks
@@ -417,6 +517,14 @@ impl Image {
                 offset,
                 crc: entry.crc,
             }))
+        } else if let Some((disk, at)) = entry.on_disk() {
+            Ok(PageState::OnDisk {
+                disk,
+                offset: u64::from(at) * self.manifest.page_size as u64,
+                crc: entry.crc,
+            })
+        } else if entry.in_parent() {
+            Ok(PageState::InParent { crc: entry.crc })
         } else if self.zero[key.ram_block as usize].is_zero(key.page) {
             Ok(PageState::Zero)
         } else {
@@ -451,6 +559,10 @@ impl Image {
             },
             PageState::Zero => out.fill(0),
             PageState::Absent => {}
+            PageState::OnDisk { disk, offset, crc } => {
+                self.read_disk_page(disk, offset, crc, out)?
+            }
+            PageState::InParent { crc } => self.read_parent_page(key, crc, out)?,
         }
         Ok(state)
     }

@@ -41,9 +41,10 @@ use crate::error::Version;
 use crate::fileio::{new_image_id, write_all_vectored, write_body_file};
 use crate::format::{
     is_zero, pages_for, valid_page_size, BlockHeader, FileHeader, FileKind, PageKey,
-    BLOCK_ENTRY_LEN, BLOCK_FLAG_HOT, BLOCK_HEADER_LEN, DEFAULT_PAGES_PER_BLOCK, ENTRY_FLAG_DUP,
-    FILE_HEADER_LEN, FORMAT_V1, FORMAT_VERSION, MAX_BLOCK_PAYLOAD, MAX_DEVICE_STATE_LEN,
-    MAX_NAME_LEN, MAX_PAGES_PER_BLOCK, MAX_RAM_BLOCKS, MAX_TRACE_SECTIONS,
+    BLOCK_ENTRY_LEN, BLOCK_FLAG_HOT, BLOCK_HEADER_LEN, DEFAULT_PAGES_PER_BLOCK, ENTRY_FLAG_DISK,
+    ENTRY_FLAG_DUP, ENTRY_FLAG_PARENT, FILE_HEADER_LEN, FORMAT_V1, FORMAT_VERSION,
+    MAX_BLOCK_PAYLOAD, MAX_DEVICE_STATE_LEN, MAX_NAME_LEN, MAX_PAGES_PER_BLOCK, MAX_RAM_BLOCKS,
+    MAX_TRACE_SECTIONS,
 };
 use crate::index::{BlockInfo, IndexEntry, ZeroBitmap};
 use crate::list::TEMP_MARKER;
@@ -188,6 +189,25 @@ impl WriterOptions {
     }
 }
 
+/// The parent of an incremental snapshot, as the writer needs it.
+#[derive(Debug, Clone)]
+pub struct ParentInfo {
+    /// Its manifest reference (name, image id, chain depth of the child).
+    pub reference: crate::manifest::ParentRef,
+    /// Its RAM blocks (must equal the child's).
+    pub ram_blocks: Vec<RamBlock>,
+    /// Its page hashes ([`crate::Image::page_hashes`]).
+    pub hashes: Vec<Vec<u128>>,
+}
+
+/// Finds a page's bytes on one of the snapshot's frozen disks (the
+/// detection layer: pages of the guest's page cache). `find` must compare
+/// the bytes themselves, not only the hash, before answering.
+pub trait DiskMatcher: Send {
+    /// `(disk, offset in pages)` of a disk block holding exactly `data`.
+    fn find(&mut self, hash: u128, data: &[u8]) -> Option<(u16, u32)>;
+}
+
 /// A block being filled.
 #[derive(Debug, Default)]
 struct OpenBlock {
@@ -230,6 +250,12 @@ pub struct ImageWriter {
     by_content: HashMap<u128, PageKey>,
     /// Pages stored as a reference to an equal page: (page, owner, crc).
     dups: Vec<(PageKey, PageKey, u32)>,
+    /// Content hash of every page given (v2; 0 for zero pages).
+    hashes: Vec<Vec<u128>>,
+    parent: Option<ParentInfo>,
+    disk_matcher: Option<Box<dyn DiskMatcher>>,
+    pages_in_parent: u64,
+    pages_on_disk: u64,
     traces: Vec<TraceSection>,
     device_len: Option<u64>,
     metrics: Metrics,
@@ -328,6 +354,11 @@ impl ImageWriter {
             zero.push(ZeroBitmap::new(p));
             given.push(vec![0u64; (p as usize).div_ceil(64)]);
         }
+        let hashes = if opts.format_major >= 2 {
+            ram_pages.iter().map(|&p| vec![0u128; p as usize]).collect()
+        } else {
+            Vec::new()
+        };
         let threads = match opts.compress_threads {
             0 => pipeline::auto_threads(),
             n => n,
@@ -361,6 +392,11 @@ impl ImageWriter {
             given,
             by_content: HashMap::new(),
             dups: Vec::new(),
+            hashes,
+            parent: None,
+            disk_matcher: None,
+            pages_in_parent: 0,
+            pages_on_disk: 0,
             traces: Vec::new(),
             device_len: None,
             metrics: Metrics::default(),
@@ -443,6 +479,39 @@ impl ImageWriter {
         self.pool.set_init(f);
     }
 
+    /// Makes this an incremental snapshot of `parent` (v2): a page whose
+    /// bytes equal the parent's same page is stored as "in parent". Call
+    /// before the first page.
+    pub fn set_parent(&mut self, parent: ParentInfo) -> Result<(), WriteError> {
+        if self.opts.format_major < 2 {
+            return Err(WriteError::InvalidMeta(
+                "format 1 has no incremental snapshots".into(),
+            ));
+        }
+        let same_layout = parent.ram_blocks == self.meta.ram_blocks
+            && parent.hashes.len() == self.ram_pages.len()
+            && parent
+                .hashes
+                .iter()
+                .zip(&self.ram_pages)
+                .all(|(h, &p)| h.len() == p as usize);
+        if !same_layout {
+            return Err(WriteError::InvalidMeta(format!(
+                "parent {:?} has other RAM blocks than this snapshot; take a full snapshot",
+                parent.reference.name
+            )));
+        }
+        self.parent = Some(parent);
+        Ok(())
+    }
+
+    /// Looks pages up on the frozen disks before storing them (v2).
+    pub fn set_disk_matcher(&mut self, m: Box<dyn DiskMatcher>) {
+        if self.opts.format_major >= 2 {
+            self.disk_matcher = Some(m);
+        }
+    }
+
     /// The header every binary file of this snapshot starts from.
     pub(crate) fn file_header(&self) -> FileHeader {
         let mut h = FileHeader::new(self.image_id);
@@ -515,8 +584,39 @@ impl ImageWriter {
             return Ok(());
         }
         let crc = crc32c::crc32c(data);
-        if self.opts.dedup {
-            let h = xxhash_rust::xxh3::xxh3_128(data);
+        let (r, p) = (key.ram_block as usize, key.page as usize);
+        let h = if self.opts.format_major >= 2 {
+            let h = crate::hashes::page_hash(data);
+            self.hashes[r][p] = h;
+            Some(h)
+        } else {
+            None
+        };
+        if let (Some(h), Some(parent)) = (h, &self.parent) {
+            if parent.hashes[r][p] == h {
+                self.index[r][p] = IndexEntry {
+                    block: crate::format::NO_BLOCK,
+                    slot: 0,
+                    flags: ENTRY_FLAG_PARENT,
+                    crc,
+                };
+                self.pages_in_parent += 1;
+                return Ok(());
+            }
+        }
+        if let (Some(h), Some(m)) = (h, self.disk_matcher.as_mut()) {
+            if let Some((disk, at)) = m.find(h, data) {
+                self.index[r][p] = IndexEntry {
+                    block: at,
+                    slot: disk,
+                    flags: ENTRY_FLAG_DISK,
+                    crc,
+                };
+                self.pages_on_disk += 1;
+                return Ok(());
+            }
+        }
+        if let (true, Some(h)) = (self.opts.dedup, h) {
             match self.by_content.get(&h) {
                 Some(&owner) => {
                     self.dups.push((key, owner, crc));

@@ -292,9 +292,12 @@ fn snapshot_modes_are_exact_and_harmless() {
             "m-precopy",
             "m-stop-copy",
             "s-hot",
+            "s-hot-none",
+            "s-hot-zstd",
             "s-precopy",
             "s-precopy2",
             "s-precopy3",
+            "s-sc-v1",
             "s-stop-copy"
         ]
     );

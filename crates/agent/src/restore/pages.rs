@@ -41,8 +41,9 @@ pub struct ImagePages<'a> {
     buf: Vec<u8>,
     /// Format 2: read whole blocks and offer their pages as companions.
     blockwise: bool,
-    /// Most recently used last.
-    cache: VecDeque<Arc<Block>>,
+    /// Most recently used last; keyed by the image of the chain that holds
+    /// the block (its address) and the block number.
+    cache: VecDeque<(usize, Arc<Block>)>,
     /// Bytes read from the memory image so far.
     pub bytes_read: Arc<AtomicU64>,
     /// Pages handed out so far (each page once: the source sends a page
@@ -77,22 +78,25 @@ impl<'a> ImagePages<'a> {
         })
     }
 
-    /// Block `b`, from the cache or read (and decompressed) now.
-    fn block(&mut self, b: u32) -> io::Result<Arc<Block>> {
-        if let Some(i) = self.cache.iter().position(|x| x.index == b) {
-            let blk = self.cache.remove(i).unwrap_or_else(|| unreachable!());
-            self.cache.push_back(blk.clone());
+    /// Block `b` of `holder` (this image or one of its parents), from the
+    /// cache or read (and decompressed) now.
+    fn block(&mut self, holder: &Image, b: u32) -> io::Result<Arc<Block>> {
+        let id = holder as *const Image as usize;
+        if let Some(i) = self.cache.iter().position(|(h, x)| *h == id && x.index == b) {
+            let entry = self.cache.remove(i).unwrap_or_else(|| unreachable!());
+            let blk = entry.1.clone();
+            self.cache.push_back(entry);
             return Ok(blk);
         }
-        let blk = Arc::new(self.img.read_block(b).map_err(to_io)?);
-        let stored = self.img.blocks()[b as usize].stored_len;
+        let blk = Arc::new(holder.read_block(b).map_err(to_io)?);
+        let stored = holder.blocks()[b as usize].stored_len;
         self.bytes_read
             .fetch_add(u64::from(stored), Ordering::Relaxed);
         self.blocks_read.fetch_add(1, Ordering::Relaxed);
         if self.cache.len() >= CACHE_BLOCKS {
             self.cache.pop_front();
         }
-        self.cache.push_back(blk.clone());
+        self.cache.push_back((id, blk.clone()));
         Ok(blk)
     }
 }
@@ -116,25 +120,47 @@ impl PageSource for ImagePages<'_> {
             return Ok(true);
         }
         if self.blockwise {
-            return match self.img.locate(key).map_err(to_io)? {
-                PageState::Stored(loc) => {
-                    let blk = self.block(loc.block)?;
+            let img = self.img;
+            return match img.resolve(key).map_err(to_io)? {
+                (holder, PageState::Stored(loc)) => {
+                    let blk = self.block(holder, loc.block)?;
                     // `locate` checked the slot against the block table.
                     buf.copy_from_slice(blk.page(usize::from(loc.slot)));
+                    // A page of a parent: the child's CRC says it is the
+                    // same page (the parent could only differ if replaced,
+                    // which opening the chain refuses).
+                    if !std::ptr::eq(holder, img) {
+                        if let PageState::InParent { crc } = img.locate(key).map_err(to_io)? {
+                            if loc.crc != crc {
+                                return Err(io::Error::other(format!(
+                                    "page {}:{} read from the parent snapshot {} has another CRC",
+                                    id.block,
+                                    id.page,
+                                    holder.dir().display()
+                                )));
+                            }
+                        }
+                    }
                     Ok(true)
                 }
-                PageState::Zero => Ok(false),
-                PageState::Absent => Err(absent(id)),
+                (_, PageState::Zero) => Ok(false),
+                (_, PageState::Absent) => Err(absent(id)),
+                (_, PageState::OnDisk { .. } | PageState::InParent { .. }) => {
+                    img.read_page(key, buf).map_err(to_io)?;
+                    self.bytes_read
+                        .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                    Ok(true)
+                }
             };
         }
         match self.img.read_page(key, buf).map_err(to_io)? {
-            PageState::Stored(_) => {
+            PageState::Zero => Ok(false),
+            PageState::Absent => Err(absent(id)),
+            _ => {
                 self.bytes_read
                     .fetch_add(buf.len() as u64, Ordering::Relaxed);
                 Ok(true)
             }
-            PageState::Zero => Ok(false),
-            PageState::Absent => Err(absent(id)),
         }
     }
 
@@ -147,24 +173,34 @@ impl PageSource for ImagePages<'_> {
             return false;
         }
         let key = PageKey::new(id.block, id.page);
-        let Ok(PageState::Stored(loc)) = self.img.locate(key) else {
+        let img = self.img;
+        let Ok((holder, PageState::Stored(loc))) = img.resolve(key) else {
             return false;
         };
-        let blocks = self.img.blocks();
+        let blocks = holder.blocks();
         let hot = blocks[loc.block as usize].is_hot();
         let next = (loc.block as usize + 1..blocks.len())
             .filter(|&b| blocks[b].is_hot() == hot)
             .take(PREFETCH_BLOCKS);
+        let own = std::ptr::eq(holder, img);
         for b in std::iter::once(loc.block as usize).chain(next) {
             // A block that fails to read is reported when its page is
             // requested; prefetch is best effort.
-            let Ok(blk) = self.block(b as u32) else {
+            let Ok(blk) = self.block(holder, b as u32) else {
                 continue;
             };
-            out.extend(blk.pages.iter().filter(|k| **k != key).map(|k| PageId {
-                block: k.ram_block,
-                page: k.page,
-            }));
+            // A parent's block: only the pages the child still reads there
+            // (the others changed since).
+            out.extend(
+                blk.pages
+                    .iter()
+                    .filter(|k| **k != key)
+                    .filter(|k| own || img.resolve(**k).is_ok_and(|(h, _)| std::ptr::eq(h, holder)))
+                    .map(|k| PageId {
+                        block: k.ram_block,
+                        page: k.page,
+                    }),
+            );
         }
         true
     }

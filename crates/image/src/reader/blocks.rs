@@ -79,6 +79,15 @@ impl Image {
                 pages * ps
             )));
         }
+        // An incremental snapshot: the parent's RAM first, then this
+        // image's own pages over it.
+        let in_parent = match self.parent() {
+            Some(parent) => {
+                parent.read_ram_block(ram_block, out)?;
+                true
+            }
+            None => false,
+        };
         let mut wanted: Vec<(u32, u16, usize)> = Vec::with_capacity(pages);
         let mut zero = 0;
         for p in 0..pages {
@@ -92,6 +101,20 @@ impl Image {
                     return Err(ReadError::NotFound(format!(
                         "page {ram_block}:{p} is not in this image"
                     )))
+                }
+                crate::PageState::InParent { crc } => {
+                    if !in_parent || crc32c::crc32c(&out[p * ps..(p + 1) * ps]) != crc {
+                        self.read_page(
+                            PageKey::new(ram_block, p as u32),
+                            &mut out[p * ps..(p + 1) * ps],
+                        )?;
+                    }
+                }
+                crate::PageState::OnDisk { .. } => {
+                    self.read_page(
+                        PageKey::new(ram_block, p as u32),
+                        &mut out[p * ps..(p + 1) * ps],
+                    )?;
                 }
             }
         }

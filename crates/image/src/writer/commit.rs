@@ -12,6 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::{Committed, ImageWriter, WriteError};
 use crate::fileio::{sync_dir, write_body_file};
 use crate::format::{FileKind, PageKey, FILE_HEADER_LEN};
+use crate::hashes::encode_hashes;
 use crate::index::{encode_bitmaps, encode_index};
 use crate::manifest::{FileRef, Files, Manifest, Storage};
 use crate::trace::{encode_trace, TRACE_FAFL};
@@ -86,12 +87,27 @@ impl ImageWriter {
                 |out| encode_trace(&w.traces, out),
             )
         })?;
+        let hashes = if self.opts.format_major >= 2 {
+            header.count = self.ram_pages.len() as u32;
+            let len = self.io(FileKind::Hashes, |w| {
+                write_body_file(
+                    &w.file_path(FileKind::Hashes),
+                    FileKind::Hashes,
+                    header.clone(),
+                    |out| encode_hashes(&w.hashes, out),
+                )
+            })?;
+            Some(file_ref(FileKind::Hashes, len))
+        } else {
+            None
+        };
         let manifest = self.manifest(Files {
             memory: file_ref(FileKind::Memory, mem_len),
             index: file_ref(FileKind::Index, index_len),
             zero: file_ref(FileKind::Zero, zero_len),
             device: file_ref(FileKind::Device, device_len),
             trace: file_ref(FileKind::Trace, trace_len),
+            hashes,
         });
         let bytes = manifest.encode_as(self.opts.version());
         self.io(FileKind::Manifest, |w| {
@@ -153,7 +169,13 @@ impl ImageWriter {
     fn manifest(&self, files: Files) -> Manifest {
         let mut metrics = self.metrics.clone();
         let zero = self.pages_zero();
-        metrics.pages_total = Some(self.pages_stored + self.dups.len() as u64 + zero);
+        metrics.pages_total = Some(
+            self.pages_stored
+                + self.dups.len() as u64
+                + self.pages_in_parent
+                + self.pages_on_disk
+                + zero,
+        );
         metrics.pages_zero = Some(zero);
         metrics.bytes_written = Some(files.all().iter().map(|(_, f)| f.size).sum());
         if metrics.pages_guest_written.is_none() {
@@ -178,12 +200,15 @@ impl ImageWriter {
             files,
             metrics,
             labels: self.meta.labels.clone(),
+            parent: self.parent.as_ref().map(|p| p.reference.clone()),
             storage: (self.opts.format_major >= 2).then(|| Storage {
                 codec: self.opts.codec.name().into(),
                 blocks_hot: self.blocks_hot,
                 blocks_compressed: self.blocks_compressed,
                 blocks_raw_fallback: self.pool.raw_fallback,
                 pages_duplicate: self.dups.len() as u64,
+                pages_in_parent: self.pages_in_parent,
+                pages_on_disk: self.pages_on_disk,
                 payload_raw_bytes: self.raw_bytes,
                 payload_stored_bytes: self.blocks.iter().map(|b| u64::from(b.payload_len())).sum(),
             }),
