@@ -148,7 +148,10 @@ fn check_image(c: &CommittedInfo, ram: &[u8], m: &StreamModel) -> u64 {
                     );
                 }
                 PageState::Absent => panic!("{} page {p:#x} is absent", block.name),
-                s => panic!("{} page {p:#x} is {s:?}: a capture makes no references", block.name),
+                s => panic!(
+                    "{} page {p:#x} is {s:?}: a capture makes no references",
+                    block.name
+                ),
             }
             if zero && block.name == "mem" {
                 mem_zero += 1;

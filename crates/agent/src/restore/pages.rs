@@ -82,7 +82,11 @@ impl<'a> ImagePages<'a> {
     /// cache or read (and decompressed) now.
     fn block(&mut self, holder: &Image, b: u32) -> io::Result<Arc<Block>> {
         let id = holder as *const Image as usize;
-        if let Some(i) = self.cache.iter().position(|(h, x)| *h == id && x.index == b) {
+        if let Some(i) = self
+            .cache
+            .iter()
+            .position(|(h, x)| *h == id && x.index == b)
+        {
             let entry = self.cache.remove(i).unwrap_or_else(|| unreachable!());
             let blk = entry.1.clone();
             self.cache.push_back(entry);
