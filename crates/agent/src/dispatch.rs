@@ -143,6 +143,7 @@ pub(crate) fn dispatch(
             reference,
             fault,
             storage,
+            full,
         } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
             let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
@@ -161,6 +162,7 @@ pub(crate) fn dispatch(
                 vm_config,
                 target: None,
                 writer,
+                full,
             };
             let mut hooks: Box<dyn crate::snapshot::Hooks> = match fault {
                 Some(crate::fault::Fault::PanicWhenPaused) => {

@@ -106,5 +106,7 @@ pub use progress::{CaptureProgress, CaptureStats, Phase};
 pub use run::capture;
 pub use stage::SCRATCH_NAME;
 
-pub use vmcsnap_image::{Codec, DiskRef, Metrics, WorkerInit, WriterOptions};
+pub use vmcsnap_image::{
+    Codec, DiskRef, Metrics, ParentInfo, ParentRef, WorkerInit, WriterOptions,
+};
 pub use vmcsnap_migstream::ReaderOptions;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde_json::Value;
-use vmcsnap_image::{DiskRef, WorkerInit, WriterOptions};
+use vmcsnap_image::{DiskRef, ParentInfo, WorkerInit, WriterOptions};
 use vmcsnap_migstream::ReaderOptions;
 
 /// What `device.bin` holds in an image written by this crate (the
@@ -101,6 +101,10 @@ pub struct CaptureOptions {
     /// (the agent lowers their priority there, so that compression takes
     /// CPU the guests leave idle).
     pub compress_worker_init: Option<WorkerInit>,
+    /// Make the image incremental to this parent (format 2): pages equal
+    /// to the parent's same page are not stored. Ignored (a full image is
+    /// written) if the stream's RAM blocks differ from the parent's.
+    pub parent: Option<ParentInfo>,
     /// Stream reader settings (page size, device-state limit, vmdesc policy).
     pub reader: ReaderOptions,
     /// The progress callback runs each time this many more stream bytes
@@ -124,6 +128,7 @@ impl CaptureOptions {
             device_state_format: DEVICE_STATE_FORMAT.to_owned(),
             writer: WriterOptions::default(),
             compress_worker_init: None,
+            parent: None,
             reader: ReaderOptions::default(),
             progress_interval_bytes: 64 << 20,
         }

@@ -205,6 +205,11 @@ impl Run<'_> {
         if let Some(init) = &self.opts.compress_worker_init {
             writer.on_worker_start(init.clone());
         }
+        if let Some(parent) = self.opts.parent.take() {
+            // Another RAM layout (the VM's memory was resized): a full
+            // image, never a wrong one.
+            let _ = writer.set_parent(parent);
+        }
         if self.opts.mode == CaptureMode::Precopy {
             self.stage = Some(PageStage::create(
                 writer.temp_path(),

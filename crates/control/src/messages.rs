@@ -71,6 +71,9 @@ pub enum Request {
         /// `none` (format 2 uncompressed) or `v1` (format 1.0).
         #[serde(default)]
         storage: Option<String>,
+        /// Store every page: no parent, even if the VM has snapshots.
+        #[serde(default)]
+        full: bool,
     },
     /// Take a consistent snapshot of every VM of the cluster at once
     /// (HotSnap's coordinated protocol, with the switch's packet mediator)
@@ -328,6 +331,10 @@ pub struct SnapshotsDeleteResult {
     /// VM's disk or another snapshot's frozen disk reads from them (as for
     /// `gc`; `vmcsnap gc` removes them once nothing does).
     pub kept_in_use: Vec<PathBuf>,
+    /// Incremental snapshots rewritten without a removed parent (they
+    /// restore exactly as before).
+    #[serde(default)]
+    pub merged: Vec<String>,
 }
 
 /// An operation the agent is running.

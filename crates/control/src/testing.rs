@@ -45,6 +45,7 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
             reference: Some(PathBuf::from("snapshots/s0")),
             fault: None,
             storage: Some("zstd".into()),
+            full: true,
         },
         Request::ClusterSnapshot {
             mode: "hot".into(),

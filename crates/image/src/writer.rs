@@ -265,6 +265,10 @@ pub struct ImageWriter {
     blocks_compressed: u32,
     poisoned: bool,
     committed: bool,
+    /// Commit by exchanging with the existing `final_dir` (a rewrite).
+    replace: bool,
+    /// The manifest's creation time, if not the commit's (a rewrite).
+    created_unix_ms: Option<u64>,
 }
 
 impl std::fmt::Debug for ImageWriter {
@@ -406,6 +410,8 @@ impl ImageWriter {
             blocks_compressed: 0,
             poisoned: false,
             committed: false,
+            replace: false,
+            created_unix_ms: None,
         };
         let path = w.file_path(FileKind::Memory);
         let file = File::options()
@@ -418,6 +424,79 @@ impl ImageWriter {
         w.mem = Some(mem);
         w.mem_len = FILE_HEADER_LEN as u64;
         Ok(w)
+    }
+
+    /// Rewrites the existing snapshot `final_dir` (e.g. to merge its parent
+    /// into it): the new image keeps `image_id`, so snapshots that name it
+    /// as their parent stay valid, and [`commit`](Self::commit) swaps it
+    /// with the old one atomically (`renameat2(RENAME_EXCHANGE)`), then
+    /// removes the old one. Until then the old snapshot is untouched; a
+    /// crash leaves it and a temporary directory that `cleanup_stale`
+    /// removes.
+    pub fn create_replacing(
+        final_dir: &Path,
+        meta: ImageMeta,
+        opts: WriterOptions,
+        image_id: [u8; 16],
+    ) -> Result<Self, WriteError> {
+        if !final_dir.is_dir() {
+            return Err(WriteError::InvalidMeta(format!(
+                "{} does not exist: nothing to rewrite",
+                final_dir.display()
+            )));
+        }
+        // `create_with` refuses an existing final directory: create next to
+        // it under a scratch name, then aim the commit at the real one.
+        let scratch = final_dir.with_file_name(format!(
+            "{}.rewrite",
+            final_dir.file_name().and_then(|n| n.to_str()).unwrap_or("")
+        ));
+        let mut w = Self::create_with(&scratch, meta, opts)?;
+        w.final_dir = final_dir.into();
+        w.image_id = image_id;
+        w.replace = true;
+        Ok(w)
+    }
+
+    /// Records `ms` as the snapshot's creation time (Unix ms) instead of
+    /// the commit's: a rewritten snapshot keeps its place among the VM's
+    /// snapshots.
+    pub fn set_created_unix_ms(&mut self, ms: u64) {
+        self.created_unix_ms = Some(ms);
+    }
+
+    /// Records a page whose bytes are on frozen disk `disk` at
+    /// `offset_pages × page_size` (v2), with its CRC and content hash (as an
+    /// image being rewritten has them).
+    pub fn add_disk_page(
+        &mut self,
+        key: PageKey,
+        disk: u16,
+        offset_pages: u32,
+        crc: u32,
+        hash: u128,
+    ) -> Result<(), WriteError> {
+        if self.poisoned {
+            return Err(WriteError::Poisoned);
+        }
+        if self.opts.format_major < 2 || usize::from(disk) >= self.meta.disks.len() {
+            return Err(WriteError::InvalidMeta(format!(
+                "page {}:{} on disk {disk}: no such disk in format {}",
+                key.ram_block, key.page, self.opts.format_major
+            )));
+        }
+        self.check_key(key)?;
+        self.set_given(key);
+        let (r, p) = (key.ram_block as usize, key.page as usize);
+        self.hashes[r][p] = hash;
+        self.index[r][p] = IndexEntry {
+            block: offset_pages,
+            slot: disk,
+            flags: ENTRY_FLAG_DISK,
+            crc,
+        };
+        self.pages_on_disk += 1;
+        Ok(())
     }
 
     /// The temporary directory being written.

@@ -117,6 +117,11 @@ pub enum Command {
         /// format 1.0, for older vmcsnap releases).
         #[arg(long, value_parser = ["lz4", "zstd", "none", "v1"], conflicts_with = "cluster")]
         storage: Option<String>,
+        /// Store every page. By default a snapshot of a VM that already has one is
+        /// incremental: it stores only the pages that differ from the VM's newest snapshot
+        /// (its parent, read on restore), up to a chain of 8, then a full one again.
+        #[arg(long, conflicts_with = "cluster")]
+        full: bool,
         /// With --cluster: cut each VM once its QEMU read everything sent to it, without
         /// checking (cut probes) that QEMU handed it all to the guest; frames QEMU still held
         /// are then missing from a restore. To measure what the probes change.

@@ -186,6 +186,7 @@ fn run(cli: Cli) -> Result<()> {
             reference,
             inject_fault,
             storage,
+            full,
             json,
             ..
         } => {
@@ -201,6 +202,7 @@ fn run(cli: Cli) -> Result<()> {
                     reference,
                     fault: inject_fault,
                     storage,
+                    full,
                 },
             )?;
             output::json_or(json, &v, || output::snapshot(&v))

@@ -33,6 +33,9 @@ pub fn removal(r: &SnapshotsDeleteResult, json: bool) -> Result<()> {
     for s in &r.removed {
         println!("{verb} {} ({}), {}", s.name, of(s), size(s.bytes_freed));
     }
+    for c in &r.merged {
+        println!("rewrote {c} without its removed parent (it restores as before)");
+    }
     for d in &r.kept_in_use {
         println!(
             "kept {}: a running VM's disk or another snapshot's frozen disk reads from it (`vmcsnap gc` removes it once unused)",

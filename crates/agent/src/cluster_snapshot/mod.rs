@@ -292,6 +292,7 @@ fn run_protocol(
                     disks_dir: ctx.disks.join(&vm),
                 }),
                 writer: Default::default(),
+                full: true,
             };
             let job = Job {
                 opts,

@@ -36,6 +36,7 @@ use vmcsnap_capture::{capture, CaptureMode, CaptureOptions, Captured, DiskRef, P
 
 mod capture_thread;
 mod commit_watch;
+pub mod parent;
 mod qemu_steps;
 
 use capture_thread::CaptureThread;
@@ -117,6 +118,9 @@ pub struct Options {
     pub target: Option<Target>,
     /// How the image is stored (format, codec, dedup).
     pub writer: vmcsnap_capture::WriterOptions,
+    /// Store every page, even if an earlier snapshot of the VM could be
+    /// the parent of an incremental one.
+    pub full: bool,
 }
 
 /// The writer options a request's `storage` names: `lz4` (default),
@@ -327,6 +331,17 @@ pub fn snapshot(
     }
     copts.progress_interval_bytes = 32 << 20;
     copts.writer = opts.writer;
+    // An incremental snapshot of a single VM (not of a cluster snapshot's
+    // VM: each cluster snapshot stands alone).
+    if opts.target.is_none() && !opts.full && opts.writer.format_major >= 2 {
+        copts.parent = parent::choose(&root, &vm.name);
+        if let Some(p) = &copts.parent {
+            progress(&format!(
+                "incremental to {} (chain depth {})",
+                p.reference.name, p.reference.depth
+            ));
+        }
+    }
     copts.compress_worker_init = Some(vmcsnap_capture::WorkerInit(std::sync::Arc::new(
         background_priority,
     )));

@@ -21,6 +21,7 @@
 //! same way, in one batch.
 
 mod disk_refs;
+mod merge;
 mod prune;
 mod space;
 #[cfg(test)]
@@ -67,13 +68,14 @@ pub enum RemovalError {
         /// The cluster snapshot holding it.
         cluster: String,
     },
-    /// Other snapshots need this one to restore.
-    #[error("snapshot {name:?} is the parent of {children:?}, which need it to restore: delete them first")]
-    HasChildren {
-        /// The snapshot.
-        name: String,
-        /// The snapshots that need it.
-        children: Vec<String>,
+    /// An incremental child could not be rewritten without its parent;
+    /// the parent was kept (and the child is as it was).
+    #[error("snapshot {child:?} needs the snapshot being deleted and could not be rewritten without it ({detail}); nothing of it was changed, and its parent was kept")]
+    Merge {
+        /// The child.
+        child: String,
+        /// Why.
+        detail: String,
     },
     /// Nothing named.
     #[error("name the snapshots to delete (`vmcsnap snapshots` lists them)")]
@@ -173,13 +175,6 @@ pub(crate) fn resolve(root: &Path, name: &str) -> Result<Target, RemovalError> {
         (SnapshotKind::Vm, m.map(|m| (m.vm.name, m.created_unix_ms)))
     };
     let (of, created) = facts.unzip();
-    let children = children_of(root, name);
-    if !children.is_empty() {
-        return Err(RemovalError::HasChildren {
-            name: name.into(),
-            children,
-        });
-    }
     Ok(Target {
         name: name.into(),
         path,
@@ -214,16 +209,11 @@ fn inside_cluster(root: &Path, name: &str) -> Option<RemovalError> {
     })
 }
 
-/// The snapshots that need snapshot `name` to restore: none today.
-///
-/// Incremental snapshots (coming with the image format's version 2) will
-/// name a parent snapshot in their manifest, and restore through it. This
-/// is where delete and prune must find them: deleting a parent must then
-/// merge it into each of its children (or refuse, as it does for any child
-/// this returns) so that no snapshot is left that lists but does not
-/// restore.
-pub(crate) fn children_of(_root: &Path, _name: &str) -> Vec<String> {
-    Vec::new()
+/// The snapshots that need snapshot `name` to restore: its incremental
+/// children. Removing it first rewrites each of them without it
+/// ([`merge`]).
+pub(crate) fn children_of(root: &Path, name: &str) -> Vec<String> {
+    merge::children_of(root, name)
 }
 
 /// Removes `targets` (or, with `dry_run`, says what removing them would
@@ -264,9 +254,25 @@ pub(crate) fn remove(
         kept: vec![],
         bytes_freed: freed.iter().sum(),
         kept_in_use,
+        merged: vec![],
     };
     for ((t, d), bytes_freed) in targets.into_iter().zip(disks).zip(freed) {
         if !dry_run {
+            // Its incremental children first: each is rewritten without it
+            // (a failure keeps it, and everything after it).
+            for child in children_of(root, &t.name) {
+                let done: Vec<String> = result.removed.iter().map(|r| r.name.clone()).collect();
+                merge::merge_parent_into(root, &child).map_err(|e| match e {
+                    RemovalError::Merge { child, detail } if !done.is_empty() => {
+                        RemovalError::Merge {
+                            child,
+                            detail: format!("{detail}; {}", after(&done)),
+                        }
+                    }
+                    e => e,
+                })?;
+                result.merged.push(child);
+            }
             let done: Vec<String> = result.removed.iter().map(|r| r.name.clone()).collect();
             remove_one(root, &t, d.as_deref()).map_err(|e| e.after(done))?;
             log(format!(

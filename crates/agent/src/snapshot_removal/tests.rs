@@ -481,3 +481,136 @@ fn chains_read_from_real_qcow2_headers() {
 fn no_snapshot_has_children_yet() {
     assert!(children_of(Path::new("/nonexistent"), "s1").is_empty());
 }
+
+/// Generation `gen` of a 200-page VM "inc": every 10th page changes.
+fn inc_page(gen: u32, p: u32) -> Vec<u8> {
+    let mut d = vec![0u8; 4096];
+    let g = if p % 10 == 0 { gen } else { 0 };
+    d[..8].copy_from_slice(&[p as u8, (p >> 8) as u8, g as u8, 9, 9, 9, 9, 1]);
+    d
+}
+
+/// Writes snapshot `name` of generation `gen`, incremental to `parent`.
+fn inc_snapshot(root: &Path, name: &str, gen: u32, at: u64, parent: Option<&str>) {
+    use vmcsnap_image::{ImageMeta, ImageWriter, ParentInfo, ParentRef, RamBlock, VmInfo};
+    let meta = ImageMeta {
+        vm: VmInfo {
+            name: "inc".into(),
+            config: serde_json::Value::Null,
+        },
+        page_size: 4096,
+        ram_blocks: vec![RamBlock {
+            name: "mem".into(),
+            used_length: 200 * 4096,
+        }],
+        ..Default::default()
+    };
+    let mut w = ImageWriter::create(&root.join(name), meta).unwrap();
+    w.set_created_unix_ms(at);
+    if let Some(p) = parent {
+        let img = vmcsnap_image::Image::open(&root.join(p)).unwrap();
+        let depth = img.manifest().parent.as_ref().map_or(0, |r| r.depth) + 1;
+        w.set_parent(ParentInfo {
+            reference: ParentRef {
+                name: p.into(),
+                image_id: img.manifest().image_id.clone(),
+                depth,
+            },
+            ram_blocks: img.manifest().ram_blocks.clone(),
+            hashes: img.page_hashes().unwrap().unwrap(),
+        })
+        .unwrap();
+    }
+    for p in 0..200 {
+        w.add_page(0, p, &inc_page(gen, p)).unwrap();
+    }
+    w.set_device_state(b"dev").unwrap();
+    w.commit().unwrap();
+}
+
+fn assert_generation(root: &Path, name: &str, gen: u32) {
+    let img = vmcsnap_image::Image::open(&root.join(name)).unwrap();
+    let mut all = vec![0u8; 200 * 4096];
+    img.read_ram_block(0, &mut all).unwrap();
+    for p in 0..200u32 {
+        assert_eq!(
+            all[p as usize * 4096..(p as usize + 1) * 4096],
+            inc_page(gen, p)[..],
+            "{name} page {p}"
+        );
+    }
+    assert!(img.verify().is_ok());
+}
+
+#[test]
+fn deleting_a_parent_merges_it_into_its_children() {
+    let fx = Fixture::new();
+    let root = fx.root();
+    inc_snapshot(&root, "g0", 0, 1000, None);
+    inc_snapshot(&root, "g1", 1, 2000, Some("g0"));
+    inc_snapshot(&root, "g2", 2, 3000, Some("g1"));
+    std::fs::create_dir(root.join("g1").join("restores")).unwrap();
+    std::fs::write(root.join("g1/restores/r1.json"), b"{}").unwrap();
+    assert_eq!(children_of(&root, "g1"), vec!["g2".to_string()]);
+    let id_g1 = vmcsnap_image::check_committed(&root.join("g1"))
+        .unwrap()
+        .image_id;
+
+    // The middle of the chain: g2 now reads g0 directly; g1 is gone.
+    let r = delete(&fx.run, &mut None, &["g1".to_string()]).unwrap();
+    assert_eq!(r.merged, vec!["g2".to_string()]);
+    assert!(!root.join("g1").exists());
+    assert_generation(&root, "g0", 0);
+    assert_generation(&root, "g2", 2);
+    let m = vmcsnap_image::check_committed(&root.join("g2")).unwrap();
+    let p = m.parent.unwrap();
+    assert_eq!((p.name.as_str(), p.depth), ("g0", 1));
+    assert_eq!(m.created_unix_ms, 3000, "a rewrite keeps its place");
+    assert_ne!(m.image_id, id_g1);
+
+    // The root: g2 becomes full, and a snapshot's extra files move with it.
+    std::fs::create_dir(root.join("g2").join("restores")).unwrap();
+    std::fs::write(root.join("g2/restores/r2.json"), b"{}").unwrap();
+    let r = delete(&fx.run, &mut None, &["g0".to_string()]).unwrap();
+    assert_eq!(r.merged, vec!["g2".to_string()]);
+    assert_generation(&root, "g2", 2);
+    assert!(vmcsnap_image::check_committed(&root.join("g2"))
+        .unwrap()
+        .parent
+        .is_none());
+    assert!(root.join("g2/restores/r2.json").exists());
+    // Nothing half-written is left behind.
+    let names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != ".disks")
+        .collect();
+    assert_eq!(names, vec!["g2".to_string()]);
+}
+
+#[test]
+fn pruning_a_chain_keeps_the_newest_restorable() {
+    let fx = Fixture::new();
+    let root = fx.root();
+    inc_snapshot(&root, "g0", 0, 1000, None);
+    inc_snapshot(&root, "g1", 1, 2000, Some("g0"));
+    inc_snapshot(&root, "g2", 2, 3000, Some("g1"));
+    inc_snapshot(&root, "g3", 3, 4000, Some("g2"));
+    let r = prune(
+        &fx.run,
+        &mut None,
+        &PruneOptions {
+            keep: 2,
+            vm: None,
+            dry_run: false,
+        },
+    )
+    .unwrap();
+    let mut gone: Vec<&str> = r.removed.iter().map(|x| x.name.as_str()).collect();
+    gone.sort();
+    assert_eq!(gone, ["g0", "g1"]);
+    assert_generation(&root, "g2", 2);
+    assert_generation(&root, "g3", 3);
+    assert_eq!(list_snapshots(&root).unwrap().len(), 2);
+}

@@ -120,6 +120,9 @@ impl ImageWriter {
             sync_dir(&w.tmp_dir)
         })?;
         check()?;
+        if self.replace {
+            return self.commit_exchange(manifest);
+        }
         if self.final_dir.exists() {
             return Err(WriteError::Exists(self.final_dir.clone()));
         }
@@ -139,6 +142,35 @@ impl ImageWriter {
             path: parent,
             source: e,
         })?;
+        Ok(Committed {
+            path: final_dir,
+            manifest,
+        })
+    }
+
+    /// The commit of [`ImageWriter::create_replacing`]: swap, sync, remove
+    /// the old image (now under the temporary name).
+    fn commit_exchange(mut self, manifest: Manifest) -> Result<Committed, WriteError> {
+        use rustix::fs::{renameat_with, RenameFlags, CWD};
+        let final_dir = self.final_dir.clone();
+        renameat_with(CWD, &self.tmp_dir, CWD, &final_dir, RenameFlags::EXCHANGE).map_err(|e| {
+            WriteError::Io {
+                path: final_dir.clone(),
+                source: e.into(),
+            }
+        })?;
+        // The new image is in place; the temporary name holds the old one.
+        self.committed = true;
+        let parent = match final_dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        sync_dir(&parent).map_err(|e| WriteError::Io {
+            path: parent,
+            source: e,
+        })?;
+        // Best effort: a leftover is a temporary directory gc removes.
+        let _ = fs::remove_dir_all(&self.tmp_dir);
         Ok(Committed {
             path: final_dir,
             manifest,
@@ -182,10 +214,12 @@ impl ImageWriter {
             let fafl = self.traces.iter().find(|s| s.name == TRACE_FAFL);
             metrics.pages_guest_written = Some(fafl.map_or(0, |s| s.entries.len() as u64));
         }
-        let created_unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let created_unix_ms = self.created_unix_ms.unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0)
+        });
         Manifest {
             image_id: self.image_id.iter().map(|b| format!("{b:02x}")).collect(),
             created_unix_ms,
