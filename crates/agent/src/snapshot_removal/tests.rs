@@ -485,7 +485,7 @@ fn no_snapshot_has_children_yet() {
 /// Generation `gen` of a 200-page VM "inc": every 10th page changes.
 fn inc_page(gen: u32, p: u32) -> Vec<u8> {
     let mut d = vec![0u8; 4096];
-    let g = if p % 10 == 0 { gen } else { 0 };
+    let g = if p.is_multiple_of(10) { gen } else { 0 };
     d[..8].copy_from_slice(&[p as u8, (p >> 8) as u8, g as u8, 9, 9, 9, 9, 1]);
     d
 }
