@@ -3,10 +3,13 @@
 against format 1 and QEMU's own stream (issue: snapshot storage, Halite + multi-layer snapshot).
 
 Side by side in one run, on one real QEMU guest booted by vmcsnap (default 1 GiB, TCG here):
-vm0 runs `memtouch -m RAM/4 -r 0` (a quarter of its RAM rewritten as fast as it can) and a KV
-server; vm1 drives a KV load against it. Then, REPS times, interleaved:
-  * snapshot phase: one hot snapshot per storage (v1 = format 1.0 as before this issue, none =
-    format 2 uncompressed, lz4, zstd) and one stop-copy (v1): downtime, duration, image bytes and
+vm0 writes 16 MiB to its data disk, drops its page cache and reads the file back (page cache
+that is on the frozen disk) and runs
+`memtouch -m RAM*TOUCH% -r 0` (that much of its RAM rewritten as fast as it can; 5% by default)
+and a KV server; vm1 drives a KV load against it. Then, REPS times, interleaved:
+  * snapshot phase: one full hot snapshot per storage (v1 = format 1.0 as before this issue, none =
+    format 2 uncompressed, lz4, zstd), then an incremental lz4 one (`snapshot` without --full:
+    only the pages changed since the lz4 one), and one stop-copy (v1): downtime, duration, image bytes and
     QEMU's stream bytes (`inspect --json`), compression ratio, capture MB/s (stream bytes /
     duration), blocks stored raw because the compressors were busy, and memtouch's writes/s
     during the snapshot vs the 5 s before it (guest slowdown);
@@ -20,7 +23,7 @@ memtouch slowdown <= 5%; lazy demand faults in 10 s with format 2 <= 0.5x format
 better latency; eager no slower than QEMU's eager.
 Writes bench/results/storage.json and storage.png and prints tables.
 
-Usage: bench/storage.py [--reps 3] [--size 1024] [--gap 6] [--out DIR] [--bin PATH]
+Usage: bench/storage.py [--reps 3] [--size 1024] [--touch-pct 5] [--gap 6] [--out DIR] [--bin PATH]
 Needs: target/release/vmcsnap (make build), matplotlib (pip-installed if missing).
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile, time
@@ -33,6 +36,7 @@ import snapshot as sb  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VMCSNAP = os.path.join(ROOT, "target", "release", "vmcsnap")
 STORAGES = ["v1", "none", "lz4", "zstd"]
+ROWS = STORAGES + ["lz4-incremental"]
 RESTORE_FROM = ["v1", "lz4"]
 
 
@@ -40,22 +44,26 @@ def run(run_dir, *args):
     return benchlib.run(VMCSNAP, run_dir, *args)
 
 
-def spec(mem):
+def spec(mem, touch_pct):
     return (f'[cluster]\nname = "bench-storage"\naccel = "auto"\n\n'
             f'[[vm]]\nname = "vm0"\nmemory_mib = {mem}\nworkload = """\n'
-            f'memtouch -m {mem // 4} -r 0 &\nkvserver 7001 &\n"""\n\n'
+            f'dd if=/dev/urandom of=/data/blob bs=1M count=16 2>/dev/null; sync\n'
+            f'echo 3 > /proc/sys/vm/drop_caches; cat /data/blob > /dev/null\n'
+            f'memtouch -m {max(4, mem * touch_pct // 100)} -r 0 &\nkvserver 7001 &\n"""\n\n'
             f'[[vm]]\nname = "vm1"\nmemory_mib = 160\nworkload = """\nkvload {{ip:vm0}} 7001 &\n"""\n')
 
 
-def snapshot_row(run_dir, console, name, mode, storage, gap):
+def snapshot_row(run_dir, console, name, mode, storage, gap, full=True):
     time.sleep(gap)
     t0 = time.monotonic()
-    r = run(run_dir, "snapshot", "vm0", "--mode", mode, "--name", name, "--storage", storage, "--json")
+    r = run(run_dir, "snapshot", "vm0", "--mode", mode, "--name", name, "--storage", storage, "--json",
+            *(["--full"] if full else []))
     t1 = time.monotonic()
     ins = run(run_dir, "inspect", name, "--json")
     st, m = ins["stats"], ins["manifest"]["metrics"]
     storage_info = ins["manifest"].get("storage") or {}
-    row = {"kind": "snapshot", "mode": mode, "storage": storage, "name": name,
+    row = {"kind": "snapshot", "mode": mode, "storage": storage if full else "lz4-incremental", "name": name,
+           "pages_in_parent": st.get("pages_in_parent", 0), "parent": (ins.get("parent") or {}).get("name"),
            "downtime_ms": r["downtime_ms"], "duration_ms": r["duration_ms"],
            "image_bytes": st["total_bytes"], "stream_bytes": m["stream_bytes"],
            "memory_bytes": st["memory_bytes"], "compression_ratio": st.get("compression_ratio"),
@@ -83,13 +91,13 @@ def restore_row(run_dir, name, storage, mode):
     return row
 
 
-def measure(mem, reps, gap):
+def measure(mem, reps, gap, touch_pct):
     run_dir = tempfile.mkdtemp(prefix="vmcsnap-bench-storage-", dir="/var/tmp")
     work = os.path.join(run_dir, "anchor")
     os.makedirs(work)
     path = os.path.join(run_dir, "spec.toml")
     with open(path, "w") as f:
-        f.write(spec(mem))
+        f.write(spec(mem, touch_pct))
     rows, console = [], None
     sb.VM = "vm0"
     try:
@@ -108,6 +116,10 @@ def measure(mem, reps, gap):
                     rows.append(snapshot_row(run_dir, console, names[storage], "hot", storage, gap))
                 except benchlib.Failed as e:
                     rows.append({"kind": "snapshot", "mode": "hot", "storage": storage, "error": str(e)[-300:]})
+            try:
+                rows.append(snapshot_row(run_dir, console, f"inc-{i}", "hot", "lz4", gap, full=False))
+            except benchlib.Failed as e:
+                rows.append({"kind": "snapshot", "mode": "hot", "storage": "lz4-incremental", "error": str(e)[-300:]})
             try:
                 rows.append(snapshot_row(run_dir, console, f"sc-{i}", "stop-copy", "v1", gap))
                 shutil.rmtree(os.path.join(run_dir, "snapshots", f"sc-{i}"), ignore_errors=True)
@@ -142,12 +154,12 @@ def measure(mem, reps, gap):
 def summarize(rows):
     ok = [r for r in rows if "error" not in r]
     s = {"snapshot": {}, "restore": {}}
-    for storage in STORAGES:
+    for storage in ROWS:
         rs = [r for r in ok if r["kind"] == "snapshot" and r["mode"] == "hot" and r["storage"] == storage]
         s["snapshot"][storage] = {k: benchlib.med([r.get(k) for r in rs]) for k in
                                   ("image_bytes", "stream_bytes", "image_over_stream", "compression_ratio",
                                    "duration_ms", "downtime_ms", "capture_mb_s", "pages_duplicate",
-                                   "blocks_raw_fallback")}
+                                   "blocks_raw_fallback", "pages_in_parent")}
         s["snapshot"][storage]["memtouch_ratio"] = benchlib.med(
             [r["memtouch"]["ratio"] for r in rs if r.get("memtouch")])
         s["snapshot"][storage]["n"] = len(rs)
@@ -161,7 +173,9 @@ def summarize(rows):
         s["restore"][key] = {"latency_ms": benchlib.med([r["latency_ms"] for r in rs]),
                              "faults_10s": benchlib.med([r.get("faults_10s") for r in rs]), "n": len(rs)}
     lz4, v1r, rs = s["snapshot"]["lz4"], s["restore"], s["snapshot"]["stop-copy"]
+    s["incremental_over_full"] = s["snapshot"]["lz4-incremental"]["image_bytes"] / lz4["image_bytes"]
     s["goals"] = {
+        "incremental_le_0.1x_full": s["incremental_over_full"] <= 0.1,
         "lz4_image_le_0.4x_stream": lz4["image_over_stream"] <= 0.4,
         "hot_duration_le_stopcopy": lz4["duration_ms"] <= rs["duration_ms"],
         "memtouch_slowdown_le_5pct": lz4["memtouch_ratio"] >= 0.95,
@@ -177,13 +191,14 @@ def print_tables(s):
     hdr = f"{'storage':<9}{'image MiB':>10}{'img/stream':>11}{'ratio':>7}{'dups':>7}{'dur ms':>8}{'down ms':>9}{'MB/s':>7}{'raw blk':>8}{'memtouch':>9}"
     print(hdr)
     print("-" * len(hdr))
-    for st in STORAGES:
+    for st in ROWS:
         m = s["snapshot"][st]
         print(f"{st:<9}{m['image_bytes'] / 2**20:>10.1f}{m['image_over_stream']:>11.3f}{m['compression_ratio']:>7.2f}"
               f"{m['pages_duplicate']:>7.0f}{m['duration_ms']:>8.0f}{m['downtime_ms']:>9.1f}{m['capture_mb_s']:>7.0f}"
               f"{m['blocks_raw_fallback']:>8.0f}{m['memtouch_ratio']:>9.2f}")
     sc = s["snapshot"]["stop-copy"]
     print(f"stop-copy (v1): duration {sc['duration_ms']:.0f} ms, downtime {sc['downtime_ms']:.1f} ms")
+    print(f"incremental lz4 / full lz4 image bytes: {s['incremental_over_full']:.3f}")
     print("\nrestores, medians")
     for k, m in s["restore"].items():
         print(f"  {k:<16} latency {m['latency_ms']:8.1f} ms   demand faults in 10 s {m['faults_10s']}")
@@ -195,8 +210,8 @@ def plot(s, path):
     if plt is None:
         return
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    ys = [s["snapshot"][st]["image_over_stream"] for st in STORAGES]
-    bars = a.bar(STORAGES, ys, color=["C7", "C0", "C1", "C2"])
+    ys = [s["snapshot"][st]["image_over_stream"] for st in ROWS]
+    bars = a.bar([r.replace("lz4-incremental", "lz4 incr.") for r in ROWS], ys, color=["C7", "C0", "C1", "C2", "C3"])
     a.bar_label(bars, labels=[f"{y:.2f}" for y in ys], fontsize=8)
     a.axhline(0.4, color="grey", linestyle="--", linewidth=1, label="goal ≤ 0.4")
     a.set_ylabel("image bytes / QEMU stream bytes (median)")
@@ -218,6 +233,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--gap", type=float, default=6.0)
+    ap.add_argument("--touch-pct", type=int, default=5, help="memtouch's share of RAM, percent")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--bin", default=VMCSNAP)
     a = ap.parse_args()
@@ -229,12 +245,13 @@ def main():
     rb.VMCSNAP = sb.VMCSNAP = VMCSNAP
     os.makedirs(a.out, exist_ok=True)
     try:
-        accel, rows = measure(a.size, a.reps, a.gap)
+        accel, rows = measure(a.size, a.reps, a.gap, a.touch_pct)
     finally:
         shutil.rmtree(bindir, ignore_errors=True)
     s = summarize(rows)
     with open(os.path.join(a.out, "storage.json"), "w") as f:
         json.dump({"bench": "storage", "unix_time": time.time(), "size_mib": a.size, "reps": a.reps,
+                   "touch_pct": a.touch_pct,
                    "accel": accel, "summary": s, "rows": rows}, f, indent=1)
     plot(s, os.path.join(a.out, "storage.png"))
     print_tables(s)

@@ -300,13 +300,15 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
             "pages_total": st.pages_total, "pages_stored": st.pages_stored, "pages_zero": st.pages_zero,
             "pages_absent": st.pages_absent, "blocks": st.blocks, "memory_bytes": st.memory_bytes,
             "total_bytes": st.total_bytes, "device_state_bytes": st.device_state_bytes,
-            "pages_duplicate": st.pages_duplicate, "blocks_hot": st.blocks_hot,
+            "pages_duplicate": st.pages_duplicate, "pages_in_parent": st.pages_in_parent,
+            "pages_on_disk": st.pages_on_disk, "blocks_hot": st.blocks_hot,
             "blocks_compressed": st.blocks_compressed, "payload_raw_bytes": st.payload_raw_bytes,
             "payload_stored_bytes": st.payload_stored_bytes, "compression_ratio": ratio,
             "stream_bytes": stream_bytes,
             "block_bytes": { "min": size_at(0.0), "median": size_at(0.5), "max": size_at(1.0) },
         },
         "format": img.version().to_string(),
+        "parent": img.manifest().parent.as_ref().map(|p| serde_json::json!({ "name": p.name, "depth": p.depth })),
         "fafl_len": img.fafl().len(),
         "verify": report.as_ref().map(|r| serde_json::json!({
             "ok": r.is_ok(), "blocks_checked": r.blocks_checked, "pages_checked": r.pages_checked,
@@ -335,9 +337,15 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         }
         println!("  metrics    {}", serde_json::to_string(&m.metrics)?);
         println!(
-            "  pages      {} total: {} stored, {} duplicate, {} zero, {} absent",
-            st.pages_total, st.pages_stored, st.pages_duplicate, st.pages_zero, st.pages_absent
+            "  pages      {} total: {} stored, {} duplicate, {} in parent, {} on disk, {} zero, {} absent",
+            st.pages_total, st.pages_stored, st.pages_duplicate, st.pages_in_parent, st.pages_on_disk, st.pages_zero, st.pages_absent
         );
+        if let Some(p) = &m.parent {
+            println!(
+                "  parent     {} (chain depth {}): incremental, restores through it",
+                p.name, p.depth
+            );
+        }
         let codec = m.storage.as_ref().map_or("none", |s| s.codec.as_str());
         println!(
             "  storage    format {}, {codec}: {} blocks ({} hot, {} compressed; {}/{}/{} bytes min/median/max), ratio {ratio:.2}",

@@ -114,8 +114,21 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
         ("stop-copy", "s-sc"),
         ("precopy", "s-pre"),
     ] {
-        env.json(&["snapshot", "a", "--mode", mode, "--name", name, "--json"]);
+        // s-sc is incremental to s-hot (the default); s-pre is full, so
+        // that damaging s-sc below leaves it whole.
+        let mut args = vec!["snapshot", "a", "--mode", mode, "--name", name, "--json"];
+        if name == "s-pre" {
+            args.push("--full");
+        }
+        env.json(&args);
     }
+    let sc = env.json(&["inspect", "s-sc", "--json"]);
+    assert_eq!(sc["parent"]["name"], "s-hot", "{sc}");
+    assert!(sc["stats"]["pages_in_parent"].as_u64().unwrap() > 0, "{sc}");
+    assert_eq!(
+        env.json(&["inspect", "s-pre", "--json"])["parent"],
+        serde_json::Value::Null
+    );
 
     // Refused while a runs; unknown snapshot named.
     let out = env.vmcsnap(&["restore", "s-hot"]);
@@ -322,6 +335,15 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
         "{hot}"
     );
     assert!(hot["stats"]["blocks_hot"].as_u64().unwrap() > 0, "{hot}");
+    // An incremental snapshot restores exactly, reading through its parent.
+    env.ok(&["stop", "a"]);
+    env.json(&["restore", "s-sc", "--mode", "lazy", "--paused", "--json"]);
+    let ram = env
+        .shm_files()
+        .into_iter()
+        .find(|p| p.to_string_lossy().ends_with("-rs-a"))
+        .expect("a's RAM file");
+    assert_ram_equals_image(&env.run_dir().join("snapshots/s-sc"), &ram);
     // And a format 1.0 image restores exactly too.
     env.ok(&["stop", "a"]);
     env.json(&["restore", "s-v1", "--mode", "lazy", "--paused", "--json"]);

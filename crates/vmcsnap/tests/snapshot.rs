@@ -207,6 +207,15 @@ fn snapshot_modes_are_exact_and_harmless() {
                 "{inspect}"
             );
         }
+        // Every snapshot after the first is incremental to the VM's newest
+        // (v1 ones excepted): it is compared page by page through its chain.
+        if name == "s-stop-copy" {
+            assert_eq!(inspect["parent"]["name"], "s-hot", "{inspect}");
+            assert!(
+                inspect["stats"]["pages_in_parent"].as_u64().unwrap() > 0,
+                "{inspect}"
+            );
+        }
         let (stored, zero) = compare_with_reference(&dir, &reference);
         let _ = std::fs::remove_file(&reference);
         if mode == "hot" {
