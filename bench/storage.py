@@ -132,7 +132,7 @@ def measure(mem, reps, gap, touch_pct):
                 frozen = run(run_dir, "inspect", names["lz4"], "--json")["manifest"]["disks"][0]["path"]
                 q = rb.qemu_eager(cmdline, work, frozen, dump)
                 rows.append({"kind": "restore", "mode": "qemu-eager", "storage": "qemu", "latency_ms": q["restore_latency_ms"]})
-                print(f"   restore qemu-eager: latency {q['latency_ms']:7.1f} ms", file=sys.stderr)
+                print(f"   restore qemu-eager: latency {q['restore_latency_ms']:7.1f} ms", file=sys.stderr)
             except (benchlib.Failed, KeyError, OSError) as e:
                 rows.append({"kind": "restore", "mode": "qemu-eager", "storage": "qemu", "error": str(e)[-300:]})
             for storage in RESTORE_FROM:

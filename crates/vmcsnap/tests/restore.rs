@@ -573,23 +573,37 @@ fn snapshot_lifecycle(env: &Env) {
             .map(|s| s["name"].as_str().unwrap().to_string())
             .collect()
     };
-    // p1..p3 are of a restored VM: their frozen overlays name s's frozen
-    // disk by absolute path.
+    // p1..p3 are of a restored VM (restored from s), each incremental to
+    // the one before. Regression: their frozen disks named s's by absolute
+    // path, so deleting s broke them; a restored VM's disk chain is now
+    // linked into its own directory, and every frozen disk is whole.
     for name in ["p1", "p2", "p3"] {
         env.json(&["snapshot", "a", "--mode", "hot", "--name", name, "--json"]);
     }
     env.ok(&["stop", "a"]);
     env.json(&["restore", "p2", "--mode", "eager", "--json"]);
 
-    // p2 is in use: its memory image goes, its frozen disk stays (reported).
+    // a runs restored from p2, on its own links of p2's disk: p2 goes
+    // whole (its child p3 rewritten without it), and a runs on.
     let r = env.json(&["snapshots", "delete", "p2", "--json"]);
     assert_eq!(removed(&r), ["p2"], "{r}");
-    assert_eq!(r["kept_in_use"], json!([disks("p2")]), "{r}");
+    assert_eq!(r["kept_in_use"], json!([]), "{r}");
+    assert_eq!(r["merged"], json!(["p3"]), "{r}");
     assert!(r["bytes_freed"].as_u64().unwrap() > 0, "{r}");
-    assert!(!snaps.join("p2").exists() && disks("p2").is_dir());
-    // s's frozen disk is read by a and by p1's and p3's frozen disks.
+    assert!(!snaps.join("p2").exists() && !disks("p2").exists());
+    let st = env.json(&["status", "--json"]);
+    assert!(
+        st["vms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "a" && v["state"] == "running"),
+        "{st}"
+    );
+    // Nothing needs s's frozen disk any more.
     let r = env.json(&["snapshots", "delete", "s", "--json"]);
-    assert_eq!(r["kept_in_use"], json!([disks("s")]), "{r}");
+    assert_eq!(r["kept_in_use"], json!([]), "{r}");
+    assert!(!disks("s").exists());
     let out = env.vmcsnap(&["snapshots", "delete", "p2"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -619,12 +633,11 @@ fn snapshot_lifecycle(env: &Env) {
         .collect();
     assert_eq!(listed, ["p3"], "{list}");
 
-    // With no VM running, nothing but p3's frozen disk reads s's: gc
-    // removes p2's disk and keeps s's, and p3 still restores through it.
+    // Nothing is left for gc, and p3 (rewritten twice) restores on its
+    // own frozen disk alone.
     env.ok(&["stop", "a"]);
     let g = env.json(&["gc", "--json"]);
-    assert_eq!(g["removed"], json!([disks("p2")]), "{g}");
-    assert_eq!(g["kept_in_use"], json!([disks("s")]), "{g}");
+    assert_eq!(g["removed"], json!([]), "{g}");
     env.json(&["restore", "p3", "--mode", "eager", "--paused", "--json"]);
     let st = env.json(&["status", "--json"]);
     assert_eq!(st["vms"][0]["state"], "paused", "{st}");

@@ -504,23 +504,25 @@ fn start_and_feed(
     let dir = run.vm_dir(&name);
     std::fs::create_dir_all(&dir).map_err(AgentError::io("creating", &dir))?;
     let stamp = crate::handover::unix_ms(SystemTime::now());
-    let overlay = dir.join(format!("data-{stamp}.qcow2"));
-    let out = std::process::Command::new(&job.qemu_img)
-        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
-        .arg(&job.frozen)
-        .arg(&overlay)
-        .output()
-        .map_err(AgentError::io("running qemu-img for", &overlay))?;
-    if !out.status.success() {
-        return Err(fail(
-            &name,
-            format!(
-                "qemu-img create {}: {}",
-                overlay.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        ));
-    }
+    // The frozen chain is hard-linked into a directory of its own in the
+    // VM's directory, and the overlay put next to it names its backing
+    // file by name only: the VM's disk chain is then self-contained, and
+    // so is the frozen disk of every later snapshot of it (which links the
+    // whole chain again), whatever becomes of the snapshot restored here.
+    let disk_dir = dir.join(format!("disk-{stamp}"));
+    std::fs::create_dir_all(&disk_dir).map_err(AgentError::io("creating", &disk_dir))?;
+    let overlay = disk_dir.join(format!("data-{stamp}.qcow2"));
+    crate::disk_chain::chain(&job.qemu_img, &job.frozen)
+        .and_then(|chain| {
+            let top = crate::disk_chain::freeze(&chain, &disk_dir)?;
+            crate::disk_chain::create_overlay(&job.qemu_img, &top, chain.virtual_size, &overlay)
+        })
+        .map_err(|e| {
+            fail(
+                &name,
+                format!("preparing the disk from {}: {e}", job.frozen.display()),
+            )
+        })?;
     let mut config = saved.qemu.clone();
     config.ram_file = run.shm_path(cluster_name, &name);
     let _ = std::fs::remove_file(&config.ram_file);

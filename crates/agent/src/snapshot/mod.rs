@@ -299,7 +299,12 @@ pub fn snapshot(
     let current_disk = vm.config.disks[0].path.clone();
     let qemu_img = crate::qemu::find_qemu_img()?;
     let stamp = unix_ms();
-    let overlay = vm_dir.join(format!("data-{stamp}.qcow2"));
+    // Next to the file it backs on (named by file name only): a restored
+    // VM's chain lives in a directory of its own (see `restore::run`).
+    let overlay = current_disk
+        .parent()
+        .unwrap_or(&vm_dir)
+        .join(format!("data-{stamp}.qcow2"));
     let prepared = crate::disk_chain::chain(&qemu_img, &current_disk).and_then(|chain| {
         let frozen = crate::disk_chain::freeze(&chain, &disks_dir)?;
         crate::disk_chain::create_overlay(&qemu_img, &current_disk, chain.virtual_size, &overlay)?;
