@@ -35,6 +35,7 @@
 
 mod feed;
 pub mod pages;
+mod prefetch;
 mod priority;
 mod run;
 mod start_gate;

@@ -51,6 +51,8 @@ pub struct ImagePages<'a> {
     pub pages_read: Arc<AtomicU64>,
     /// Blocks read whole (format 2).
     pub blocks_read: Arc<AtomicU64>,
+    /// Decompression ahead of the pages sent before the guest starts.
+    prefetch: Option<super::prefetch::Prefetch>,
 }
 
 impl<'a> ImagePages<'a> {
@@ -75,6 +77,7 @@ impl<'a> ImagePages<'a> {
             bytes_read: Arc::default(),
             pages_read: Arc::default(),
             blocks_read: Arc::default(),
+            prefetch: super::prefetch::Prefetch::start(img, sequential, prefetch_threads()),
         })
     }
 
@@ -92,7 +95,14 @@ impl<'a> ImagePages<'a> {
             self.cache.push_back(entry);
             return Ok(blk);
         }
-        let blk = Arc::new(holder.read_block(b).map_err(to_io)?);
+        let prefetched = match &mut self.prefetch {
+            Some(p) if std::ptr::eq(holder, self.img) => p.get(b),
+            _ => None,
+        };
+        let blk = match prefetched {
+            Some(r) => r.map_err(io::Error::other)?,
+            None => Arc::new(holder.read_block(b).map_err(to_io)?),
+        };
         let stored = holder.blocks()[b as usize].stored_len;
         self.bytes_read
             .fetch_add(u64::from(stored), Ordering::Relaxed);
@@ -103,6 +113,14 @@ impl<'a> ImagePages<'a> {
         self.cache.push_back((id, blk.clone()));
         Ok(blk)
     }
+}
+
+/// Decompression threads ahead of the pages sent before the guest starts:
+/// every CPU (the guest is not running yet), at most 4.
+fn prefetch_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 4)
 }
 
 fn to_io(e: vmcsnap_image::ReadError) -> io::Error {
