@@ -82,11 +82,21 @@ pub fn reseal(kind: FileKind, data: &mut Vec<u8>) {
     put_u32(data, header_len - 4, crc);
 }
 
-/// Opens the image in `dir` and calls every read operation on it: verify,
-/// every page, every block, a read plan, the device state and the traces.
-/// Returns the first error; must never panic, whatever the files hold.
+/// Opens the image in `dir` (and its parents) and calls every read
+/// operation on it: verify, every page (resolved through the chain), every
+/// block, a whole RAM block, a read plan, the page hashes, the device
+/// state and the traces. Returns the first error; must never panic,
+/// whatever the files hold.
 pub fn exercise(dir: &Path) -> Result<(), ReadError> {
-    let img = Image::open(dir)?;
+    exercise_with(dir, None)
+}
+
+/// [`exercise`] with a reader for the pages stored on frozen disks.
+pub fn exercise_with(
+    dir: &Path,
+    disks: Option<std::sync::Arc<dyn crate::DiskPages>>,
+) -> Result<(), ReadError> {
+    let img = Image::open_with(dir, disks)?;
     let _ = img.verify().to_string();
     let _ = img.stats();
     let mut first_err = None;
@@ -106,8 +116,15 @@ pub fn exercise(dir: &Path) -> Result<(), ReadError> {
             if let Ok(PageState::Stored(loc)) = img.locate(k) {
                 let _ = loc.offset;
             }
+            keep(img.resolve(k).map(|_| ()));
+        }
+        // Bounded: the RAM block's size is checked against the manifest.
+        if u64::from(img.ram_block_pages(r)) * img.page_size() as u64 <= 64 << 20 {
+            let mut all = vec![0u8; img.ram_block_pages(r) as usize * img.page_size()];
+            keep(img.read_ram_block(r, &mut all).map(|_| ()));
         }
     }
+    keep(img.page_hashes().map(|_| ()));
     for b in img.iter_blocks() {
         keep(b.map(|b| {
             let _ = b.iter().count();
