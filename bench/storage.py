@@ -14,7 +14,8 @@ and a KV server; vm1 drives a KV load against it. Then, REPS times, interleaved:
     duration), blocks stored raw because the compressors were busy, and memtouch's writes/s
     during the snapshot vs the 5 s before it (guest slowdown);
   * restore phase, from the rep's v1 and lz4 snapshots: `restore --mode lazy` (demand faults in
-    the first 10 s, restore latency) and `--mode eager` (latency), plus QEMU's own eager restore
+    the first 10 s, restore latency) and `--mode eager` (latency); lazy from lz4-random too
+    (Halite's control: the same LZ4 blocks, pages scattered at random, no locality); plus QEMU's own eager restore
     of the same VM (stop, `migrate exec:cat > FILE`, a fresh QEMU with `-incoming`).
 The page cache is kept warm (the images were just written); the machine is shared and noisy, so
 read the ratios within one run and the medians.
@@ -35,9 +36,9 @@ import snapshot as sb  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VMCSNAP = os.path.join(ROOT, "target", "release", "vmcsnap")
-STORAGES = ["v1", "none", "lz4", "zstd"]
+STORAGES = ["v1", "none", "lz4", "zstd", "lz4-random"]
 ROWS = STORAGES + ["lz4-incremental"]
-RESTORE_FROM = ["v1", "lz4"]
+RESTORE_FROM = ["v1", "lz4", "lz4-random"]
 
 
 def run(run_dir, *args):
@@ -136,7 +137,7 @@ def measure(mem, reps, gap, touch_pct):
             except (benchlib.Failed, KeyError, OSError) as e:
                 rows.append({"kind": "restore", "mode": "qemu-eager", "storage": "qemu", "error": str(e)[-300:]})
             for storage in RESTORE_FROM:
-                for mode in ("lazy", "eager"):
+                for mode in ("lazy", "eager") if storage != "lz4-random" else ("lazy",):
                     try:
                         rows.append(restore_row(run_dir, names[storage], storage, mode))
                     except benchlib.Failed as e:
@@ -167,7 +168,8 @@ def summarize(rows):
     s["snapshot"]["stop-copy"] = {"duration_ms": benchlib.med([r["duration_ms"] for r in sc]),
                                   "downtime_ms": benchlib.med([r["downtime_ms"] for r in sc]),
                                   "stream_bytes": benchlib.med([r["stream_bytes"] for r in sc]), "n": len(sc)}
-    for key in ["qemu/qemu-eager"] + [f"{st}/{m}" for st in RESTORE_FROM for m in ("lazy", "eager")]:
+    for key in ["qemu/qemu-eager"] + [f"{st}/{m}" for st in RESTORE_FROM for m in ("lazy", "eager")
+                                      if st != "lz4-random" or m == "lazy"]:
         st, mode = key.split("/")
         rs = [r for r in ok if r["kind"] == "restore" and r["storage"] == st and r["mode"] == mode]
         s["restore"][key] = {"latency_ms": benchlib.med([r["latency_ms"] for r in rs]),
@@ -181,6 +183,7 @@ def summarize(rows):
         "memtouch_slowdown_le_5pct": lz4["memtouch_ratio"] >= 0.95,
         "v2_lazy_faults_le_0.5x_v1": v1r["lz4/lazy"]["faults_10s"] <= 0.5 * v1r["v1/lazy"]["faults_10s"],
         "v2_lazy_latency_le_v1": v1r["lz4/lazy"]["latency_ms"] <= v1r["v1/lazy"]["latency_ms"],
+        "random_blocks_worse_than_locality": v1r["lz4-random/lazy"]["faults_10s"] > v1r["lz4/lazy"]["faults_10s"],
         "eager_le_qemu_eager": v1r["lz4/eager"]["latency_ms"] <= v1r["qemu/qemu-eager"]["latency_ms"],
     }
     return s
@@ -211,7 +214,8 @@ def plot(s, path):
         return
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     ys = [s["snapshot"][st]["image_over_stream"] for st in ROWS]
-    bars = a.bar([r.replace("lz4-incremental", "lz4 incr.") for r in ROWS], ys, color=["C7", "C0", "C1", "C2", "C3"])
+    bars = a.bar([r.replace("lz4-incremental", "lz4 incr.").replace("lz4-random", "lz4 rand.") for r in ROWS], ys,
+                 color=["C7", "C0", "C1", "C2", "C4", "C3"])
     a.bar_label(bars, labels=[f"{y:.2f}" for y in ys], fontsize=8)
     a.axhline(0.4, color="grey", linestyle="--", linewidth=1, label="goal ≤ 0.4")
     a.set_ylabel("image bytes / QEMU stream bytes (median)")
@@ -219,10 +223,10 @@ def plot(s, path):
     a.legend(fontsize=8)
     keys = [k for k in s["restore"] if k.endswith("lazy")]
     ys = [s["restore"][k]["faults_10s"] for k in keys]
-    bars = b.bar(keys, ys, color=["C7", "C1"])
+    bars = b.bar(keys, ys, color=["C7", "C1", "C4"])
     b.bar_label(bars, labels=[f"{y:.0f}" for y in ys], fontsize=8)
     b.set_ylabel("demand faults in the first 10 s (median)")
-    b.set_title("Lazy restore: format 1 vs format 2 blocks")
+    b.set_title("Lazy restore: format 1, locality blocks, random blocks")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

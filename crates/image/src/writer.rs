@@ -154,6 +154,10 @@ pub struct WriterOptions {
     /// Compression worker threads; 0 (default) = one fewer than the CPUs,
     /// 1 to 4.
     pub compress_threads: usize,
+    /// Benchmark control (Halite's "no locality"): 0 (default) = off; N =
+    /// every page that is not hot goes to one of N open blocks chosen at
+    /// random, so a block holds pages from all over a window of N blocks.
+    pub scatter_blocks: u16,
 }
 
 impl Default for WriterOptions {
@@ -165,6 +169,7 @@ impl Default for WriterOptions {
             codec: Codec::default(),
             dedup: true,
             compress_threads: 0,
+            scatter_blocks: 0,
         }
     }
 }
@@ -237,8 +242,11 @@ pub struct ImageWriter {
     ram_pages: Vec<u32>,
     mem: Option<File>,
     mem_len: u64,
-    /// Open blocks: `[cold, hot]`.
-    open: [OpenBlock; 2],
+    /// Open blocks: cold, hot, then the scattered ones
+    /// ([`WriterOptions::scatter_blocks`]).
+    open: Vec<OpenBlock>,
+    /// State of the scatter control's random choice.
+    scatter_rng: u64,
     pool: Pool,
     list_buf: Vec<u8>,
     blocks: Vec<BlockInfo>,
@@ -314,6 +322,12 @@ impl ImageWriter {
                 opts.format_major, opts.codec, opts.dedup
             ));
         }
+        if opts.scatter_blocks > 1024 || (opts.format_major == 1 && opts.scatter_blocks > 0) {
+            return invalid(format!(
+                "scatter_blocks {} is out of range (format 2, at most 1024)",
+                opts.scatter_blocks
+            ));
+        }
         let ppb = opts.pages_per_block;
         if ppb == 0
             || ppb > MAX_PAGES_PER_BLOCK
@@ -363,6 +377,7 @@ impl ImageWriter {
         } else {
             Vec::new()
         };
+        let page_size = meta.page_size as usize;
         let threads = match opts.compress_threads {
             0 => pipeline::auto_threads(),
             n => n,
@@ -381,7 +396,7 @@ impl ImageWriter {
             final_dir: final_dir.into(),
             tmp_dir,
             image_id: new_image_id(),
-            page_size: meta.page_size as usize,
+            page_size,
             index,
             zero,
             ram_pages,
@@ -389,8 +404,15 @@ impl ImageWriter {
             opts,
             mem: None,
             mem_len: 0,
-            open: Default::default(),
-            pool: Pool::new(opts.codec, threads),
+            open: (0..2 + usize::from(opts.scatter_blocks))
+                .map(|_| OpenBlock::default())
+                .collect(),
+            scatter_rng: 0x9e37_79b9_7f4a_7c15,
+            pool: Pool::new(
+                opts.codec,
+                threads,
+                usize::from(opts.pages_per_block) * page_size,
+            ),
             list_buf: Vec::new(),
             blocks: Vec::new(),
             given,
@@ -706,7 +728,14 @@ impl ImageWriter {
                 }
             }
         }
-        let which = usize::from(hot && self.opts.format_major >= 2);
+        let mut which = usize::from(hot && self.opts.format_major >= 2);
+        if which == 0 && self.opts.scatter_blocks > 0 {
+            let x = &mut self.scatter_rng;
+            *x ^= *x << 13;
+            *x ^= *x >> 7;
+            *x ^= *x << 17;
+            which = 2 + (*x % u64::from(self.opts.scatter_blocks)) as usize;
+        }
         let ppb = usize::from(self.opts.pages_per_block);
         let open = &mut self.open[which];
         if open.payload.capacity() == 0 {
@@ -740,7 +769,7 @@ impl ImageWriter {
         if self.poisoned {
             return Err(WriteError::Poisoned);
         }
-        for which in [1, 0] {
+        for which in std::iter::once(1).chain(0..1).chain(2..self.open.len()) {
             if !self.open[which].keys.is_empty() {
                 self.submit(which)?;
             }

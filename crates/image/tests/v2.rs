@@ -321,3 +321,50 @@ fn many_blocks_keep_their_order_through_the_pool() {
         "{st:?}"
     );
 }
+
+#[test]
+fn the_scatter_control_mixes_pages_across_blocks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("s");
+    let pages = 2000u32;
+    let mut w = ImageWriter::create_with(
+        &dir,
+        meta(&[("mem", u64::from(pages) * PS as u64)]),
+        WriterOptions {
+            pages_per_block: 16,
+            scatter_blocks: 32,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for p in 0..pages {
+        let mut d = vec![0u8; PS];
+        d[..4].copy_from_slice(&p.to_le_bytes());
+        d[9] = 1;
+        w.add_page(0, p, &d).unwrap();
+    }
+    w.set_device_state(b"d").unwrap();
+    w.commit().unwrap();
+    let img = Image::open(&dir).unwrap();
+    // Every page reads back; a block's pages are far apart.
+    let mut spread = Vec::new();
+    for b in img.iter_blocks() {
+        let b = b.unwrap();
+        for (k, data) in b.iter() {
+            assert_eq!(data[..4], k.page.to_le_bytes());
+        }
+        let (lo, hi) = (b.pages.first().unwrap().page, b.pages.last().unwrap().page);
+        spread.push(hi - lo);
+    }
+    spread.sort_unstable();
+    assert!(
+        spread[spread.len() / 2] > 100,
+        "median block spread {}",
+        spread[spread.len() / 2]
+    );
+    let v1 = WriterOptions {
+        scatter_blocks: 4,
+        ..WriterOptions::v1()
+    };
+    assert!(ImageWriter::create_with(&tmp.path().join("t"), meta(&[("mem", 4096)]), v1).is_err());
+}

@@ -113,9 +113,10 @@ pub enum Command {
         #[arg(long, hide = true, value_name = "FAULT", conflicts_with = "cluster")]
         inject_fault: Option<String>,
         /// How the memory image is stored: lz4 (default: compressed locality blocks, equal
-        /// pages once), zstd (smaller, slower to write), none (no compression) or v1 (image
-        /// format 1.0, for older vmcsnap releases).
-        #[arg(long, value_parser = ["lz4", "zstd", "none", "v1"], conflicts_with = "cluster")]
+        /// pages once), zstd (smaller, slower to write), none (no compression), v1 (image
+        /// format 1.0, for older vmcsnap releases) or lz4-random (a benchmark control: LZ4
+        /// blocks of pages scattered at random, no locality).
+        #[arg(long, value_parser = ["lz4", "zstd", "none", "v1", "lz4-random"], conflicts_with = "cluster")]
         storage: Option<String>,
         /// Store every page. By default a snapshot of a VM that already has one is
         /// incremental: it stores only the pages that differ from the VM's newest snapshot

@@ -124,12 +124,19 @@ pub struct Options {
 }
 
 /// The writer options a request's `storage` names: `lz4` (default),
-/// `zstd`, `none` (format 2, uncompressed) or `v1` (format 1.0).
+/// `zstd`, `none` (format 2, uncompressed), `v1` (format 1.0) or
+/// `lz4-random` (a benchmark control: pages scattered over 256 open blocks,
+/// blocks without locality).
 pub fn writer_options(storage: Option<&str>) -> Result<vmcsnap_capture::WriterOptions, AgentError> {
     use vmcsnap_capture::{Codec, WriterOptions};
     match storage {
         None => Ok(WriterOptions::default()),
         Some("v1") => Ok(WriterOptions::v1()),
+        // Halite's control: LZ4 blocks without locality (for benchmarks).
+        Some("lz4-random") => Ok(WriterOptions {
+            scatter_blocks: 256,
+            ..Default::default()
+        }),
         Some(s) => {
             let codec: Codec = s.parse().map_err(|_| {
                 AgentError::BadRequest(format!(

@@ -8,14 +8,17 @@
 //!                                                   └──▶ stored raw, inline ──────┴──▶ reorder ──▶ append (writev)
 //! ```
 //!
-//! The job queue is bounded (`2 × workers` blocks) and never waited on: a
-//! block that finds it full is stored uncompressed at once, so the capture
-//! thread, and QEMU's stream behind it, never wait for compression (the
-//! manifest counts such blocks as `blocks_raw_fallback`). Results come back
-//! in any order and are appended in submission order, so the file keeps
-//! the locality order the writer chose. Memory: at most `2 × workers +
-//! workers` blocks in flight plus their compressed copies; payload buffers
-//! are recycled.
+//! The job queue is bounded ([`QUEUE_BYTES`] of blocks) and never waited
+//! on: a block that finds it full is stored uncompressed at once, so the
+//! capture thread, and QEMU's stream behind it, never wait for compression
+//! (the manifest counts such blocks as `blocks_raw_fallback`). The queue
+//! absorbs a stream faster than the compressors (a TCG guest's stream
+//! comes in bursts): the backlog is compressed after the stream has ended,
+//! before the commit, which lengthens the snapshot but not the guest's
+//! pause. Results come back in any order and are appended in submission
+//! order, so the file keeps the locality order the writer chose. Memory:
+//! the queue, one block per worker and their compressed copies; payload
+//! buffers are recycled.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -24,6 +27,10 @@ use std::thread::JoinHandle;
 
 use crate::codec::{compress, Codec};
 use crate::format::PageKey;
+
+/// Bytes of full blocks the queue holds at most before blocks are stored
+/// raw (64 MiB: 256 blocks of 64 4-KiB pages).
+pub const QUEUE_BYTES: usize = 64 << 20;
 
 /// A callback each worker thread runs first (e.g. to lower its priority).
 #[derive(Clone)]
@@ -71,6 +78,7 @@ impl Done {
 pub(crate) struct Pool {
     codec: Codec,
     threads: usize,
+    queue_blocks: usize,
     init: Option<WorkerInit>,
     jobs: Option<SyncSender<Job>>,
     results: Option<Receiver<Done>>,
@@ -86,10 +94,11 @@ pub(crate) struct Pool {
 impl Pool {
     /// A pool compressing with `codec` on `threads` workers (0: every
     /// block is stored as is, inline). Threads start with the first job.
-    pub fn new(codec: Codec, threads: usize) -> Pool {
+    pub fn new(codec: Codec, threads: usize, block_bytes: usize) -> Pool {
         Pool {
             codec,
             threads: if codec == Codec::None { 0 } else { threads },
+            queue_blocks: (QUEUE_BYTES / block_bytes.max(1)).max(2 * threads),
             init: None,
             jobs: None,
             results: None,
@@ -114,14 +123,14 @@ impl Pool {
 
     /// Returns a payload buffer for reuse.
     pub fn recycle(&mut self, mut buf: Vec<u8>) {
-        if self.spare.len() < 2 * self.threads + 4 {
+        if self.spare.len() < 2 * self.threads + 8 {
             buf.clear();
             self.spare.push(buf);
         }
     }
 
     fn start(&mut self) {
-        let (jtx, jrx) = mpsc::sync_channel::<Job>(2 * self.threads);
+        let (jtx, jrx) = mpsc::sync_channel::<Job>(self.queue_blocks);
         let (rtx, rrx) = mpsc::channel::<Done>();
         let jrx = Arc::new(std::sync::Mutex::new(jrx));
         for i in 0..self.threads {
