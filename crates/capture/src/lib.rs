@@ -101,10 +101,10 @@ pub mod stage;
 
 pub use captured::{metric, Captured, CommittedInfo};
 pub use error::CaptureError;
-pub use options::{CaptureMode, CaptureOptions, DEVICE_STATE_FORMAT};
+pub use options::{CaptureMode, CaptureOptions, DiskMatcherInit, DEVICE_STATE_FORMAT};
 pub use progress::{CaptureProgress, CaptureStats, Phase};
 pub use run::capture;
 pub use stage::SCRATCH_NAME;
 
-pub use vmcsnap_image::{Codec, DiskRef, Metrics, WorkerInit, WriterOptions};
+pub use vmcsnap_image::{Codec, DiskMatcher, DiskRef, Metrics, WorkerInit, WriterOptions};
 pub use vmcsnap_migstream::ReaderOptions;

@@ -205,6 +205,9 @@ impl Run<'_> {
         if let Some(init) = &self.opts.compress_worker_init {
             writer.on_worker_start(init.clone());
         }
+        if let Some(m) = &self.opts.disk_matcher {
+            writer.set_disk_matcher((m.0)());
+        }
         if self.opts.mode == CaptureMode::Precopy {
             self.stage = Some(PageStage::create(
                 writer.temp_path(),
