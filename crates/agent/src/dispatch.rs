@@ -161,6 +161,7 @@ pub(crate) fn dispatch(
                 vm_config,
                 target: None,
                 writer,
+                disk_layer: crate::snapshot::disk_layer_wanted(storage.as_deref()),
             };
             let mut hooks: Box<dyn crate::snapshot::Hooks> = match fault {
                 Some(crate::fault::Fault::PanicWhenPaused) => {

@@ -292,6 +292,7 @@ fn run_protocol(
                     disks_dir: ctx.disks.join(&vm),
                 }),
                 writer: Default::default(),
+                disk_layer: true,
             };
             let job = Job {
                 opts,

@@ -36,6 +36,7 @@ use vmcsnap_capture::{capture, CaptureMode, CaptureOptions, Captured, DiskRef, P
 
 mod capture_thread;
 mod commit_watch;
+mod disk_match;
 mod qemu_steps;
 
 use capture_thread::CaptureThread;
@@ -117,12 +118,19 @@ pub struct Options {
     pub target: Option<Target>,
     /// How the image is stored (format, codec, dedup).
     pub writer: vmcsnap_capture::WriterOptions,
+    /// Store pages whose bytes lie on the frozen disk as references to it
+    /// (the detection layer, format 2; see `disk_match`).
+    pub disk_layer: bool,
 }
 
 /// The writer options a request's `storage` names: `lz4` (default),
-/// `zstd`, `none` (format 2, uncompressed) or `v1` (format 1.0).
+/// `zstd`, `none` (format 2, uncompressed) or `v1` (format 1.0), each
+/// optionally followed by `,no-disk` (see [`disk_layer_wanted`]).
 pub fn writer_options(storage: Option<&str>) -> Result<vmcsnap_capture::WriterOptions, AgentError> {
     use vmcsnap_capture::{Codec, WriterOptions};
+    let storage = storage
+        .map(|s| s.trim_end_matches(NO_DISK).trim_end_matches(','))
+        .filter(|s| !s.is_empty());
     match storage {
         None => Ok(WriterOptions::default()),
         Some("v1") => Ok(WriterOptions::v1()),
@@ -138,6 +146,16 @@ pub fn writer_options(storage: Option<&str>) -> Result<vmcsnap_capture::WriterOp
             })
         }
     }
+}
+
+/// The `storage` suffix that turns the detection layer off.
+const NO_DISK: &str = "no-disk";
+
+/// Whether a request's `storage` wants the detection layer (pages on the
+/// frozen disk stored as references to it): yes unless it ends in
+/// `no-disk` (e.g. `lz4,no-disk`) or is `v1`, which cannot store them.
+pub fn disk_layer_wanted(storage: Option<&str>) -> bool {
+    storage.is_none_or(|s| !s.ends_with(NO_DISK) && s != "v1")
 }
 
 /// Lowers the calling thread's scheduling priority (nice +10): image
@@ -342,6 +360,10 @@ pub fn snapshot(
     copts
         .labels
         .insert("snapshot_mode".into(), mode_name(opts.mode));
+    let mut disk_layer = opts
+        .disk_layer
+        .then(|| disk_match::start(&frozen, &run.root().join("disk-index")));
+    copts.disk_matcher = disk_layer.as_ref().map(disk_match::DiskLayer::matcher);
 
     let saved_params = vm.execute("query-migrate-parameters", Value::Null)?;
     // A stop-copy snapshot completes with QEMU's main loop locked: QMP
@@ -362,6 +384,9 @@ pub fn snapshot(
         node,
         overlay: overlay.clone(),
         reference: opts.reference.clone(),
+        on_disk_frozen: disk_layer
+            .as_mut()
+            .and_then(disk_match::DiskLayer::frozen_signal),
     };
     // Should this agent die while the VM is paused, the next one resumes it.
     let marked = if was_running {
@@ -470,6 +495,9 @@ pub fn snapshot(
             m.other.insert("wss_sample_pages".into(), json!(p));
             m.other.insert("wss_samples".into(), json!(samples.len()));
         }
+        if let Some(d) = &disk_layer {
+            d.record(m);
+        }
     }
     let deadline = commit_watch::deadline_for(stats.stream_bytes);
     let vm_name = vm.name.clone();
@@ -532,6 +560,9 @@ struct Ctx {
     node: String,
     overlay: PathBuf,
     reference: Option<PathBuf>,
+    /// Called once the disk snapshot froze the disk (the detection layer
+    /// indexes its top file then).
+    on_disk_frozen: Option<Box<dyn FnOnce() + Send>>,
 }
 
 #[allow(clippy::too_many_arguments)]
