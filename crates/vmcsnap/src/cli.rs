@@ -114,8 +114,9 @@ pub enum Command {
         inject_fault: Option<String>,
         /// How the memory image is stored: lz4 (default: compressed locality blocks, equal
         /// pages once), zstd (smaller, slower to write), none (no compression) or v1 (image
-        /// format 1.0, for older vmcsnap releases).
-        #[arg(long, value_parser = ["lz4", "zstd", "none", "v1"], conflicts_with = "cluster")]
+        /// format 1.0, for older vmcsnap releases). With ",no-disk" (or "no-disk" alone): pages
+        /// that are on the frozen disk are stored as bytes too (no detection layer).
+        #[arg(long, value_parser = ["lz4", "zstd", "none", "v1", "no-disk", "lz4,no-disk", "zstd,no-disk", "none,no-disk"], conflicts_with = "cluster")]
         storage: Option<String>,
         /// With --cluster: cut each VM once its QEMU read everything sent to it, without
         /// checking (cut probes) that QEMU handed it all to the guest; frames QEMU still held
