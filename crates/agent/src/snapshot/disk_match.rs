@@ -25,8 +25,8 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use thiserror::Error;
@@ -85,6 +85,9 @@ pub(super) struct IndexStats {
     pub total_ms: f64,
     /// Time spent on the top file after the freeze (ms).
     pub top_ms: f64,
+    /// Thread start to the lower files indexed (ms).
+    pub lower_ms: f64,
+    started: Option<Instant>,
     /// Blocks indexed, all files.
     pub blocks: u64,
     /// Files of the chain.
@@ -99,6 +102,15 @@ pub(super) struct IndexStats {
 struct Shared {
     index: OnceLock<ChainIndex>,
     stats: Mutex<IndexStats>,
+    /// Set once the lower files are indexed (or indexing ended).
+    lower_done: (Mutex<bool>, Condvar),
+}
+
+impl Shared {
+    fn set_lower_done(&self) {
+        *self.lower_done.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.lower_done.1.notify_all();
+    }
 }
 
 /// The detection layer of one snapshot (see the module documentation).
@@ -116,8 +128,13 @@ pub(super) fn start(top: &Path, cache_dir: &Path) -> DiskLayer {
     std::thread::spawn(move || {
         super::background_priority();
         let t = Instant::now();
-        let mut stats = IndexStats::default();
-        match build(&top, &cache, &rx, &mut stats) {
+        let mut stats = IndexStats {
+            started: Some(t),
+            ..Default::default()
+        };
+        let r = build(&top, &cache, &rx, &mut stats, &sh);
+        sh.set_lower_done();
+        match r {
             Ok(index) => {
                 stats.total_ms = t.elapsed().as_secs_f64() * 1000.0;
                 *sh.stats.lock().unwrap_or_else(|p| p.into_inner()) = stats;
@@ -150,6 +167,16 @@ impl DiskLayer {
         }))
     }
 
+    /// Waits (at most `limit`) until the lower files of the chain are
+    /// indexed: called before the pause, so that indexing them (from the
+    /// cache after the first snapshot) never competes with the pause for
+    /// the CPU, and matching can start as soon as the top file is indexed.
+    pub fn wait_lower(&self, limit: Duration) {
+        let (done, cv) = &self.shared.lower_done;
+        let guard = done.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = cv.wait_timeout_while(guard, limit, |d| !*d);
+    }
+
     /// What to call once the top file is frozen (the disk snapshot
     /// succeeded); dropping it without calling ends the indexing.
     pub fn frozen_signal(&mut self) -> Option<Box<dyn FnOnce() + Send>> {
@@ -169,6 +196,7 @@ impl DiskLayer {
                 "ready": ready,
                 "total_ms": (s.total_ms * 10.0).round() / 10.0,
                 "top_ms": (s.top_ms * 10.0).round() / 10.0,
+                "lower_ms": (s.lower_ms * 10.0).round() / 10.0,
                 "blocks": s.blocks,
                 "files": s.files,
                 "files_cached": s.files_cached,
@@ -203,11 +231,17 @@ impl DiskMatcher for Matcher {
     }
 }
 
+fn stats_ms(s: &IndexStats) -> f64 {
+    s.started
+        .map_or(0.0, |t| t.elapsed().as_secs_f64() * 1000.0)
+}
+
 fn build(
     top: &Path,
     cache: &Path,
     frozen: &mpsc::Receiver<()>,
     stats: &mut IndexStats,
+    shared: &Shared,
 ) -> Result<ChainIndex, IndexError> {
     // The lower files are read-only backing files already: index them now.
     let before = Disk::open(top)?;
@@ -220,6 +254,8 @@ fn build(
         let d = Disk::open_as(&l.path, Some(l.format))?;
         lower.push(file_index(&d, 0, cache, &mut budget, stats)?);
     }
+    stats.lower_ms = stats_ms(stats);
+    shared.set_lower_done();
     // The top file only once QEMU has moved to the new overlay; opened
     // again so that no table read before the freeze is used.
     frozen.recv().map_err(|_| IndexError::NotFrozen)?;

@@ -91,8 +91,9 @@ fn pages_on_the_frozen_chain_are_found_and_confirmed_byte_by_byte() {
     let mut layer = start(&top, &cache);
     let mut m = matcher_of(&layer);
     let h = |v: u8| page_hash(&pattern(v));
-    // Not published before the freeze.
-    std::thread::sleep(Duration::from_millis(100));
+    // The base is indexed before the freeze; nothing is published.
+    layer.wait_lower(Duration::from_secs(30));
+    assert!(layer.shared.index.get().is_none());
     assert_eq!(m.find(h(0x41), &pattern(0x41)), None);
     (layer.frozen_signal().unwrap())();
     wait_ready(&layer);

@@ -388,6 +388,11 @@ pub fn snapshot(
             .as_mut()
             .and_then(disk_match::DiskLayer::frozen_signal),
     };
+    if let Some(d) = &disk_layer {
+        // Outside the pause: the backing files' index (cached after the
+        // first snapshot of them).
+        d.wait_lower(Duration::from_secs(10));
+    }
     // Should this agent die while the VM is paused, the next one resumes it.
     let marked = if was_running {
         crate::intent::set(&vm.config, &crate::intent::Intent::Resume)
