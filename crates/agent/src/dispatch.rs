@@ -163,6 +163,7 @@ pub(crate) fn dispatch(
                 target: None,
                 writer,
                 full,
+                disk_layer: crate::snapshot::disk_layer_wanted(storage.as_deref()),
             };
             let mut hooks: Box<dyn crate::snapshot::Hooks> = match fault {
                 Some(crate::fault::Fault::PanicWhenPaused) => {

@@ -29,6 +29,7 @@ pub mod disk_chain;
 mod dispatch;
 mod error;
 pub mod fault;
+pub mod frozen_disks;
 pub mod gc;
 pub mod guest_counters;
 pub mod handover;

@@ -101,12 +101,12 @@ pub mod stage;
 
 pub use captured::{metric, Captured, CommittedInfo};
 pub use error::CaptureError;
-pub use options::{CaptureMode, CaptureOptions, DEVICE_STATE_FORMAT};
+pub use options::{CaptureMode, CaptureOptions, DiskMatcherInit, DEVICE_STATE_FORMAT};
 pub use progress::{CaptureProgress, CaptureStats, Phase};
 pub use run::capture;
 pub use stage::SCRATCH_NAME;
 
 pub use vmcsnap_image::{
-    Codec, DiskRef, Metrics, ParentInfo, ParentRef, WorkerInit, WriterOptions,
+    Codec, DiskMatcher, DiskRef, Metrics, ParentInfo, ParentRef, WorkerInit, WriterOptions,
 };
 pub use vmcsnap_migstream::ReaderOptions;

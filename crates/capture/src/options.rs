@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde_json::Value;
-use vmcsnap_image::{DiskRef, ParentInfo, WorkerInit, WriterOptions};
+use vmcsnap_image::{DiskMatcher, DiskRef, ParentInfo, WorkerInit, WriterOptions};
 use vmcsnap_migstream::ReaderOptions;
 
 /// What `device.bin` holds in an image written by this crate (the
@@ -105,6 +105,10 @@ pub struct CaptureOptions {
     /// to the parent's same page are not stored. Ignored (a full image is
     /// written) if the stream's RAM blocks differ from the parent's.
     pub parent: Option<ParentInfo>,
+    /// Makes the matcher the image writer asks whether a page's bytes lie
+    /// on one of [`disks`](Self::disks) (the detection layer; see
+    /// [`DiskMatcher`]). Called once, when the writer is created.
+    pub disk_matcher: Option<DiskMatcherInit>,
     /// Stream reader settings (page size, device-state limit, vmdesc policy).
     pub reader: ReaderOptions,
     /// The progress callback runs each time this many more stream bytes
@@ -129,8 +133,19 @@ impl CaptureOptions {
             writer: WriterOptions::default(),
             compress_worker_init: None,
             parent: None,
+            disk_matcher: None,
             reader: ReaderOptions::default(),
             progress_interval_bytes: 64 << 20,
         }
+    }
+}
+
+/// Makes a [`DiskMatcher`] for one capture's image writer.
+#[derive(Clone)]
+pub struct DiskMatcherInit(pub std::sync::Arc<dyn Fn() -> Box<dyn DiskMatcher> + Send + Sync>);
+
+impl fmt::Debug for DiskMatcherInit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DiskMatcherInit")
     }
 }

@@ -210,6 +210,9 @@ impl Run<'_> {
             // image, never a wrong one.
             let _ = writer.set_parent(parent);
         }
+        if let Some(m) = &self.opts.disk_matcher {
+            writer.set_disk_matcher((m.0)());
+        }
         if self.opts.mode == CaptureMode::Precopy {
             self.stage = Some(PageStage::create(
                 writer.temp_path(),

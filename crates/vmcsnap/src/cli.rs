@@ -115,8 +115,10 @@ pub enum Command {
         /// How the memory image is stored: lz4 (default: compressed locality blocks, equal
         /// pages once), zstd (smaller, slower to write), none (no compression), v1 (image
         /// format 1.0, for older vmcsnap releases) or lz4-random (a benchmark control: LZ4
-        /// blocks of pages scattered at random, no locality).
-        #[arg(long, value_parser = ["lz4", "zstd", "none", "v1", "lz4-random"], conflicts_with = "cluster")]
+        /// blocks of pages scattered at random, no locality). With ",no-disk" (or "no-disk"
+        /// alone): pages that are on the frozen disk are stored as bytes too (no detection
+        /// layer).
+        #[arg(long, value_parser = ["lz4", "zstd", "none", "v1", "lz4-random", "no-disk", "lz4,no-disk", "zstd,no-disk", "none,no-disk", "lz4-random,no-disk"], conflicts_with = "cluster")]
         storage: Option<String>,
         /// Store every page. By default a snapshot of a VM that already has one is
         /// incremental: it stores only the pages that differ from the VM's newest snapshot

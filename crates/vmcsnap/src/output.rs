@@ -264,7 +264,7 @@ pub fn snapshots(root: &std::path::Path, json: bool) -> Result<()> {
 /// CRC (fails naming each bad block).
 pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
     use anyhow::Context;
-    let img = vmcsnap_agent::image::Image::open(dir)
+    let img = vmcsnap_agent::frozen_disks::open_image(dir)
         .with_context(|| format!("snapshot {}", dir.display()))?;
     let st = img.stats();
     let mut sizes: Vec<u32> = img.blocks().iter().map(|b| b.stored_len).collect();
@@ -287,12 +287,18 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         .get("stream_bytes")
         .and_then(Value::as_u64);
     let report = verify.then(|| img.verify());
+    // Pages stored as references to the frozen disk: read through the
+    // disk reader, each checked against its CRC.
+    let disk_check = verify.then(|| verify_disk_pages(&img));
     let bad: Vec<Value> = report
         .iter()
         .flat_map(|r| r.bad_blocks.iter())
         .map(|b| serde_json::json!({ "block": b.index, "offset": b.offset, "error": b.error.to_string() }))
         .chain(report.iter().flat_map(|r| r.other.iter()).map(|e| serde_json::json!({ "error": e.to_string() })))
+        .chain(disk_check.iter().flat_map(|(_, e)| e.iter()).map(|e| serde_json::json!({ "error": e })))
         .collect();
+    let verify_ok = report.as_ref().is_some_and(|r| r.is_ok())
+        && disk_check.as_ref().is_some_and(|(_, e)| e.is_empty());
     let v = serde_json::json!({
         "path": dir,
         "manifest": serde_json::to_value(img.manifest())?,
@@ -311,7 +317,8 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         "parent": img.manifest().parent.as_ref().map(|p| serde_json::json!({ "name": p.name, "depth": p.depth })),
         "fafl_len": img.fafl().len(),
         "verify": report.as_ref().map(|r| serde_json::json!({
-            "ok": r.is_ok(), "blocks_checked": r.blocks_checked, "pages_checked": r.pages_checked,
+            "ok": verify_ok, "blocks_checked": r.blocks_checked, "pages_checked": r.pages_checked,
+            "disk_pages_checked": disk_check.as_ref().map_or(0, |(n, _)| *n),
             "bytes_read": r.bytes_read, "problems": bad,
         })),
     });
@@ -369,6 +376,21 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         if let Some(r) = &report {
             println!("  verify     {r}");
         }
+        if let Some((n, e)) = &disk_check {
+            println!(
+                "  verify     {n} pages read from the frozen disk, {} bad",
+                e.len()
+            );
+        }
+    }
+    if let Some((_, e)) = &disk_check {
+        if let Some(first) = e.first() {
+            anyhow::bail!(
+                "snapshot {} failed verification: {} pages on the frozen disk do not match; first: {first}",
+                dir.display(),
+                e.len()
+            );
+        }
     }
     if let Some(r) = report {
         if !r.is_ok() {
@@ -387,6 +409,32 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Reads every page stored as a reference to a frozen disk (each read
+/// checks the page's CRC): how many, and the problems (at most 20).
+fn verify_disk_pages(img: &vmcsnap_agent::image::Image) -> (u64, Vec<String>) {
+    use vmcsnap_agent::image::{PageKey, PageState};
+    let mut buf = vec![0u8; img.page_size()];
+    let (mut n, mut bad) = (0u64, Vec::new());
+    for rb in 0..img.ram_blocks().len() as u32 {
+        for page in 0..img.ram_block_pages(rb) {
+            let key = PageKey {
+                ram_block: rb,
+                page,
+            };
+            if !matches!(img.locate(key), Ok(PageState::OnDisk { .. })) {
+                continue;
+            }
+            n += 1;
+            if let Err(e) = img.read_page(key, &mut buf) {
+                if bad.len() < 20 {
+                    bad.push(format!("page {rb}:{page} on the frozen disk: {e}"));
+                }
+            }
+        }
+    }
+    (n, bad)
 }
 
 /// `restore`: the restore report.
@@ -434,7 +482,7 @@ pub fn restore(v: &Value) {
 /// against its newest traced restore.
 pub fn analyze_ws(dir: &std::path::Path, json: bool) -> Result<()> {
     use vmcsnap_agent::restore::traces;
-    let img = vmcsnap_agent::image::Image::open(dir)
+    let img = vmcsnap_agent::frozen_disks::open_image(dir)
         .with_context(|| format!("snapshot {}", dir.display()))?;
     let Some(trace) = traces::newest(dir, |r| r.trace) else {
         anyhow::bail!(

@@ -104,7 +104,7 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
     if verify {
         for vm in &m.vms {
             let vdir = dir.join(&vm.snapshot);
-            match vmcsnap_agent::image::Image::open(&vdir) {
+            match vmcsnap_agent::frozen_disks::open_image(&vdir) {
                 Ok(img) => {
                     let r = img.verify();
                     if !r.is_ok() {

@@ -11,7 +11,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{cluster_lock, last_field, Env};
-use vmcsnap_agent::image::Image;
 
 const SPEC: &str = r#"
 [cluster]
@@ -79,7 +78,7 @@ fn check_alive(env: &Env, a_from: usize, b_from: usize, what: &str) {
 
 /// Page-by-page comparison of `ram` (a RAM file) with block "mem" of the image.
 fn assert_ram_equals_image(img_dir: &Path, ram: &Path) {
-    let img = Image::open(img_dir).unwrap();
+    let img = vmcsnap_agent::frozen_disks::open_image(img_dir).unwrap();
     let id = img.ram_block_id("mem").unwrap();
     let ps = img.page_size();
     let ram = std::fs::read(ram).unwrap();

@@ -3,7 +3,10 @@
 //! pause (compared page by page with a copy of the RAM file taken while the
 //! VM was paused), the guest never sees corruption, the frozen disk stays
 //! frozen while the guest keeps writing, a corrupted image is caught by
-//! `inspect --verify`, and rejuvenation still works afterwards.
+//! `inspect --verify`, and rejuvenation still works afterwards. The guest
+//! reads files from its data disk first: the page-cache pages that hold
+//! them are stored as references to the frozen disk (the detection layer),
+//! read back through the qcow2 reader in every comparison and restore.
 
 mod common;
 
@@ -12,7 +15,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{cluster_lock, last_field, Env};
-use vmcsnap_agent::image::Image;
 
 const SPEC: &str = r#"
 [cluster]
@@ -25,6 +27,7 @@ memory_mib = 224
 workload = """
 memtouch -m 32 -r 0 &
 i=0; while :; do echo $i > /data/tick-$i; sync; i=$((i+1)); sleep 1; done &
+dd if=/dev/urandom of=/data/rnd bs=4096 count=1024 2>/dev/null; sync; echo 3 > /proc/sys/vm/drop_caches; cat /data/rnd /data/blob > /dev/null; echo DISKREAD-DONE
 """
 "#;
 
@@ -47,7 +50,7 @@ fn wait_memtouch_progress(env: &Env, n: u64) -> String {
 /// Compares every page of RAM block `mem` in the image with `reference`
 /// (the guest RAM file as it was during the snapshot's pause).
 fn compare_with_reference(dir: &Path, reference: &Path) -> (u64, u64) {
-    let img = Image::open(dir).unwrap();
+    let img = vmcsnap_agent::frozen_disks::open_image(dir).unwrap();
     let id = img.ram_block_id("mem").expect("RAM block mem");
     let ps = img.page_size();
     let reference = std::fs::read(reference).unwrap();
@@ -106,6 +109,12 @@ fn snapshot_modes_are_exact_and_harmless() {
     let spec = env.write_spec(SPEC);
     env.json(&["up", spec.to_str().unwrap(), "--json"]);
     wait_memtouch_progress(&env, 2);
+    env.wait_console(
+        "a",
+        "the guest to read its data disk",
+        Duration::from_secs(120),
+        |c| c.contains("DISKREAD-DONE"),
+    );
 
     // A snapshot failing while the VM is paused (here: the debug reference
     // copy cannot be written) leaves the VM running and nothing listed.
@@ -223,6 +232,19 @@ fn snapshot_modes_are_exact_and_harmless() {
             assert!(r["pages_guest_written"].as_u64().unwrap() > 0, "{r}");
             assert_eq!(inspect["fafl_len"], r["pages_guest_written"]);
             first_hot = Some(r.clone());
+        }
+        if storage != Some("v1") {
+            // The detection layer: the page cache holds /data/rnd and
+            // /data/blob (8 MiB), read from the disk frozen with the
+            // snapshot; the comparison above read them through it.
+            let on_disk = inspect["stats"]["pages_on_disk"].as_u64().unwrap();
+            let index = &inspect["manifest"]["metrics"]["disk_index"];
+            eprintln!("{name}: {on_disk} pages on disk, disk index {index}");
+            assert!(on_disk > 0, "no page found on the frozen disk: {inspect}");
+            assert!(
+                inspect["verify"]["disk_pages_checked"].as_u64() == Some(on_disk),
+                "{inspect}"
+            );
         }
         eprintln!(
             "{mode}: downtime {:.1} ms (disk snapshot {:.1} ms), duration {:.1} ms, stream {} bytes, {stored} pages stored, {zero} zero, {} guest-written",
@@ -357,6 +379,29 @@ fn snapshot_modes_are_exact_and_harmless() {
         "{stderr}\n{stdout}"
     );
     assert!(stdout.contains("bad blocks"), "{stdout}");
+
+    // A paused restore of the hot snapshot: the restored RAM is the image,
+    // disk-reference pages included.
+    env.ok(&["stop", "a"]);
+    env.json(&["restore", "s-hot", "--mode", "lazy", "--paused", "--json"]);
+    let ram = env
+        .shm_files()
+        .into_iter()
+        .find(|p| p.to_string_lossy().ends_with("-sn-a"))
+        .expect("a's RAM file");
+    let img =
+        vmcsnap_agent::frozen_disks::open_image(&env.run_dir().join("snapshots/s-hot")).unwrap();
+    assert!(img.stats().pages_on_disk > 0);
+    let id = img.ram_block_id("mem").unwrap();
+    let ps = img.page_size();
+    let mut want = vec![0u8; img.ram_block_pages(id) as usize * ps];
+    img.read_ram_block(id, &mut want).unwrap();
+    let got = file_bytes(&ram);
+    assert_eq!(got.len(), want.len());
+    let bad = (0..want.len() / ps)
+        .filter(|p| want[p * ps..(p + 1) * ps] != got[p * ps..(p + 1) * ps])
+        .count();
+    assert_eq!(bad, 0, "pages of the restored RAM differ from the image");
 
     for (mode, d, t, disk) in &measured {
         eprintln!("MEASURED {mode}: downtime_ms={d:.1} duration_ms={t:.1} disk_snapshot_ms={disk:.1} (224 MiB guest, memtouch -m 32 -r 0)");

@@ -140,7 +140,7 @@ fn restore_cluster_journaled(
     let plan = plan(&m, &dir, opts.mode)?;
     let mut saved = Vec::new();
     for v in &plan.vms {
-        let img = vmcsnap_image::Image::open(&v.dir)
+        let img = crate::frozen_disks::open_image(&v.dir)
             .map_err(|e| AgentError::BadRequest(format!("VM {}: {e}", v.name)))?;
         saved.push(restore::saved_vm(&img, &opts.snapshot)?);
     }

@@ -293,6 +293,7 @@ fn run_protocol(
                 }),
                 writer: Default::default(),
                 full: true,
+                disk_layer: true,
             };
             let job = Job {
                 opts,

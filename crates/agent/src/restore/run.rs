@@ -239,7 +239,7 @@ pub fn restore(
             root.display()
         )));
     }
-    let img = Image::open(&dir)
+    let img = crate::frozen_disks::open_image(&dir)
         .map_err(|e| AgentError::BadRequest(format!("snapshot {:?}: {e}", opts.snapshot)))?;
     let saved = saved_vm(&img, &opts.snapshot)?;
     let name = saved.qemu.name.clone();
@@ -324,7 +324,7 @@ pub fn restore_into(
 ) -> Result<(Member, Report), AgentError> {
     let t0 = Instant::now();
     let t0_wall = SystemTime::now();
-    let img = Image::open(dir)
+    let img = crate::frozen_disks::open_image(dir)
         .map_err(|e| AgentError::BadRequest(format!("snapshot {:?}: {e}", opts.snapshot)))?;
     let saved = saved_vm(&img, &opts.snapshot)?;
     let name = saved.qemu.name.clone();
@@ -379,7 +379,7 @@ pub fn restore_into(
 /// asks for (pages), before any revision: HotRestore's hybrid size, or the
 /// pages an earlier restore was seen to touch if that is more.
 pub fn hybrid_size(dir: &Path) -> Result<u64, AgentError> {
-    let img = Image::open(dir)
+    let img = crate::frozen_disks::open_image(dir)
         .map_err(|e| AgentError::BadRequest(format!("snapshot {}: {e}", dir.display())))?;
     let wss_sample = img
         .manifest()

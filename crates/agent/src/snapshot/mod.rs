@@ -36,6 +36,7 @@ use vmcsnap_capture::{capture, CaptureMode, CaptureOptions, Captured, DiskRef, P
 
 mod capture_thread;
 mod commit_watch;
+mod disk_match;
 pub mod parent;
 mod qemu_steps;
 
@@ -121,14 +122,21 @@ pub struct Options {
     /// Store every page, even if an earlier snapshot of the VM could be
     /// the parent of an incremental one.
     pub full: bool,
+    /// Store pages whose bytes lie on the frozen disk as references to it
+    /// (the detection layer, format 2; see `disk_match`).
+    pub disk_layer: bool,
 }
 
 /// The writer options a request's `storage` names: `lz4` (default),
 /// `zstd`, `none` (format 2, uncompressed), `v1` (format 1.0) or
 /// `lz4-random` (a benchmark control: pages scattered over 256 open blocks,
-/// blocks without locality).
+/// blocks without locality), each optionally followed by `,no-disk` (see
+/// [`disk_layer_wanted`]).
 pub fn writer_options(storage: Option<&str>) -> Result<vmcsnap_capture::WriterOptions, AgentError> {
     use vmcsnap_capture::{Codec, WriterOptions};
+    let storage = storage
+        .map(|s| s.trim_end_matches(NO_DISK).trim_end_matches(','))
+        .filter(|s| !s.is_empty());
     match storage {
         None => Ok(WriterOptions::default()),
         Some("v1") => Ok(WriterOptions::v1()),
@@ -149,6 +157,16 @@ pub fn writer_options(storage: Option<&str>) -> Result<vmcsnap_capture::WriterOp
             })
         }
     }
+}
+
+/// The `storage` suffix that turns the detection layer off.
+const NO_DISK: &str = "no-disk";
+
+/// Whether a request's `storage` wants the detection layer (pages on the
+/// frozen disk stored as references to it): yes unless it ends in
+/// `no-disk` (e.g. `lz4,no-disk`) or is `v1`, which cannot store them.
+pub fn disk_layer_wanted(storage: Option<&str>) -> bool {
+    storage.is_none_or(|s| !s.ends_with(NO_DISK) && s != "v1")
 }
 
 /// Lowers the calling thread's scheduling priority (nice +10): image
@@ -369,6 +387,10 @@ pub fn snapshot(
     copts
         .labels
         .insert("snapshot_mode".into(), mode_name(opts.mode));
+    let mut disk_layer = opts
+        .disk_layer
+        .then(|| disk_match::start(&frozen, &run.root().join("disk-index")));
+    copts.disk_matcher = disk_layer.as_ref().map(disk_match::DiskLayer::matcher);
 
     let saved_params = vm.execute("query-migrate-parameters", Value::Null)?;
     // A stop-copy snapshot completes with QEMU's main loop locked: QMP
@@ -389,7 +411,15 @@ pub fn snapshot(
         node,
         overlay: overlay.clone(),
         reference: opts.reference.clone(),
+        on_disk_frozen: disk_layer
+            .as_mut()
+            .and_then(disk_match::DiskLayer::frozen_signal),
     };
+    if let Some(d) = &disk_layer {
+        // Outside the pause: the backing files' index (cached after the
+        // first snapshot of them).
+        d.wait_lower(Duration::from_secs(10));
+    }
     // Should this agent die while the VM is paused, the next one resumes it.
     let marked = if was_running {
         crate::intent::set(&vm.config, &crate::intent::Intent::Resume)
@@ -497,6 +527,9 @@ pub fn snapshot(
             m.other.insert("wss_sample_pages".into(), json!(p));
             m.other.insert("wss_samples".into(), json!(samples.len()));
         }
+        if let Some(d) = &disk_layer {
+            d.record(m);
+        }
     }
     let deadline = commit_watch::deadline_for(stats.stream_bytes);
     let vm_name = vm.name.clone();
@@ -559,6 +592,9 @@ struct Ctx {
     node: String,
     overlay: PathBuf,
     reference: Option<PathBuf>,
+    /// Called once the disk snapshot froze the disk (the detection layer
+    /// indexes its top file then).
+    on_disk_frozen: Option<Box<dyn FnOnce() + Send>>,
 }
 
 #[allow(clippy::too_many_arguments)]

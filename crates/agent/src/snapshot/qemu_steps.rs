@@ -221,6 +221,9 @@ pub(super) fn disk_snapshot(vm: &mut Vm, ctx: &mut Ctx) -> Result<(), AgentError
         } ] }),
     )?;
     ctx.disk_done = true;
+    if let Some(frozen) = ctx.on_disk_frozen.take() {
+        frozen();
+    }
     ctx.t.disk_snapshot_ms = t.elapsed().as_secs_f64() * 1000.0;
     Ok(())
 }
