@@ -54,7 +54,9 @@ pub(crate) fn merge_parent_into(root: &Path, child: &str) -> Result<(), RemovalE
         detail,
     };
     let read = |e: ReadError| fail(e.to_string());
-    let img = Image::open(&dir).map_err(read)?;
+    // With its frozen disks: pages the removed parent keeps on its disk
+    // (which goes with it) are copied in as bytes.
+    let img = crate::frozen_disks::open_image(&dir).map_err(read)?;
     let m = img.manifest().clone();
     let parent = img
         .parent()
