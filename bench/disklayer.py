@@ -5,7 +5,7 @@ frozen disk, docs/image-format.md "Detection layer").
 On one lab guest booted by vmcsnap (TCG here): the guest writes FILE_MIB of random data to its
 data disk, syncs, drops its page cache and reads the file and /data/blob back (so its page cache
 holds FILE_MIB + 4 MiB read from the disk), with memtouch rewriting 32 MiB meanwhile. Then REPS
-times, interleaved, a hot snapshot with the layer (`--storage lz4`) and one without
+times, interleaved, a full hot snapshot (--full: no parent) with the layer (`--storage lz4`) and one without
 (`--storage lz4,no-disk`): pages on disk, image bytes, bytes saved (pages_on_disk x 4096),
 snapshot duration and downtime, and the index's own timings (manifest metrics.disk_index:
 files of the chain, files whose index came from the cache, blocks, ms spent on the top file
@@ -52,7 +52,7 @@ def main():
             for storage in ["lz4", "lz4,no-disk"]:
                 name = f"r{rep}-{storage.replace(',', '-')}"
                 time.sleep(3)
-                r = run("snapshot", "vm0", "--mode", "hot", "--name", name, "--storage", storage,
+                r = run("snapshot", "vm0", "--mode", "hot", "--name", name, "--storage", storage, "--full",
                         "--json")
                 ins = run("inspect", name, "--json")
                 st, m = ins["stats"], ins["manifest"]["metrics"]
