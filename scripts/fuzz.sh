@@ -30,6 +30,7 @@ declare -A max_len=(
     [read_stream]=9000 [parse_return_path]=600
     [dhcp_frame]=2048 [guest_frames]=8192
     [coord_messages]=4096 [control_request]=4096 [spec]=4096
+    [qcow2_file]=262144
 )
 
 if ! cargo +nightly --version >/dev/null 2>&1; then
