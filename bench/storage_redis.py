@@ -11,7 +11,7 @@ the primary, side by side:
   * GAP seconds later, an incremental lz4 snapshot (no --full: the pages changed since the lz4
     one): its image bytes against the full lz4 one's, and the share of pages it stored;
   * restores: `--mode lazy` from the v1 and from the lz4 snapshot (demand faults in the first
-    10 s, restore latency), `--mode eager` from the lz4 one.
+    10 s, restore latency), `--mode eager` from both.
 Writes bench/results/storage_redis.json and prints a table.
 
 Usage: bench/storage_redis.py [--reps 2] [--gap 20] [--vm primary] [--spec F] [--out DIR] [--bin F]
@@ -93,7 +93,8 @@ def main():
             # Incremental to the VM's newest snapshot with page hashes: make it the lz4 one.
             run(run_dir, "snapshots", "delete", f"zstd-{i}")
             rows.append(snap(run_dir, a.vm, f"inc-{i}", "lz4", full=False))
-            for storage, name, mode in (("v1", f"v1-{i}", "lazy"), ("lz4", f"lz4-{i}", "lazy"), ("lz4", f"lz4-{i}", "eager")):
+            for storage, name, mode in (("v1", f"v1-{i}", "lazy"), ("lz4", f"lz4-{i}", "lazy"),
+                                        ("v1", f"v1-{i}", "eager"), ("lz4", f"lz4-{i}", "eager")):
                 try:
                     rows.append(restore(run_dir, a.vm, name, storage, mode))
                 except benchlib.Failed as e:
@@ -111,7 +112,7 @@ def main():
         summary[st] = {k: benchlib.med([r.get(k) for r in rs]) for k in
                        ("image_bytes", "stream_bytes", "image_over_stream", "compression_ratio", "pages_stored",
                         "pages_duplicate", "pages_on_disk", "pages_in_parent", "duration_ms", "downtime_ms")}
-    for st, mode in (("v1", "lazy"), ("lz4", "lazy"), ("lz4", "eager")):
+    for st, mode in (("v1", "lazy"), ("lz4", "lazy"), ("v1", "eager"), ("lz4", "eager")):
         rs = [r for r in ok if r["kind"] == "restore" and r["storage"] == st and r["mode"] == mode]
         summary[f"restore {st} {mode}"] = {"latency_ms": benchlib.med([r["latency_ms"] for r in rs]),
                                           "faults_10s": benchlib.med([r["faults_10s"] for r in rs])}
