@@ -3,23 +3,12 @@
 //! reads equals what `qemu-img convert -O raw` reads.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use super::*;
 
 const MIB: u64 = 1 << 20;
 
-fn run(cmd: &str, args: &[&str]) {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e} (install qemu-utils)"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+use vmcsnap_testkit::run_ok as run;
 
 fn create(path: &Path, opts: &str, backing: Option<(&str, &str)>, size: Option<u64>) {
     let mut args = vec!["create", "-q", "-f", "qcow2"];

@@ -2,7 +2,6 @@
 //! with qemu-img and qemu-io, and the restore side's reader of it.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::*;
@@ -10,17 +9,7 @@ use crate::frozen_disks::FrozenDisks;
 use crate::snapshot::{disk_layer_wanted, writer_options};
 use vmcsnap_image::{DiskPages, DiskRef};
 
-fn run(cmd: &str, args: &[&str]) {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e} (install qemu-utils)"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+use vmcsnap_testkit::run_ok as run;
 
 fn io(path: &Path, cmds: &[&str]) {
     let mut args = vec![];

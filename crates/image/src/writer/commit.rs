@@ -134,14 +134,7 @@ impl ImageWriter {
             source: e,
         })?;
         self.committed = true;
-        let parent = match final_dir.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        sync_dir(&parent).map_err(|e| WriteError::Io {
-            path: parent,
-            source: e,
-        })?;
+        sync_parent(&final_dir)?;
         Ok(Committed {
             path: final_dir,
             manifest,
@@ -161,14 +154,7 @@ impl ImageWriter {
         })?;
         // The new image is in place; the temporary name holds the old one.
         self.committed = true;
-        let parent = match final_dir.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        sync_dir(&parent).map_err(|e| WriteError::Io {
-            path: parent,
-            source: e,
-        })?;
+        sync_parent(&final_dir)?;
         // Best effort: a leftover is a temporary directory gc removes.
         let _ = fs::remove_dir_all(&self.tmp_dir);
         Ok(Committed {
@@ -248,6 +234,18 @@ impl ImageWriter {
             }),
         }
     }
+}
+
+/// Fsyncs the directory holding `dir` (after a rename into it).
+fn sync_parent(dir: &std::path::Path) -> Result<(), WriteError> {
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    sync_dir(&parent).map_err(|e| WriteError::Io {
+        path: parent,
+        source: e,
+    })
 }
 
 fn file_ref(kind: FileKind, size: u64) -> FileRef {
