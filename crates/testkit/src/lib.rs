@@ -51,6 +51,20 @@ pub fn apply_edits(base: &[u8], edits: &[u8]) -> Vec<u8> {
     v
 }
 
+/// Runs `cmd ARGS` (a test's `qemu-img`/`qemu-io`) and panics with its
+/// stderr unless it succeeds.
+pub fn run_ok(cmd: &str, args: &[&str]) {
+    let out = std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e} (install qemu-utils)"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,18 +117,4 @@ mod tests {
         assert_eq!(apply_edits(b"", &edit(0, 5, 1)), b"");
         assert_eq!(apply_edits(b"", &edit(3, 5, 1)), [1]);
     }
-}
-
-/// Runs `cmd ARGS` (a test's `qemu-img`/`qemu-io`) and panics with its
-/// stderr unless it succeeds.
-pub fn run_ok(cmd: &str, args: &[&str]) {
-    let out = std::process::Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e} (install qemu-utils)"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
