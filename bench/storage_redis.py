@@ -8,10 +8,11 @@ the primary, side by side:
   * full hot snapshots with --storage v1 (format 1.0: every non-zero page, uncompressed), lz4 and
     zstd: image bytes (every file of the snapshot) against QEMU's stream bytes, compression
     ratio, duplicate pages, pages on a frozen disk, duration and pause;
-  * GAP seconds later, an incremental lz4 snapshot (no --full: the pages changed since the lz4
-    one): its image bytes against the full lz4 one's, and the share of pages it stored;
+  * after the restores below and GAP seconds, an incremental lz4 snapshot (no --full; the zstd
+    one is deleted first so that the lz4 one is the parent: the pages changed since): its image
+    bytes against the full lz4 one's, and the share of pages it stored;
   * restores: `--mode lazy` from the v1 and from the lz4 snapshot (demand faults in the first
-    10 s, restore latency), `--mode eager` from both.
+    10 s, restore latency) from the v1, lz4 and zstd snapshots, and `--mode eager` from each.
 Writes bench/results/storage_redis.json and prints a table.
 
 Usage: bench/storage_redis.py [--reps 2] [--gap 20] [--vm primary] [--spec F] [--out DIR] [--bin F]
@@ -90,15 +91,18 @@ def main():
                 rows.append(snap(run_dir, a.vm, f"{storage}-{i}", storage))
                 time.sleep(rb.GAP_S)
             time.sleep(a.gap)
-            # Incremental to the VM's newest snapshot with page hashes: make it the lz4 one.
-            run(run_dir, "snapshots", "delete", f"zstd-{i}")
-            rows.append(snap(run_dir, a.vm, f"inc-{i}", "lz4", full=False))
             for storage, name, mode in (("v1", f"v1-{i}", "lazy"), ("lz4", f"lz4-{i}", "lazy"),
-                                        ("v1", f"v1-{i}", "eager"), ("lz4", f"lz4-{i}", "eager")):
+                                        ("zstd", f"zstd-{i}", "lazy"), ("v1", f"v1-{i}", "eager"),
+                                        ("lz4", f"lz4-{i}", "eager"), ("zstd", f"zstd-{i}", "eager")):
                 try:
                     rows.append(restore(run_dir, a.vm, name, storage, mode))
                 except benchlib.Failed as e:
                     rows.append({"kind": "restore", "storage": storage, "mode": mode, "error": rb.err_text(e)})
+            # Incremental to the VM's newest snapshot with page hashes: make it the lz4 one
+            # (the restores above started the VM from these snapshots; wait for new writes).
+            run(run_dir, "snapshots", "delete", f"zstd-{i}")
+            time.sleep(a.gap)
+            rows.append(snap(run_dir, a.vm, f"inc-{i}", "lz4", full=False))
     except (benchlib.Failed, KeyError) as e:
         res["error"] = rb.err_text(e)
         print(f"FAILED: {res['error']}", file=sys.stderr)
@@ -112,7 +116,8 @@ def main():
         summary[st] = {k: benchlib.med([r.get(k) for r in rs]) for k in
                        ("image_bytes", "stream_bytes", "image_over_stream", "compression_ratio", "pages_stored",
                         "pages_duplicate", "pages_on_disk", "pages_in_parent", "duration_ms", "downtime_ms")}
-    for st, mode in (("v1", "lazy"), ("lz4", "lazy"), ("v1", "eager"), ("lz4", "eager")):
+    for st, mode in (("v1", "lazy"), ("lz4", "lazy"), ("zstd", "lazy"), ("v1", "eager"), ("lz4", "eager"),
+                     ("zstd", "eager")):
         rs = [r for r in ok if r["kind"] == "restore" and r["storage"] == st and r["mode"] == mode]
         summary[f"restore {st} {mode}"] = {"latency_ms": benchlib.med([r["latency_ms"] for r in rs]),
                                           "faults_10s": benchlib.med([r["faults_10s"] for r in rs])}

@@ -67,7 +67,7 @@ pub enum Request {
         /// `capture-error-after=BYTES` (see the agent's `fault` module).
         #[serde(default)]
         fault: Option<String>,
-        /// How the memory image is stored: `lz4` (default), `zstd`,
+        /// How the memory image is stored: `zstd` (default), `lz4`,
         /// `none` (format 2 uncompressed) or `v1` (format 1.0).
         #[serde(default)]
         storage: Option<String>,

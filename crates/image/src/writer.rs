@@ -147,7 +147,7 @@ pub struct WriterOptions {
     /// Major format version to write: 2 (default) or 1 (uncompressed, one
     /// block stream, no duplicates: readable by older vmcsnap builds).
     pub format_major: u16,
-    /// Block compression (v2; default LZ4).
+    /// Block compression (v2; default Zstandard).
     pub codec: Codec,
     /// Store pages with equal bytes once (v2; default true).
     pub dedup: bool,

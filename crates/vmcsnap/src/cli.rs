@@ -112,8 +112,9 @@ pub enum Command {
         /// after SECONDS (commit-stall-deadline=SECONDS), to check what a failure leaves.
         #[arg(long, hide = true, value_name = "FAULT", conflicts_with = "cluster")]
         inject_fault: Option<String>,
-        /// How the memory image is stored: lz4 (default: compressed locality blocks, equal
-        /// pages once), zstd (smaller, slower to write), none (no compression), v1 (image
+        /// How the memory image is stored: zstd (default: compressed locality blocks, equal
+        /// pages once, page-cache pages as references to the frozen disk), lz4 (faster codec,
+        /// larger image), none (no compression), v1 (image
         /// format 1.0, for older vmcsnap releases) or lz4-random (a benchmark control: LZ4
         /// blocks of pages scattered at random, no locality). With ",no-disk" (or "no-disk"
         /// alone): pages that are on the frozen disk are stored as bytes too (no detection

@@ -127,8 +127,8 @@ pub struct Options {
     pub disk_layer: bool,
 }
 
-/// The writer options a request's `storage` names: `lz4` (default),
-/// `zstd`, `none` (format 2, uncompressed), `v1` (format 1.0) or
+/// The writer options a request's `storage` names: `zstd` (default), `lz4`,
+/// `none` (format 2, uncompressed), `v1` (format 1.0) or
 /// `lz4-random` (a benchmark control: pages scattered over 256 open blocks,
 /// blocks without locality), each optionally followed by `,no-disk` (see
 /// [`disk_layer_wanted`]).
@@ -142,6 +142,7 @@ pub fn writer_options(storage: Option<&str>) -> Result<vmcsnap_capture::WriterOp
         Some("v1") => Ok(WriterOptions::v1()),
         // Halite's control: LZ4 blocks without locality (for benchmarks).
         Some("lz4-random") => Ok(WriterOptions {
+            codec: Codec::Lz4,
             scatter_blocks: 256,
             ..Default::default()
         }),
