@@ -15,7 +15,7 @@ Writes bench/results/disklayer.json and prints a table.
 Usage: bench/disklayer.py [--reps 3] [--mem 512] [--file-mib 64] [--bin PATH]
 Needs: target/release/vmcsnap (make build) and the lab guest (make guest).
 """
-import argparse, json, os, sys, tempfile, time
+import argparse, json, os, shutil, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
@@ -69,6 +69,8 @@ def main():
             run("down")
         except benchlib.Failed as e:
             print(e, file=sys.stderr)
+        # Its snapshots and disks (hundreds of MiB) go with the run.
+        shutil.rmtree(run_dir, ignore_errors=True)
     out = {"mem_mib": a.mem, "file_mib": a.file_mib, "reps": a.reps, "rows": rows}
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
     with open(os.path.join(ROOT, "bench", "results", "disklayer.json"), "w") as f:
