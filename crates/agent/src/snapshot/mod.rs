@@ -30,18 +30,23 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{json, Value};
-use vmcsnap_capture::{capture, CaptureMode, CaptureOptions, Captured, DiskRef, Phase};
+use vmcsnap_capture::{capture, CaptureOptions, Captured, DiskRef, Phase};
 
 mod capture_thread;
 mod commit_watch;
 mod disk_match;
 pub mod parent;
 mod qemu_steps;
+mod request;
 
 use capture_thread::CaptureThread;
 use qemu_steps::*;
+pub(crate) use request::background_priority;
+pub use request::{
+    disk_layer_wanted, writer_options, Hooks, Mode, NoHooks, Options, Report, Target,
+};
 
 use crate::cluster::Member;
 use crate::vm::Vm;
@@ -62,216 +67,6 @@ const PRECOPY_RELAX_AFTER: Duration = Duration::from_secs(20);
 const SNAPSHOT_BANDWIDTH: u64 = 64 << 30;
 /// QMP reply timeout while a snapshot runs.
 const SNAPSHOT_QMP_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// How a snapshot is taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// Background snapshot: a pause of milliseconds, copy-on-write after.
-    Hot,
-    /// The VM stays paused while all of its memory is copied.
-    StopCopy,
-    /// Live pre-copy; the VM pauses for the last round and the disk.
-    Precopy,
-}
-
-impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "hot" => Ok(Mode::Hot),
-            "stop-copy" => Ok(Mode::StopCopy),
-            "precopy" => Ok(Mode::Precopy),
-            _ => Err(format!(
-                "unknown snapshot mode {s:?}: use hot, stop-copy or precopy"
-            )),
-        }
-    }
-}
-
-impl Mode {
-    fn capture_mode(self) -> CaptureMode {
-        match self {
-            Mode::Hot => CaptureMode::BackgroundSnapshot,
-            Mode::StopCopy => CaptureMode::StopCopy,
-            Mode::Precopy => CaptureMode::Precopy,
-        }
-    }
-}
-
-/// What the request asks for.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// The mode.
-    pub mode: Mode,
-    /// The snapshot's name (default `<vm>-<unix time>`).
-    pub name: Option<String>,
-    /// Debug: copy the guest RAM file here while the VM is paused for the
-    /// snapshot (before the memory copy starts), to check the image against.
-    pub reference: Option<PathBuf>,
-    /// The VM's spec entry, for the manifest.
-    pub vm_config: Value,
-    /// Testing: a fault for this snapshot's capture to obey (see
-    /// [`crate::fault`]).
-    pub fault: Option<crate::fault::Fault>,
-    /// Where the snapshot goes; `None`: `<run>/snapshots/<name>`, frozen
-    /// disks in `<run>/snapshots/.disks/<name>`.
-    pub target: Option<Target>,
-    /// How the image is stored (format, codec, dedup).
-    pub writer: vmcsnap_capture::WriterOptions,
-    /// Store every page, even if an earlier snapshot of the VM could be
-    /// the parent of an incremental one.
-    pub full: bool,
-    /// Store pages whose bytes lie on the frozen disk as references to it
-    /// (the detection layer, format 2; see `disk_match`).
-    pub disk_layer: bool,
-}
-
-/// The writer options a request's `storage` names: `zstd` (default), `lz4`,
-/// `none` (format 2, uncompressed), `v1` (format 1.0) or
-/// `lz4-random` (a benchmark control: pages scattered over 256 open blocks,
-/// blocks without locality), each optionally followed by `,no-disk` (see
-/// [`disk_layer_wanted`]).
-pub fn writer_options(storage: Option<&str>) -> Result<vmcsnap_capture::WriterOptions, AgentError> {
-    use vmcsnap_capture::{Codec, WriterOptions};
-    let storage = storage
-        .map(|s| s.trim_end_matches(NO_DISK).trim_end_matches(','))
-        .filter(|s| !s.is_empty());
-    match storage {
-        None => Ok(WriterOptions::default()),
-        Some("v1") => Ok(WriterOptions::v1()),
-        // Halite's control: LZ4 blocks without locality (for benchmarks).
-        Some("lz4-random") => Ok(WriterOptions {
-            codec: Codec::Lz4,
-            scatter_blocks: 256,
-            ..Default::default()
-        }),
-        Some(s) => {
-            let codec: Codec = s.parse().map_err(|_| {
-                AgentError::BadRequest(format!(
-                    "unknown image storage {s:?}: use lz4, zstd, none or v1"
-                ))
-            })?;
-            Ok(WriterOptions {
-                codec,
-                ..Default::default()
-            })
-        }
-    }
-}
-
-/// The `storage` suffix that turns the detection layer off.
-const NO_DISK: &str = "no-disk";
-
-/// Whether a request's `storage` wants the detection layer (pages on the
-/// frozen disk stored as references to it): yes unless it ends in
-/// `no-disk` (e.g. `lz4,no-disk`) or is `v1`, which cannot store them.
-pub fn disk_layer_wanted(storage: Option<&str>) -> bool {
-    storage.is_none_or(|s| !s.ends_with(NO_DISK) && s != "v1")
-}
-
-/// Lowers the calling thread's scheduling priority (nice +10): image
-/// compression then takes the CPU time guests leave idle, and a guest's
-/// vCPU threads win when both want a CPU. Best effort.
-fn background_priority() {
-    // SAFETY: gettid and setpriority take and return plain integers; with
-    // PRIO_PROCESS and a thread id, setpriority changes only this thread.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, 10);
-    }
-}
-
-/// Where a snapshot goes when it is part of something larger (a VM's
-/// snapshot inside a cluster snapshot).
-#[derive(Debug, Clone)]
-pub struct Target {
-    /// The directory the snapshot directory `<name>` is created in.
-    pub root: PathBuf,
-    /// The directory the frozen disk chain is hard-linked into.
-    pub disks_dir: PathBuf,
-}
-
-/// Calls a snapshot makes around the VM's pause, so that a cluster snapshot
-/// can cut the VM's network exactly (see `cluster_snapshot`). Errors from
-/// the hooks fail the snapshot (and the VM is resumed).
-pub trait Hooks {
-    /// Everything that can be done before the snapshot proper is done (disk
-    /// overlay made, capture listening, migration settings in place); the
-    /// next step pauses the VM (hot, stop-copy) or starts the pre-copy. A
-    /// cluster snapshot waits here until every VM is this far, so that the
-    /// pauses start together. An error abandons the snapshot.
-    fn ready(&mut self) -> Result<(), AgentError> {
-        Ok(())
-    }
-    /// Hot and stop-copy: just before the VM is paused.
-    fn before_pause(&mut self) -> Result<(), AgentError> {
-        Ok(())
-    }
-    /// Right after the VM was paused (all modes; for pre-copy, QEMU paused
-    /// it for the switch-over and `before_pause` was not called).
-    fn paused(&mut self) -> Result<(), AgentError> {
-        Ok(())
-    }
-    /// The VM runs again after its transient snapshot (hot: QEMU resumed it
-    /// once write protection was on; stop-copy and pre-copy: after `cont`).
-    fn running(&mut self) {}
-    /// Whether the snapshot should be abandoned (polled while it runs).
-    fn cancelled(&self) -> Option<String> {
-        None
-    }
-}
-
-/// No hooks: a snapshot of one VM.
-pub struct NoHooks;
-impl Hooks for NoHooks {}
-
-/// What one snapshot measured.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Report {
-    /// The VM.
-    pub vm: String,
-    /// The snapshot's name.
-    pub name: String,
-    /// Its directory.
-    pub path: PathBuf,
-    /// The mode.
-    pub mode: Mode,
-    /// Guest RAM in MiB.
-    pub memory_mib: u64,
-    /// Guest not running: QMP STOP to RESUME event timestamps.
-    pub downtime_ms: f64,
-    /// The disk snapshot (QMP transaction) alone.
-    pub disk_snapshot_ms: f64,
-    /// Request to commit.
-    pub duration_ms: f64,
-    /// Bytes of QEMU's stream.
-    pub stream_bytes: u64,
-    /// Pages stored in the image.
-    pub pages_stored: u64,
-    /// Zero pages.
-    pub pages_zero: u64,
-    /// Pages the guest wrote during a hot snapshot (FAFL trace length).
-    pub pages_guest_written: u64,
-    /// Stream throughput.
-    pub stream_mb_per_s: f64,
-    /// The frozen disk image (a hard link of the qcow2 the VM ran on).
-    pub frozen_disk: PathBuf,
-    /// The overlay the VM runs on from now on.
-    pub overlay: PathBuf,
-    /// Where the debug reference copy of RAM went, if asked.
-    pub reference: Option<PathBuf>,
-    /// Unix µs: the snapshot began.
-    pub start_unix_us: u64,
-    /// Unix µs of QEMU's STOP event.
-    pub pause_start_unix_us: u64,
-    /// Unix µs of QEMU's RESUME event.
-    pub pause_end_unix_us: u64,
-    /// Unix µs: the VM's transient snapshot was over (running again, hooks told).
-    pub transient_done_unix_us: u64,
-    /// Unix µs: the image was committed.
-    pub complete_unix_us: u64,
-}
 
 /// Takes a snapshot of `member`.
 pub fn snapshot(
