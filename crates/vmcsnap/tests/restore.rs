@@ -343,6 +343,15 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
         .find(|p| p.to_string_lossy().ends_with("-rs-a"))
         .expect("a's RAM file");
     assert_ram_equals_image(&env.run_dir().join("snapshots/s-sc"), &ram);
+    // A pre-copy snapshot too (full, format 2).
+    env.ok(&["stop", "a"]);
+    env.json(&["restore", "s-pre", "--mode", "eager", "--paused", "--json"]);
+    let ram = env
+        .shm_files()
+        .into_iter()
+        .find(|p| p.to_string_lossy().ends_with("-rs-a"))
+        .expect("a's RAM file");
+    assert_ram_equals_image(&env.run_dir().join("snapshots/s-pre"), &ram);
     // And a format 1.0 image restores exactly too.
     env.ok(&["stop", "a"]);
     env.json(&["restore", "s-v1", "--mode", "lazy", "--paused", "--json"]);

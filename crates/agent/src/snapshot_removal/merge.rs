@@ -146,23 +146,14 @@ pub(crate) fn merge_parent_into(root: &Path, child: &str) -> Result<(), RemovalE
     w.set_device_state(&img.device_state().map_err(read)?)
         .map_err(werr)?;
     // What else the snapshot directory holds (learned restore records)
-    // moves with it.
-    let image_files: Vec<&str> = [
-        FileKind::Manifest,
-        FileKind::Memory,
-        FileKind::Index,
-        FileKind::Zero,
-        FileKind::Device,
-        FileKind::Trace,
-        FileKind::Hashes,
-    ]
-    .iter()
-    .map(|k| k.default_name())
-    .collect();
+    // moves with it: everything the manifest does not name.
+    let image_files: Vec<String> = std::iter::once(FileKind::Manifest.default_name().to_string())
+        .chain(m.files.all().into_iter().map(|(_, f)| f.name.clone()))
+        .collect();
     let tmp = w.temp_path().to_path_buf();
     for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
         let name = e.file_name();
-        if !image_files.iter().any(|f| name == *f) {
+        if !image_files.iter().any(|f| name == f.as_str()) {
             std::fs::rename(e.path(), tmp.join(&name))
                 .map_err(|err| fail(format!("moving {}: {err}", e.path().display())))?;
         }
