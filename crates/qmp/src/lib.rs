@@ -178,15 +178,75 @@ impl QmpClient {
     /// Runs `command` with `args` (`Value::Null` for none) and returns its
     /// `return` value. Events arriving meanwhile are queued.
     pub fn execute(&mut self, command: &str, args: Value) -> Result<Value, QmpError> {
+        let id = self.send(command, args, None)?;
+        self.reply(command, id)
+    }
+
+    /// Runs `command` with `fd` passed along (SCM_RIGHTS), as QMP `getfd`
+    /// and `add-fd` want; QEMU keeps its own copy of the descriptor.
+    pub fn execute_with_fd(
+        &mut self,
+        command: &str,
+        args: Value,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Value, QmpError> {
+        let id = self.send(command, args, Some(fd))?;
+        self.reply(command, id)
+    }
+
+    /// Sends every command at once, without waiting for a reply in between
+    /// (QEMU runs them one after the other, in order), then reads the
+    /// replies. Returns each command's result with the host's wall-clock
+    /// time (Unix µs) its reply was read. A command that fails does not
+    /// stop the later ones: pipeline only what may run regardless.
+    pub fn execute_pipelined(
+        &mut self,
+        commands: Vec<(&str, Value)>,
+    ) -> Vec<(Result<Value, QmpError>, u64)> {
+        let mut ids = Vec::with_capacity(commands.len());
+        let mut lines = Vec::new();
+        for (command, args) in &commands {
+            let id = self.next_id;
+            self.next_id += 1;
+            lines.extend(command_line(command, args.clone(), id));
+            ids.push(id);
+        }
+        if let Err(e) = self.writer.write_all(&lines).map_err(closed_or_io) {
+            let msg = e.to_string();
+            return commands
+                .iter()
+                .map(|_| (Err(QmpError::Protocol(format!("sending: {msg}"))), 0))
+                .collect();
+        }
+        commands
+            .iter()
+            .zip(ids)
+            .map(|((command, _), id)| {
+                let r = self.reply(command, id);
+                (r, unix_us())
+            })
+            .collect()
+    }
+
+    /// Writes a command (with `fd` as ancillary data if given); returns its id.
+    fn send(
+        &mut self,
+        command: &str,
+        args: Value,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<u64, QmpError> {
         let id = self.next_id;
         self.next_id += 1;
-        let mut msg = json!({ "execute": command, "id": id });
-        if !args.is_null() {
-            msg["arguments"] = args;
+        let line = command_line(command, args, id);
+        match fd {
+            None => self.writer.write_all(&line).map_err(closed_or_io)?,
+            Some(fd) => send_with_fd(&self.writer, &line, fd).map_err(closed_or_io)?,
         }
-        let mut line = serde_json::to_vec(&msg).expect("json serialises");
-        line.push(b'\n');
-        self.writer.write_all(&line).map_err(closed_or_io)?;
+        Ok(id)
+    }
+
+    /// Reads until the reply to command `id` (events are queued).
+    fn reply(&mut self, command: &str, id: u64) -> Result<Value, QmpError> {
         let deadline = Instant::now() + self.timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -229,9 +289,25 @@ impl QmpClient {
     /// Waits up to `timeout` for the event `name`; returns it and keeps the
     /// other events queued.
     pub fn wait_event(&mut self, name: &str, timeout: Duration) -> Result<QmpEvent, QmpError> {
+        self.wait_event_where(name, |_| true, timeout)
+    }
+
+    /// Waits up to `timeout` for the event `name` whose data satisfies
+    /// `matches` (e.g. `MIGRATION` with status `active`); returns it and
+    /// keeps the other events queued.
+    pub fn wait_event_where(
+        &mut self,
+        name: &str,
+        matches: impl Fn(&Value) -> bool,
+        timeout: Duration,
+    ) -> Result<QmpEvent, QmpError> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(pos) = self.events.iter().position(|e| e.name == name) {
+            if let Some(pos) = self
+                .events
+                .iter()
+                .position(|e| e.name == name && matches(&e.data))
+            {
                 return Ok(self.events.remove(pos).expect("position is valid"));
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -306,6 +382,49 @@ impl QmpClient {
             Err(e) => Err(closed_or_io(e)),
         }
     }
+}
+
+/// One QMP command as a line.
+fn command_line(command: &str, args: Value, id: u64) -> Vec<u8> {
+    let mut msg = json!({ "execute": command, "id": id });
+    if !args.is_null() {
+        msg["arguments"] = args;
+    }
+    let mut line = serde_json::to_vec(&msg).expect("json serialises");
+    line.push(b'\n');
+    line
+}
+
+/// Writes `bytes` with `fd` attached (SCM_RIGHTS) to the first of them.
+fn send_with_fd(
+    sock: &UnixStream,
+    bytes: &[u8],
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> std::io::Result<()> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let fds = [fd];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(std::io::Error::other("no room for the file descriptor"));
+    }
+    let n = sendmsg(
+        sock,
+        &[std::io::IoSlice::new(bytes)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    // The descriptor went with the first bytes; the rest follows plainly.
+    let mut w = sock;
+    w.write_all(&bytes[n..])
+}
+
+/// Microseconds since the Unix epoch.
+fn unix_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
 }
 
 fn closed_or_io(e: std::io::Error) -> QmpError {

@@ -177,3 +177,99 @@ fn garbage_is_a_protocol_error() {
     };
     assert!(matches!(e, QmpError::Protocol(_)), "{e}");
 }
+
+#[test]
+fn pipelined_commands_get_their_own_replies_in_order() {
+    let (_d, p) = fake_qemu(|c| match c["execute"].as_str() {
+        Some("transaction") => vec![
+            r#"{"event": "STOP", "timestamp": {"seconds": 1, "microseconds": 5}}"#.into(),
+            reply(
+                c,
+                json!({"error": {"class": "GenericError", "desc": "no such node"}}),
+            ),
+        ],
+        Some(cmd) => vec![reply(c, json!({"return": {"ran": cmd}}))],
+        None => vec![],
+    });
+    let mut q = QmpClient::connect(&p, Duration::from_secs(5)).unwrap();
+    let out = q.execute_pipelined(vec![
+        ("stop", Value::Null),
+        ("transaction", json!({"actions": []})),
+        ("migrate", json!({"uri": "fd:x"})),
+    ]);
+    assert_eq!(out.len(), 3);
+    assert_eq!(out[0].0.as_ref().unwrap()["ran"], "stop");
+    // A failed command does not stop the ones after it.
+    let err = out[1].0.as_ref().unwrap_err().to_string();
+    assert!(
+        err.contains("transaction") && err.contains("no such node"),
+        "{err}"
+    );
+    assert_eq!(out[2].0.as_ref().unwrap()["ran"], "migrate");
+    assert!(out[0].1 > 0 && out[0].1 <= out[2].1);
+    // The event between them is kept.
+    assert_eq!(q.take_events().unwrap()[0].name, "STOP");
+}
+
+#[test]
+fn a_file_descriptor_goes_with_the_command() {
+    use std::io::Read;
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qmp.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let server = thread::spawn(move || {
+        use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+        let (stream, _) = listener.accept().unwrap();
+        let mut w = stream.try_clone().unwrap();
+        writeln!(w, "{GREETING}").unwrap();
+        let mut got_fd = None;
+        let mut pending = Vec::new();
+        loop {
+            let mut buf = [0u8; 4096];
+            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let r = recvmsg(
+                &stream,
+                &mut [std::io::IoSliceMut::new(&mut buf)],
+                &mut control,
+                RecvFlags::empty(),
+            )
+            .unwrap();
+            if r.bytes == 0 {
+                return got_fd;
+            }
+            for m in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(mut fds) = m {
+                    got_fd = fds.next();
+                }
+            }
+            pending.extend_from_slice(&buf[..r.bytes]);
+            while let Some(nl) = pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=nl).collect();
+                let cmd: Value = serde_json::from_slice(&line).unwrap();
+                writeln!(w, "{}", reply(&cmd, json!({"return": {}}))).unwrap();
+                if cmd["execute"] == "getfd" {
+                    return got_fd;
+                }
+            }
+        }
+    });
+    let mut q = QmpClient::connect(&path, Duration::from_secs(5)).unwrap();
+    let (mut r, w) = std::os::unix::net::UnixStream::pair().unwrap();
+    q.execute_with_fd("getfd", json!({"fdname": "x"}), w.as_fd())
+        .unwrap();
+    drop(w);
+    let fd: OwnedFd = server.join().unwrap().expect("the server got a descriptor");
+    // It is the other end of our pair: what is written to it arrives here.
+    // SAFETY: `fd` is a valid, owned socket descriptor we now hand over.
+    let mut s = unsafe {
+        std::os::unix::net::UnixStream::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(fd))
+    };
+    s.write_all(b"hi").unwrap();
+    drop(s);
+    let mut got = String::new();
+    r.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "hi");
+}
