@@ -262,6 +262,11 @@ pub(crate) fn dispatch(
             Ok(json!({ "cluster": name }))
         }
         Request::Gc => Ok(to_json(&crate::gc::collect(run, cluster)?)),
+        Request::PauseLimit { vm } => {
+            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
+            let m = c.member_mut(&vm)?;
+            Ok(to_json(&crate::snapshot::limit::measure(&mut m.vm)?))
+        }
         Request::SnapshotsDelete { names } => Ok(to_json(&crate::snapshot_removal::delete(
             run, cluster, &names,
         )?)),

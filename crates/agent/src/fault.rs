@@ -51,6 +51,9 @@ pub enum Fault {
 pub struct PanicWhenPaused;
 
 impl crate::snapshot::Hooks for PanicWhenPaused {
+    fn works_while_paused(&self) -> bool {
+        true
+    }
     fn paused(&mut self) -> Result<(), crate::AgentError> {
         panic!("injected fault: the agent panicked while the VM was paused")
     }

@@ -10,10 +10,20 @@
 //! and if the agent goes away, keeps reading and discards the rest so QEMU
 //! completes the snapshot and the guest runs on. The image, never
 //! committed, stays a temporary directory that no listing shows.
+//!
+//! The relay is started before the snapshot's pause ([`spawn`]), in a
+//! process group of its own (a signal to the agent's group does not reach
+//! it), with a pipe as its standard input; the pipe's write end goes to
+//! QEMU over QMP (`getfd`) and the migration writes to it (`fd:` URI).
+//! Starting it inside the pause (an `exec:` URI: QEMU forks a shell) cost
+//! the guest about a millisecond of pause and more under load.
 
 use std::io::{ErrorKind, Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
+use std::process::{Command, Stdio};
 
 /// What happened to the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,17 +62,53 @@ pub fn relay(mut input: impl Read, to: &Path) -> std::io::Result<RelayOutcome> {
     Ok(outcome)
 }
 
-/// The `exec:` migration URI that runs the relay from the binary `exe`.
-pub fn exec_uri(exe: &Path, to: &Path) -> String {
-    format!(
-        "exec:{} stream-relay --to {}",
-        shell_quote(exe),
-        shell_quote(to)
-    )
+/// A relay started and waiting for its stream.
+pub struct Spawned {
+    /// The pipe's write end: handed to QEMU, then dropped here (the relay
+    /// sees the stream's end once QEMU closes its copy).
+    pub write_end: OwnedFd,
 }
 
-fn shell_quote(p: &Path) -> String {
-    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
+/// Starts `exe stream-relay --to to --detach` reading from a new pipe, and
+/// waits for it to detach (its first process exits once it has forked the
+/// relay, which init then reaps).
+pub fn spawn(exe: &Path, to: &Path) -> std::io::Result<Spawned> {
+    let (read_end, write_end) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    // A larger pipe lets QEMU write ahead of the relay (best effort: the
+    // system limit may be lower).
+    let _ = rustix::pipe::fcntl_setpipe_size(&write_end, 1 << 20);
+    let status = Command::new(exe)
+        .arg("stream-relay")
+        .arg("--to")
+        .arg(to)
+        .arg("--detach")
+        .stdin(Stdio::from(read_end))
+        .stdout(Stdio::null())
+        .process_group(0)
+        .status()?;
+    if !status.success() {
+        return Err(std::io::Error::other(format!(
+            "the stream relay ({}) could not start: {status}",
+            exe.display()
+        )));
+    }
+    Ok(Spawned { write_end })
+}
+
+/// Forks; the parent exits at once and the child returns. For the relay's
+/// own process (`stream-relay --detach`), before it starts any thread.
+#[allow(unsafe_code)]
+pub fn detach() -> std::io::Result<()> {
+    // SAFETY: called by the stream-relay command at its start, while the
+    // process has a single thread, so the child may run any code; the
+    // parent only calls `_exit`.
+    match unsafe { libc::fork() } {
+        -1 => Err(std::io::Error::last_os_error()),
+        // SAFETY: `_exit` ends the parent without running destructors or
+        // atexit handlers, which belong to the child now.
+        pid if pid > 0 => unsafe { libc::_exit(0) },
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -125,10 +171,35 @@ mod tests {
     }
 
     #[test]
-    fn uri_quotes_paths() {
-        assert_eq!(
-            exec_uri(Path::new("/usr/bin/vmcsnap"), Path::new("/r/it's.sock")),
-            r"exec:'/usr/bin/vmcsnap' stream-relay --to '/r/it'\''s.sock'"
-        );
+    fn a_spawned_relay_delivers_what_is_written_to_its_pipe() {
+        let d = tempfile::tempdir().unwrap();
+        let sock = d.path().join("s");
+        let l = UnixListener::bind(&sock).unwrap();
+        // Stands in for `vmcsnap stream-relay --to SOCK --detach`: copies
+        // its stdin to SOCK from a background process, and exits.
+        let script = d.path().join("relay");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\nexec 3<&0\npython3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(sys.stdin.buffer.read())' \"$3\" <&3 &\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let r = spawn(&script, &sock).unwrap();
+        let mut w = std::fs::File::from(r.write_end);
+        w.write_all(b"stream bytes").unwrap();
+        drop(w);
+        let (mut s, _) = l.accept().unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"stream bytes");
+    }
+
+    #[test]
+    fn a_relay_that_cannot_start_is_an_error() {
+        let e = spawn(Path::new("/bin/false"), Path::new("/nonexistent"))
+            .err()
+            .expect("/bin/false exits 1");
+        assert!(e.to_string().contains("could not start"), "{e}");
     }
 }

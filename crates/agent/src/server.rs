@@ -444,6 +444,7 @@ fn describe(request: &Request) -> String {
         }
         Request::Snapshot { vm, mode, .. } => format!("snapshot {vm} --mode {mode}"),
         Request::ClusterSnapshot { mode, .. } => format!("snapshot --cluster --mode {mode}"),
+        Request::PauseLimit { vm } => format!("pause-limit {vm}"),
         Request::Restore { snapshot, mode, .. } => format!("restore {snapshot} --mode {mode}"),
         Request::ClusterRestore { snapshot, mode, .. } => {
             format!("restore --cluster {snapshot} --mode {mode}")

@@ -21,6 +21,9 @@ const NIC_ACCEPT_BOUND: Duration = Duration::from_secs(10);
 /// What an error says of the console when this QEMU printed nothing on it.
 pub const CONSOLE_EMPTY: &str = "(the console is empty since this QEMU started)";
 
+/// A QMP command's result and the Unix µs its reply was read.
+pub type Timed = (Result<Value, AgentError>, u64);
+
 /// A running (or exited) QEMU process of the cluster.
 pub struct Vm {
     /// VM name.
@@ -249,6 +252,35 @@ impl Vm {
             self.qmp = None;
         }
         r.map_err(|source| AgentError::Qmp { vm: name, source })
+    }
+
+    /// Runs `commands` without waiting for a reply between them
+    /// ([`QmpClient::execute_pipelined`]): each result, with the Unix µs its
+    /// reply was read.
+    pub fn execute_pipelined(
+        &mut self,
+        commands: Vec<(&str, Value)>,
+    ) -> Result<Vec<Timed>, AgentError> {
+        let name = self.name.clone();
+        let out = self.qmp()?.execute_pipelined(commands);
+        if out.iter().any(
+            |(r, _)| matches!(r, Err(e) if !matches!(e, vmcsnap_qmp::QmpError::Command { .. })),
+        ) {
+            // A broken session is reconnected on next use.
+            self.qmp = None;
+        }
+        Ok(out
+            .into_iter()
+            .map(|(r, t)| {
+                (
+                    r.map_err(|source| AgentError::Qmp {
+                        vm: name.clone(),
+                        source,
+                    }),
+                    t,
+                )
+            })
+            .collect())
     }
 
     /// Waits, up to `limit`, until QEMU has accepted the switch's

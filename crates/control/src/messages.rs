@@ -75,6 +75,14 @@ pub enum Request {
         #[serde(default)]
         full: bool,
     },
+    /// Measure the floor of a hot snapshot's pause on this host: QEMU's own
+    /// background snapshot of the VM into `/dev/null`, with nothing else done
+    /// and nothing kept. Result: `{"vm", "memory_mib", "downtime_ms",
+    /// "setup_while_running_ms", "duration_ms"}`.
+    PauseLimit {
+        /// The VM.
+        vm: String,
+    },
     /// Take a consistent snapshot of every VM of the cluster at once
     /// (HotSnap's coordinated protocol, with the switch's packet mediator)
     /// into `<run-dir>/snapshots/<name>`. Result: the cluster snapshot

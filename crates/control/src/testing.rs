@@ -47,6 +47,7 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
             storage: Some("zstd".into()),
             full: true,
         },
+        Request::PauseLimit { vm: "alpha".into() },
         Request::ClusterSnapshot {
             mode: "hot".into(),
             name: None,

@@ -106,7 +106,8 @@ pub use list::{
     SnapshotEntry,
 };
 pub use manifest::{
-    DiskRef, FileRef, Files, Manifest, Metrics, ParentRef, QemuInfo, RamBlock, Storage, VmInfo,
+    DiskRef, FileRef, Files, Manifest, Metrics, ParentRef, PauseBreakdown, PausePart, QemuInfo,
+    RamBlock, Storage, VmInfo,
 };
 pub use plan::{ReadExtent, ReadPlan};
 pub use reader::{Block, DiskPages, Image, ImageStats, PageLocation, PageState};

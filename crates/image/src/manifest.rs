@@ -230,9 +230,50 @@ pub struct Metrics {
     /// How long the disk snapshot took.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_snapshot_ms: Option<u64>,
+    /// The pause broken into its parts (absent in older snapshots; readers
+    /// that predate it keep it in `other`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause: Option<PauseBreakdown>,
     /// Any other metric (e.g. a sampled working-set size).
     #[serde(flatten)]
     pub other: BTreeMap<String, Value>,
+}
+
+/// A snapshot's pause, from QEMU's `STOP` event to its `RESUME` event,
+/// broken into consecutive parts measured on QEMU's event clock and the
+/// agent's (both the host's wall clock). The parts add up to `total_us`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PauseBreakdown {
+    /// The measured pause, µs.
+    pub total_us: u64,
+    /// Its parts, in the order they happened.
+    pub parts: Vec<PausePart>,
+}
+
+/// One part of a pause. Names are documented in docs/snapshot.md ("Where
+/// the pause goes"); a reader shows names it does not know as they are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PausePart {
+    /// What happened in it, e.g. `disk_snapshot`.
+    pub name: String,
+    /// How long, µs.
+    pub us: u64,
+}
+
+impl PauseBreakdown {
+    /// The sum of the parts, µs.
+    pub fn parts_us(&self) -> u64 {
+        self.parts.iter().map(|p| p.us).sum()
+    }
+
+    /// The part named `name`, µs (0 if absent).
+    pub fn part_us(&self, name: &str) -> u64 {
+        self.parts
+            .iter()
+            .filter(|p| p.name == name)
+            .map(|p| p.us)
+            .sum()
+    }
 }
 
 /// A plain file name: no separators, not `.`/`..`, not empty, not too long.

@@ -231,6 +231,16 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Measure the floor of a hot snapshot's pause for VM on this host: QEMU's
+    /// own background snapshot of it with nothing else done (no disk snapshot,
+    /// memory straight to /dev/null, nothing kept). The guest runs on.
+    PauseLimit {
+        /// The VM's name.
+        vm: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Availability of warm, cold and saved VMM rejuvenation (the warm-VM
     /// reboot paper's equations 1-2) from downtimes measured on this host by
     /// earlier `rejuvenate` runs.
@@ -252,6 +262,11 @@ pub enum Command {
         /// The agent's capture socket.
         #[arg(long)]
         to: PathBuf,
+        /// Fork and let the parent exit at once: the relay is then nobody's
+        /// child but init's (or the nearest subreaper's), so it is reaped
+        /// even if the agent that started it re-executes or dies.
+        #[arg(long)]
+        detach: bool,
     },
     /// Run CMD inside the cluster's network namespace, where the host
     /// interface 10.77.0.1/24 reaches the VMs (`vmcsnap exec -- redis-cli -h

@@ -207,6 +207,18 @@ fn run(cli: Cli) -> Result<()> {
             )?;
             output::json_or(json, &v, || output::snapshot(&v))
         }
+        Command::PauseLimit { vm, json } => {
+            let v = request(&run_dir.agent_socket(), &Request::PauseLimit { vm })?;
+            output::json_or(json, &v, || {
+                println!(
+                    "{}: QEMU's own background snapshot paused it {:.1} ms ({} MiB; its setup, {:.1} ms, ran while the guest did)",
+                    v["vm"].as_str().unwrap_or("?"),
+                    v["downtime_ms"].as_f64().unwrap_or(0.0),
+                    v["memory_mib"],
+                    v["setup_while_running_ms"].as_f64().unwrap_or(0.0)
+                )
+            })
+        }
         Command::Restore {
             snapshot,
             cluster: true,
@@ -316,7 +328,10 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Availability { t_vmm, t_os, json } => availability(&run_dir, t_vmm, t_os, json),
-        Command::StreamRelay { to } => {
+        Command::StreamRelay { to, detach } => {
+            if detach {
+                vmcsnap_agent::relay::detach().context("stream relay: detaching")?;
+            }
             let o = vmcsnap_agent::relay::relay(std::io::stdin().lock(), &to)
                 .context("stream relay")?;
             if o.discarded > 0 {

@@ -63,6 +63,11 @@ pub fn json_or_snapshot(json: bool, v: &Value) -> Result<()> {
         );
     }
     println!("(times in ms since the request)");
+    for r in v["vms"].as_array().into_iter().flatten() {
+        if let Some(line) = crate::output::pause_parts(&r["pause"]) {
+            println!("  {} pause: {line}", r["vm"].as_str().unwrap_or("?"));
+        }
+    }
     let b = &v["backoff"];
     println!(
         "TCP backoff: {:.1} ms average over {} communicating pairs, {:.1} ms max",

@@ -154,6 +154,27 @@ fn hot_cluster_snapshot_is_consistent_and_keeps_every_frame() {
                     && t("transient_done_ms") <= t("complete_ms"),
                 "{v}"
             );
+            // Each VM's pause broken into its parts: the cut in `agent`,
+            // and they add up to the pause.
+            let parts = v["pause"]["parts"].as_array().expect("a breakdown");
+            let sum: u64 = parts.iter().map(|p| p["us"].as_u64().unwrap()).sum();
+            assert!(
+                (sum as f64 - t("downtime_ms") * 1000.0).abs() <= 1000.0,
+                "{v}"
+            );
+            let names: Vec<&str> = parts.iter().map(|p| p["name"].as_str().unwrap()).collect();
+            assert_eq!(
+                names,
+                [
+                    "stop",
+                    "agent",
+                    "disk_snapshot",
+                    "migrate_command",
+                    "qemu_setup",
+                    "device_state"
+                ],
+                "{v}"
+            );
             if let (Some(b), Some(a)) = (v["retrans_before"].as_u64(), v["retrans_after"].as_u64())
             {
                 retrans_grew.push((

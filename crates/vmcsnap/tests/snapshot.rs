@@ -102,6 +102,42 @@ fn max_tick(qcow2: &Path, scratch: &Path) -> Option<u64> {
         .max()
 }
 
+/// A snapshot report's pause breakdown: present, the parts of `mode` in
+/// order, adding up to the measured downtime within 1 ms.
+fn check_breakdown(mode: &str, r: &serde_json::Value) {
+    let b = &r["pause"];
+    let parts = b["parts"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no breakdown: {r}"));
+    let names: Vec<&str> = parts.iter().map(|p| p["name"].as_str().unwrap()).collect();
+    let sum: u64 = parts.iter().map(|p| p["us"].as_u64().unwrap()).sum();
+    let downtime_us = r["downtime_ms"].as_f64().unwrap() * 1000.0;
+    assert!(
+        (sum as f64 - downtime_us).abs() <= 1000.0,
+        "parts add up to {sum} µs, the pause was {downtime_us} µs: {b}"
+    );
+    assert_eq!(b["total_us"].as_u64().unwrap(), sum, "{b}");
+    let expected: &[&str] = match mode {
+        "hot" => &[
+            "stop",
+            "disk_snapshot",
+            "migrate_command",
+            "qemu_setup",
+            "device_state",
+        ],
+        "stop-copy" => &["stop", "disk_snapshot", "copy", "resume"],
+        _ => &["switchover", "disk_snapshot", "copy", "resume"],
+    };
+    let without_agent: Vec<&str> = names.iter().copied().filter(|n| *n != "agent").collect();
+    assert_eq!(without_agent, expected, "{b}");
+    assert!(
+        parts
+            .iter()
+            .any(|p| p["name"] == "disk_snapshot" && p["us"].as_u64() > Some(0)),
+        "{b}"
+    );
+}
+
 #[test]
 fn snapshot_modes_are_exact_and_harmless() {
     let _l = cluster_lock();
@@ -225,6 +261,7 @@ fn snapshot_modes_are_exact_and_harmless() {
                 "{inspect}"
             );
         }
+        check_breakdown(mode, &r);
         let (stored, zero) = compare_with_reference(&dir, &reference);
         let _ = std::fs::remove_file(&reference);
         if mode == "hot" {
@@ -274,10 +311,11 @@ fn snapshot_modes_are_exact_and_harmless() {
     for mode in ["hot", "stop-copy", "precopy"] {
         let name = format!("m-{mode}");
         let r = env.json(&["snapshot", "a", "--mode", mode, "--name", &name, "--json"]);
-        assert_eq!(
-            env.json(&["inspect", &name, "--verify", "--json"])["verify"]["ok"],
-            true
-        );
+        let inspect = env.json(&["inspect", &name, "--verify", "--json"]);
+        assert_eq!(inspect["verify"]["ok"], true);
+        // The pause broken into its parts, in the report and the manifest.
+        check_breakdown(mode, &r);
+        assert_eq!(inspect["manifest"]["metrics"]["pause"], r["pause"]);
         measured.push((
             mode,
             r["downtime_ms"].as_f64().unwrap(),

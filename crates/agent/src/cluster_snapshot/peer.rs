@@ -187,6 +187,10 @@ impl Hooks for CutHooks {
         Ok(())
     }
 
+    fn works_while_paused(&self) -> bool {
+        true
+    }
+
     fn paused(&mut self) -> Result<(), AgentError> {
         if self.prepare.is_none() {
             // Pre-copy: QEMU paused the VM by itself; hold the port now.

@@ -78,6 +78,8 @@ pub struct VmReport {
     pub vm: String,
     /// Guest paused (QMP STOP to RESUME), ms.
     pub downtime_ms: f64,
+    /// Where that pause went.
+    pub pause: Option<vmcsnap_image::PauseBreakdown>,
     /// The VM's snapshot started (its peer got SNAPSHOT or a trigger).
     pub start_ms: f64,
     /// QMP STOP.
@@ -290,6 +292,7 @@ pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentErr
         let report = VmReport {
             vm: v.vm.clone(),
             downtime_ms: r.downtime_ms,
+            pause: r.pause.clone(),
             start_ms: rel(r.start_unix_us),
             pause_start_ms: rel(r.pause_start_unix_us),
             pause_end_ms: rel(r.pause_end_unix_us),

@@ -37,7 +37,9 @@ use vmcsnap_capture::{capture, CaptureOptions, Captured, DiskRef, Phase};
 mod capture_thread;
 mod commit_watch;
 mod disk_match;
+pub mod limit;
 pub mod parent;
+mod pause;
 mod qemu_steps;
 mod request;
 
@@ -206,6 +208,8 @@ pub fn snapshot(
         migrating: false,
         node,
         overlay: overlay.clone(),
+        overlay_node: None,
+        relay_fd_added: false,
         reference: opts.reference.clone(),
         on_disk_frozen: disk_layer
             .as_mut()
@@ -263,6 +267,7 @@ pub fn snapshot(
         // and a next snapshot.
         vm.wait_migration_end("the failed snapshot's migration", MIGRATION_TIMEOUT);
     }
+    release_unused(vm, &mut ctx);
     restore_settings(vm, &saved_params);
     if let Ok(q) = vm.qmp() {
         q.set_timeout(Duration::from_secs(10));
@@ -305,13 +310,14 @@ pub fn snapshot(
             return Err(e);
         }
     };
-    let t = ctx.t;
+    let t = ctx.t.clone();
     let stats = captured.stats().clone();
     let duration_ms = t_req.elapsed().as_secs_f64() * 1000.0;
     {
         let m = captured.metrics_mut();
         m.downtime_ms = Some(t.downtime_ms.round() as u64);
         m.disk_snapshot_ms = Some(t.disk_snapshot_ms.round() as u64);
+        m.pause = t.breakdown.clone();
         m.duration_ms = Some(duration_ms.round() as u64);
         m.other.insert(
             "downtime_us".into(),
@@ -346,6 +352,7 @@ pub fn snapshot(
         memory_mib: vm.config.memory_mib,
         downtime_ms: t.downtime_ms,
         disk_snapshot_ms: t.disk_snapshot_ms,
+        pause: t.breakdown.clone(),
         duration_ms,
         stream_bytes: stats.stream_bytes,
         pages_stored: stats.pages_stored,
@@ -372,8 +379,12 @@ pub fn snapshot(
     Ok(report)
 }
 
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Timings {
+    /// The pause's boundaries as they happen.
+    pause: pause::PauseClock,
+    /// And its parts, once it is over.
+    breakdown: Option<vmcsnap_image::PauseBreakdown>,
     downtime_ms: f64,
     disk_snapshot_ms: f64,
     stop_us: u64,
@@ -387,6 +398,10 @@ struct Ctx {
     migrating: bool,
     node: String,
     overlay: PathBuf,
+    /// The overlay's node, once QEMU opened it (`add_overlay`).
+    overlay_node: Option<String>,
+    /// QEMU holds the relay's pipe (`prepare_relay`).
+    relay_fd_added: bool,
     reference: Option<PathBuf>,
     /// Called once the disk snapshot froze the disk (the detection layer
     /// indexes its top file then).
@@ -411,14 +426,16 @@ fn run_mode(
         "migrate-set-parameters",
         json!({ "max-bandwidth": SNAPSHOT_BANDWIDTH }),
     )?;
-    set_caps(vm, mode == Mode::Hot, mode == Mode::Precopy)?;
+    set_caps(vm, mode == Mode::Hot, mode == Mode::Precopy, true)?;
     take_events(vm)?;
     // QEMU writes to a relay it owns, not to our socket: see `relay`.
     // The agent's own image, by its /proc link: it stays valid while the
     // agent runs even if the file was replaced or deleted since (a rebuild
     // or a package upgrade; `current_exe` would name a "(deleted)" path).
     let exe = PathBuf::from(format!("/proc/{}/exe", std::process::id()));
-    let uri = json!({ "uri": crate::relay::exec_uri(&exe, sock) });
+    let uri = prepare_relay(vm, &exe, sock, ctx)?;
+    // The overlay, opened by QEMU now: in the pause it is only put on top.
+    add_overlay(vm, ctx)?;
     hooks.ready()?;
     match mode {
         Mode::Hot | Mode::StopCopy => {
@@ -432,22 +449,58 @@ fn run_mode(
                 }
             ));
             hooks.before_pause()?;
-            if was_running {
+            // Nothing to do between `stop` and the disk snapshot: send the
+            // three commands at once (no round trip inside the pause).
+            let all_at_once = was_running && !hooks.works_while_paused() && ctx.reference.is_none();
+            let mut commands = vec![
+                ("transaction", disk_snapshot_actions(ctx)),
+                ("migrate", uri),
+            ];
+            if all_at_once {
+                commands.insert(0, ("stop", Value::Null));
+            } else if was_running {
                 vm.execute("stop", Value::Null)?;
+                let stopped = unix_us();
                 ctx.t.stop_us = event_ts(vm, "STOP")?;
+                ctx.t.pause.start(ctx.t.stop_us);
+                ctx.t.pause.mark("stop", stopped);
             } else {
                 ctx.t.stop_us = unix_us();
+                ctx.t.pause.start(ctx.t.stop_us);
             }
-            hooks.paused()?;
-            copy_reference(vm, ctx)?;
-            disk_snapshot(vm, ctx)?;
-            ctx.migrating = true;
-            vm.execute("migrate", uri)?;
+            if !all_at_once {
+                hooks.paused()?;
+                copy_reference(vm, ctx)?;
+                ctx.t.pause.mark("agent", unix_us());
+            }
+            let mut replies = vm.execute_pipelined(commands)?;
+            let (migrate, _) = replies.pop().expect("a reply per command");
+            let (disk, t_disk) = replies.pop().expect("a reply per command");
+            // Set before any error returns: a migration that started must be
+            // waited for whatever else failed.
+            ctx.migrating = migrate.is_ok();
+            if let Some((stopped, t)) = replies.pop() {
+                stopped?;
+                ctx.t.stop_us = event_ts(vm, "STOP")?;
+                ctx.t.pause.start(ctx.t.stop_us);
+                ctx.t.pause.mark("stop", t);
+            }
+            disk?;
+            disk_snapshot_done(ctx, t_disk);
+            ctx.t.pause.mark("disk_snapshot", t_disk);
+            migrate?;
             if mode == Mode::Hot {
                 // QEMU resumes the guest by itself once write protection is on.
                 ctx.t.resume_us = wait_resume(vm)?;
                 ctx.t.transient_done_us = unix_us();
                 hooks.running();
+                let setup = migration_event_ts(vm, "setup");
+                let active = migration_event_ts(vm, "active");
+                if let (Some(setup), Some(active)) = (setup, active) {
+                    ctx.t.pause.mark("migrate_command", setup);
+                    ctx.t.pause.mark("qemu_setup", active);
+                }
+                ctx.t.breakdown = ctx.t.pause.finish("device_state", ctx.t.resume_us);
             }
             wait_migration(vm, &["completed"], cap, hooks, progress)?;
             if mode == Mode::StopCopy && !was_running {
@@ -456,10 +509,14 @@ fn run_mode(
                 ctx.t.transient_done_us = unix_us();
                 hooks.running();
             } else if mode == Mode::StopCopy {
-                vm.execute("cont", Value::Null)?;
+                if let Some(done) = migration_event_ts(vm, "completed") {
+                    ctx.t.pause.mark("copy", done);
+                }
+                cont_when_finalized(vm)?;
                 ctx.t.resume_us = event_ts(vm, "RESUME")?;
                 ctx.t.transient_done_us = unix_us();
                 hooks.running();
+                ctx.t.breakdown = ctx.t.pause.finish("resume", ctx.t.resume_us);
             }
         }
         Mode::Precopy => {
@@ -467,20 +524,34 @@ fn run_mode(
             ctx.migrating = true;
             vm.execute("migrate", uri)?;
             wait_migration(vm, &["pre-switchover"], cap, hooks, progress)?;
+            let seen = unix_us();
             ctx.t.stop_us = event_ts(vm, "STOP")?;
+            ctx.t.pause.start(ctx.t.stop_us);
+            ctx.t.pause.mark("switchover", seen);
             hooks.paused()?;
             copy_reference(vm, ctx)?;
-            disk_snapshot(vm, ctx)?;
+            ctx.t.pause.mark("agent", unix_us());
+            vm.execute("transaction", disk_snapshot_actions(ctx))?;
+            let t_disk = unix_us();
+            disk_snapshot_done(ctx, t_disk);
+            ctx.t.pause.mark("disk_snapshot", t_disk);
             vm.execute("migrate-continue", json!({ "state": "pre-switchover" }))?;
             wait_migration(vm, &["completed"], cap, hooks, progress)?;
-            vm.execute("cont", Value::Null)?;
+            if let Some(done) = migration_event_ts(vm, "completed") {
+                ctx.t.pause.mark("copy", done);
+            }
+            cont_when_finalized(vm)?;
             ctx.t.resume_us = event_ts(vm, "RESUME")?;
             ctx.t.transient_done_us = unix_us();
             hooks.running();
+            ctx.t.breakdown = ctx.t.pause.finish("resume", ctx.t.resume_us);
         }
     }
     ctx.migrating = false;
     ctx.t.downtime_ms = ctx.t.resume_us.saturating_sub(ctx.t.stop_us) as f64 / 1000.0;
+    if let Some(b) = &ctx.t.breakdown {
+        ctx.t.disk_snapshot_ms = b.part_us("disk_snapshot") as f64 / 1000.0;
+    }
     Ok(())
 }
 /// Copies (hard links where it can) the files an image VM's QEMU reads at

@@ -110,6 +110,7 @@ pub(super) fn set_caps(
     vm: &mut Vm,
     background: bool,
     pause_before_switchover: bool,
+    events: bool,
 ) -> Result<Value, AgentError> {
     vm.execute(
         "migrate-set-capabilities",
@@ -119,6 +120,8 @@ pub(super) fn set_caps(
             { "capability": "return-path", "state": false },
             { "capability": "background-snapshot", "state": background },
             { "capability": "pause-before-switchover", "state": pause_before_switchover },
+            // MIGRATION events time the pause's parts (`pause`).
+            { "capability": "events", "state": events },
         ] }),
     )
 }
@@ -126,7 +129,7 @@ pub(super) fn set_caps(
 /// Puts back what a snapshot changed: capabilities off (rejuvenation sets
 /// the ones it needs), bandwidth and downtime limit as they were.
 pub(super) fn restore_settings(vm: &mut Vm, saved: &Value) {
-    if let Err(e) = set_caps(vm, false, false) {
+    if let Err(e) = set_caps(vm, false, false, false) {
         log(format!(
             "VM {}: resetting migration capabilities: {e}",
             vm.name
@@ -146,6 +149,19 @@ pub(super) fn restore_settings(vm: &mut Vm, saved: &Value) {
     }
 }
 
+/// `cont` once QEMU has finalized the migration. QEMU reports a migration
+/// `completed` a moment before its migration thread leaves the
+/// `finish-migrate` run state, and refuses `cont` until then ("Migration
+/// is not finalized yet", seen once in 30 pre-copy snapshots).
+pub(super) fn cont_when_finalized(vm: &mut Vm) -> Result<(), AgentError> {
+    let t = Instant::now();
+    while vm.run_state() == "finish-migrate" && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    vm.execute("cont", Value::Null)?;
+    Ok(())
+}
+
 /// Resumes a VM a snapshot left paused (a failure mid-way).
 pub(super) fn ensure_running(vm: &mut Vm) -> Result<(), AgentError> {
     let st = vm.execute("query-status", Value::Null)?;
@@ -155,7 +171,7 @@ pub(super) fn ensure_running(vm: &mut Vm) -> Result<(), AgentError> {
             "VM {}: {status} after the snapshot; resuming it",
             vm.name
         ));
-        vm.execute("cont", Value::Null)?;
+        cont_when_finalized(vm)?;
     }
     Ok(())
 }
@@ -203,29 +219,91 @@ pub(super) fn top_node(vm: &mut Vm) -> String {
         .unwrap_or_else(|| crate::qemu::DISK_NODE.to_string())
 }
 
-pub(super) fn disk_snapshot(vm: &mut Vm, ctx: &mut Ctx) -> Result<(), AgentError> {
-    let t = Instant::now();
-    let new_node = format!("ov{}", unix_ms());
+/// QMP's name for the pipe to the stream relay while QEMU holds it.
+const RELAY_FD: &str = "vmcsnap-snapshot";
+
+/// Before the pause: starts the stream relay (`relay::spawn`) and hands
+/// its pipe to QEMU; returns the `migrate` arguments that write to it.
+pub(super) fn prepare_relay(
+    vm: &mut Vm,
+    exe: &Path,
+    sock: &Path,
+    ctx: &mut Ctx,
+) -> Result<Value, AgentError> {
+    let relay = crate::relay::spawn(exe, sock)
+        .map_err(AgentError::io("starting the stream relay for", sock))?;
+    let name = vm.name.clone();
+    vm.qmp()?
+        .execute_with_fd(
+            "getfd",
+            json!({ "fdname": RELAY_FD }),
+            std::os::fd::AsFd::as_fd(&relay.write_end),
+        )
+        .map_err(|source| AgentError::Qmp { vm: name, source })?;
+    // QEMU has its own copy now; the relay ends when QEMU closes it.
+    drop(relay);
+    ctx.relay_fd_added = true;
+    Ok(json!({ "uri": format!("fd:{RELAY_FD}") }))
+}
+
+/// Before the pause: QEMU opens the new overlay as a node of its own (no
+/// backing yet), so that the disk snapshot inside the pause only puts it
+/// on top (`blockdev-snapshot`) instead of opening a file
+/// (`blockdev-snapshot-sync`).
+pub(super) fn add_overlay(vm: &mut Vm, ctx: &mut Ctx) -> Result<(), AgentError> {
+    let node = format!("ov{}", unix_ms());
     vm.execute(
-        "transaction",
-        json!({ "actions": [ {
-            "type": "blockdev-snapshot-sync",
-            "data": {
-                "node-name": ctx.node,
-                "snapshot-file": ctx.overlay,
-                "snapshot-node-name": new_node,
-                "format": "qcow2",
-                // Made beforehand, with a relative backing name (`disk_chain`).
-                "mode": "existing",
-            }
-        } ] }),
+        "blockdev-add",
+        json!({
+            "driver": "qcow2",
+            "node-name": node,
+            "file": { "driver": "file", "filename": ctx.overlay },
+            "backing": null,
+        }),
     )?;
+    ctx.overlay_node = Some(node);
+    Ok(())
+}
+
+/// The transaction that freezes the disk: the overlay added before goes on
+/// top of the node the VM writes to (its header already names that file
+/// as its backing, relative: `disk_chain`).
+pub(super) fn disk_snapshot_actions(ctx: &Ctx) -> Value {
+    json!({ "actions": [ {
+        "type": "blockdev-snapshot",
+        "data": {
+            "node": ctx.node,
+            "overlay": ctx.overlay_node.as_deref().unwrap_or_default(),
+        }
+    } ] })
+}
+
+/// The disk snapshot succeeded (its reply was read at `_t`).
+pub(super) fn disk_snapshot_done(ctx: &mut Ctx, _t: u64) {
     ctx.disk_done = true;
     if let Some(frozen) = ctx.on_disk_frozen.take() {
         frozen();
     }
-    ctx.t.disk_snapshot_ms = t.elapsed().as_secs_f64() * 1000.0;
-    Ok(())
+}
+
+/// After a failure: gives back what QEMU was handed for a snapshot that
+/// did not use it (the overlay node, the relay's pipe, which ends the relay).
+pub(super) fn release_unused(vm: &mut Vm, ctx: &mut Ctx) {
+    if !ctx.disk_done {
+        if let Some(node) = ctx.overlay_node.take() {
+            if let Err(e) = vm.execute("blockdev-del", json!({ "node-name": node })) {
+                log(format!(
+                    "VM {}: removing the unused overlay node: {e}",
+                    vm.name
+                ));
+            }
+        }
+    }
+    if ctx.relay_fd_added && !ctx.migrating {
+        // Harmless if `migrate` took it (QEMU then says there is no such fd).
+        let _ = vm.execute("closefd", json!({ "fdname": RELAY_FD }));
+    }
+    ctx.relay_fd_added = false;
 }
 
 pub(super) fn copy_reference(vm: &Vm, ctx: &Ctx) -> Result<(), AgentError> {
@@ -246,6 +324,20 @@ pub(super) fn event_ts(vm: &mut Vm, name: &str) -> Result<u64, AgentError> {
             source,
         })?;
     Ok(ev.timestamp_us)
+}
+
+/// The timestamp (µs) of QEMU's `MIGRATION` event with `status`, if it
+/// came (the `events` capability is on during a snapshot).
+pub(super) fn migration_event_ts(vm: &mut Vm, status: &str) -> Option<u64> {
+    vm.qmp()
+        .ok()?
+        .wait_event_where(
+            "MIGRATION",
+            |d| d["status"] == status,
+            Duration::from_millis(200),
+        )
+        .ok()
+        .map(|ev| ev.timestamp_us)
 }
 
 /// Polls `query-migrate` until its status is one of `until`; fails on

@@ -160,6 +160,12 @@ pub trait Hooks {
     fn paused(&mut self) -> Result<(), AgentError> {
         Ok(())
     }
+    /// Whether [`paused`](Self::paused) does anything. If not, the agent
+    /// sends `stop`, the disk snapshot and `migrate` to QEMU at once
+    /// instead of waiting for each reply while the guest is paused.
+    fn works_while_paused(&self) -> bool {
+        false
+    }
     /// The VM runs again after its transient snapshot (hot: QEMU resumed it
     /// once write protection was on; stop-copy and pre-copy: after `cont`).
     fn running(&mut self) {}
@@ -190,6 +196,8 @@ pub struct Report {
     pub downtime_ms: f64,
     /// The disk snapshot (QMP transaction) alone.
     pub disk_snapshot_ms: f64,
+    /// Where the pause went (absent for a VM that was already paused).
+    pub pause: Option<vmcsnap_image::PauseBreakdown>,
     /// Request to commit.
     pub duration_ms: f64,
     /// Bytes of QEMU's stream.
