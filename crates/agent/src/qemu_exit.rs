@@ -3,7 +3,7 @@
 //! When a process exits, the kernel unmaps its memory before its parent can
 //! reap it. For a QEMU whose page tables map GiBs of guest RAM (a VM that
 //! has used its memory, or that was hot-snapshotted) that takes hundreds of
-//! milliseconds: about 60 ms per GiB mapped on the 2-core test host. A warm
+//! milliseconds: about 50 ms per GiB mapped on the 2-core test host. A warm
 //! restart need not wait for it: the old QEMU must only never run code of
 //! its own again (no `cont`, no cleanup that could unlink the sockets the
 //! new QEMU binds at the same paths: QEMU unlinks its listening sockets'
@@ -15,10 +15,11 @@
 //! [`wait_exiting`] waits for that point; [`reap_in_background`] lowers the
 //! exiting QEMU's CPU priority, so that its teardown yields the CPUs to the
 //! new QEMU's start, and reaps it from a thread of its own, so that no
-//! zombie is left. An agent that replaces its image by `exec` first waits
-//! for those reaps ([`wait_reaped`]): a child the new image does not know
-//! would never be reaped. An agent that dies meanwhile leaves nothing
-//! running: the old QEMU is already exiting, and its new parent reaps it.
+//! zombie is left. An agent that replaces its image by `exec`, or exits,
+//! first waits for those reaps ([`wait_reaped`]): a child the new image
+//! does not know would never be reaped. An agent killed meanwhile leaves
+//! nothing running: the old QEMU is already exiting, and its new parent
+//! reaps it.
 
 use std::process::Child;
 use std::sync::{Condvar, Mutex};

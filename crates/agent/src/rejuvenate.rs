@@ -7,8 +7,10 @@
 //!   `x-ignore-shared`: RAM is not in the stream), quit the old QEMU, start a
 //!   new one (the binary may have changed on disk) on the same RAM file with
 //!   `-incoming defer`, load the device state, resume. Guest memory is never
-//!   copied, so the downtime does not grow with memory size; page cache and
-//!   TCP sessions survive.
+//!   copied, and the old QEMU's exit is not waited for (only until it runs
+//!   no code of its own: the kernel unmapping the guest RAM it mapped goes
+//!   on in the background, see [`crate::qemu_exit`]), so the downtime does
+//!   not grow with memory size; page cache and TCP sessions survive.
 //! - **saved** (suspend to disk, the paper's "saved-VM reboot"): the same, but
 //!   all of RAM goes into the state file on disk and the RAM file is deleted
 //!   before the new QEMU loads it back.
