@@ -82,6 +82,14 @@ pub fn exec_restart(
     generation: u64,
     exe: &Path,
 ) -> AgentError {
+    // A QEMU exiting in the background must be reaped by this image: the
+    // new one would not know it (and leave a zombie).
+    let left = crate::qemu_exit::wait_reaped(Duration::from_secs(30));
+    if left > 0 {
+        log(format!(
+            "agent restart: {left} exiting QEMU(s) not reaped after 30 s; they stay zombies until the agent exits"
+        ));
+    }
     let mut frozen = None;
     let state = match cluster.take() {
         None => None,

@@ -38,6 +38,7 @@ pub mod image_vm;
 pub mod intent;
 pub mod paths;
 pub mod qemu;
+pub mod qemu_exit;
 pub mod qemu_kept;
 pub mod record;
 pub mod rejuvenate;

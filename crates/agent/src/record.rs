@@ -205,19 +205,14 @@ pub fn is_qemu_of(pid: u32, qmp_socket: &Path) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
-    if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // A zombie (ours, not reaped yet) is not running.
-        if stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-        {
-            return false;
-        }
-    }
     let needle = qmp_socket.as_os_str().as_encoded_bytes();
     cmdline
         .split(|&b| b == 0)
         .any(|arg| arg.windows(needle.len()).any(|w| w == needle))
+        // A zombie (ours, not reaped yet) is not running, nor is a QEMU
+        // that quit and is exiting (the old QEMU of a warm restart, whose
+        // exit goes on in the background while the new one runs the VM).
+        && !crate::qemu_exit::exiting(pid)
 }
 
 /// The live QEMU of the VM whose QMP socket is `qmp_socket`: `pid` if it

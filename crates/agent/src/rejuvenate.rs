@@ -7,8 +7,10 @@
 //!   `x-ignore-shared`: RAM is not in the stream), quit the old QEMU, start a
 //!   new one (the binary may have changed on disk) on the same RAM file with
 //!   `-incoming defer`, load the device state, resume. Guest memory is never
-//!   copied, so the downtime does not grow with memory size; page cache and
-//!   TCP sessions survive.
+//!   copied, and the old QEMU's exit is not waited for (only until it runs
+//!   no code of its own: the kernel unmapping the guest RAM it mapped goes
+//!   on in the background, see [`crate::qemu_exit`]), so the downtime does
+//!   not grow with memory size; page cache and TCP sessions survive.
 //! - **saved** (suspend to disk, the paper's "saved-VM reboot"): the same, but
 //!   all of RAM goes into the state file on disk and the RAM file is deleted
 //!   before the new QEMU loads it back.
@@ -93,10 +95,19 @@ pub struct Report {
     pub save_ms: f64,
     /// State saved to the new QEMU answering QMP (old quit + new start).
     pub restart_ms: f64,
-    /// State loaded into the new QEMU (or, for cold, boot to ready).
+    /// State loaded into the new QEMU: `migrate-incoming` to `completed`
+    /// (or, for cold, boot to ready).
     pub load_ms: f64,
-    /// Part of `restart_ms` spent waiting for the old QEMU to exit.
+    /// Part of `restart_ms` spent waiting for the old QEMU to quit.
     pub quit_ms: f64,
+    /// Part of `restart_ms` from starting the new QEMU to its QMP socket
+    /// answering.
+    #[serde(default)]
+    pub start_ms: f64,
+    /// State loaded to the guest running again: waiting for the new QEMU to
+    /// accept the switch's connection, then `cont` to its `RESUME` event.
+    #[serde(default)]
+    pub resume_ms: f64,
     /// Size of the state file.
     pub state_bytes: u64,
     /// Waiting for the old QEMU to read frames already sent and hand them
@@ -203,6 +214,8 @@ pub fn rejuvenate(
         restart_ms: t.restart_ms,
         load_ms: t.load_ms,
         quit_ms: t.quit_ms,
+        start_ms: t.start_ms,
+        resume_ms: t.resume_ms,
         state_bytes,
         drain_ms: settle.waited.as_secs_f64() * 1000.0,
         drain_bound_hit: !settle.state.is_drained(),
@@ -215,8 +228,8 @@ pub fn rejuvenate(
         qemu,
     };
     log(format!(
-        "rejuvenate {} {:?}: downtime {:.1} ms (save {:.1}, restart {:.1}, load {:.1}), pid {} -> {}",
-        report.vm, mode, report.downtime_ms, report.save_ms, report.restart_ms, report.load_ms, old_pid, report.new_pid
+        "rejuvenate {} {:?}: downtime {:.1} ms (save {:.1}, restart {:.1} of which quit {:.1} and start {:.1}, load {:.1}, resume {:.1}), pid {} -> {}",
+        report.vm, mode, report.downtime_ms, report.save_ms, report.restart_ms, report.quit_ms, report.start_ms, report.load_ms, report.resume_ms, old_pid, report.new_pid
     ));
     Ok(report)
 }
@@ -228,6 +241,8 @@ struct Timings {
     restart_ms: f64,
     load_ms: f64,
     quit_ms: f64,
+    start_ms: f64,
+    resume_ms: f64,
     /// Set when the new QEMU failed and the kept copy took over.
     fallback_reason: Option<String>,
 }
@@ -325,7 +340,11 @@ fn suspend_resume(
     }
 
     let t_restart = Instant::now();
-    vm.shutdown();
+    // Not waiting for the old QEMU's exit: only until it runs no code of
+    // its own anymore. The kernel unmapping its guest RAM (hundreds of ms
+    // per GiB it mapped) goes on in the background while the new QEMU
+    // starts (`crate::qemu_exit`).
+    vm.quit_detached();
     let quit_ms = t_restart.elapsed().as_secs_f64() * 1000.0;
     if !warm {
         // Saved-VM reboot: memory must come back from disk, not from RAM.
@@ -334,37 +353,46 @@ fn suspend_resume(
     let mut config = vm.config.clone();
     config.incoming = true;
     let qemu_log = vm.qemu_log.clone();
-    let (mut new_vm, fallback_reason) =
+    let (mut new, fallback_reason) =
         start_and_load(qemu_bin, prev, &config, &qemu_log, state, warm, fault)?;
-    let restart_ms = t_restart.elapsed().as_secs_f64() * 1000.0;
-    let load_ms = new_vm.1;
-    new_vm.0.boot_ms = vm.boot_ms;
-    *vm = new_vm.0;
+    let restart_ms = t_restart.elapsed().as_secs_f64() * 1000.0 - new.load_ms;
+    new.vm.boot_ms = vm.boot_ms;
+    let (start_ms, load_ms) = (new.start_ms, new.load_ms);
+    *vm = new.vm;
+    let mut timings = Timings {
+        downtime_ms: 0.0,
+        save_ms,
+        restart_ms,
+        load_ms,
+        quit_ms,
+        start_ms,
+        resume_ms: 0.0,
+        fallback_reason,
+    };
     if !was_running {
         crate::intent::clear(&vm.config);
-        return Ok(Timings {
-            downtime_ms: 0.0,
-            save_ms,
-            restart_ms: restart_ms - load_ms,
-            load_ms,
-            quit_ms,
-            fallback_reason,
-        });
+        return Ok(timings);
     }
+    let t_resume = Instant::now();
     // Not before QEMU has accepted the switch's connection (QEMU 7.2
     // crashes starting a guest before: `Vm::wait_nic_accepted`).
     vm.wait_nic_accepted()?;
     vm.execute("cont", Value::Null)?;
     let resume_us = event_ts(vm, "RESUME")?;
+    timings.resume_ms = t_resume.elapsed().as_secs_f64() * 1000.0;
     crate::intent::clear(&vm.config);
-    Ok(Timings {
-        downtime_ms: resume_us.saturating_sub(stop_us) as f64 / 1000.0,
-        save_ms,
-        restart_ms: restart_ms - load_ms,
-        load_ms,
-        quit_ms,
-        fallback_reason,
-    })
+    timings.downtime_ms = resume_us.saturating_sub(stop_us) as f64 / 1000.0;
+    Ok(timings)
+}
+
+/// A new QEMU with the saved state loaded, and how long that took.
+pub(crate) struct Started {
+    /// The VM on its new QEMU, paused.
+    pub vm: Vm,
+    /// Starting the QEMU to its QMP socket answering.
+    pub start_ms: f64,
+    /// `migrate-incoming` to `completed`.
+    pub load_ms: f64,
 }
 
 /// Starts a new QEMU and loads `state` into it; on failure retries with the
@@ -378,7 +406,7 @@ fn start_and_load(
     state: &Path,
     warm: bool,
     fault: Option<RejuvenateFault>,
-) -> Result<((Vm, f64), Option<String>), AgentError> {
+) -> Result<(Started, Option<String>), AgentError> {
     // Both faults kill the new QEMU; `fallback-fails` fails the kept copy too.
     let new_qemu_dies = fault.is_some();
     match try_start_and_load_dying(
@@ -420,7 +448,7 @@ fn try_start_and_load_dying(
     state: &Path,
     warm: bool,
     dies: bool,
-) -> Result<(Vm, f64), AgentError> {
+) -> Result<Started, AgentError> {
     if !dies {
         return try_start_and_load(bin, config, qemu_log, state, warm);
     }
@@ -454,11 +482,19 @@ pub(crate) fn try_start_and_load(
     qemu_log: &Path,
     state: &Path,
     warm: bool,
-) -> Result<(Vm, f64), AgentError> {
-    let mut vm = Vm::spawn(bin, config.clone(), qemu_log.to_path_buf())?;
+) -> Result<Started, AgentError> {
     let t = Instant::now();
-    match load_state(&mut vm, state, warm).map(|()| t.elapsed().as_secs_f64() * 1000.0) {
-        Ok(ms) => Ok((vm, ms)),
+    let mut vm = Vm::spawn(bin, config.clone(), qemu_log.to_path_buf())?;
+    let loaded = vm.qmp().map(|_| t.elapsed()).and_then(|started| {
+        let t = Instant::now();
+        load_state(&mut vm, state, warm).map(|()| (started, t.elapsed()))
+    });
+    match loaded {
+        Ok((started, loaded)) => Ok(Started {
+            vm,
+            start_ms: started.as_secs_f64() * 1000.0,
+            load_ms: loaded.as_secs_f64() * 1000.0,
+        }),
         Err(e) => {
             // The state file is kept; this QEMU's half-loaded state is
             // worthless, and the retry with the previous binary waits.
@@ -551,6 +587,8 @@ fn cold(
         restart_ms: downtime_ms - load_ms,
         load_ms,
         quit_ms: 0.0,
+        start_ms: 0.0,
+        resume_ms: 0.0,
         fallback_reason,
     })
 }

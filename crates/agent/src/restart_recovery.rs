@@ -115,7 +115,7 @@ fn start_from_state(
 ) -> Result<Vm, AgentError> {
     let mut config = config.clone();
     config.incoming = true;
-    let (mut vm, _) = try_start_and_load(bin, &config, qemu_log, state, warm)?;
+    let mut vm = try_start_and_load(bin, &config, qemu_log, state, warm)?.vm;
     // See `Vm::wait_nic_accepted`: QEMU 7.2 must not start the guest before.
     vm.wait_nic_accepted()?;
     vm.execute("cont", Value::Null)?;

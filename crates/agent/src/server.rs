@@ -364,6 +364,9 @@ fn run_locked(
         let _ = std::fs::remove_file(sh.run.agent_socket());
         let _ = std::fs::remove_file(sh.run.agent_pid());
         let _ = write_reply(&mut &*stream, &reply);
+        // The old QEMUs of warm restarts still exiting are ours to reap
+        // (their new parent might not).
+        crate::qemu_exit::wait_reaped(std::time::Duration::from_secs(10));
         log("agent exiting");
         std::process::exit(0);
     }

@@ -408,6 +408,36 @@ impl Vm {
         self.qmp = None;
     }
 
+    /// Asks QEMU to quit and returns as soon as it can no longer run code
+    /// of its own (every thread exiting, see [`crate::qemu_exit`]): the
+    /// kernel's teardown of its memory and the reaping go on in the
+    /// background. Kills it if it is not exiting within a grace period.
+    /// Never fails. Afterwards the VM counts as exited.
+    ///
+    /// For a paused QEMU whose state was saved (a warm restart): the new
+    /// QEMU may start at once, even on the same socket paths.
+    pub fn quit_detached(&mut self) {
+        if self.exited().is_none() {
+            if let Some(q) = self.qmp.as_mut() {
+                q.set_timeout(Duration::from_secs(2));
+            }
+            let _ = self.execute("quit", Value::Null);
+            if !crate::qemu_exit::wait_exiting(self.pid, QUIT_GRACE) {
+                crate::log(format!(
+                    "VM {}: QEMU did not quit; killing pid {}",
+                    self.name, self.pid
+                ));
+                // SAFETY: SIGKILL to our QEMU, not reaped yet (the reap
+                // below does), so the pid cannot have been reused.
+                unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+                crate::qemu_exit::wait_exiting(self.pid, QUIT_GRACE);
+            }
+            crate::qemu_exit::reap_in_background(&self.name, self.pid, self.child.take());
+            self.exit_status = Some("quit (exiting in the background)".into());
+        }
+        self.qmp = None;
+    }
+
     /// Kills QEMU at once (SIGKILL) and reaps it, without asking it to
     /// quit: for a QEMU whose state is worthless (an incoming restore or
     /// state load that failed). Such a QEMU may take seconds to answer or

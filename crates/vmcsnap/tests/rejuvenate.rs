@@ -95,6 +95,29 @@ fn rejuvenate(env: &Env, vm: &str, mode: &str) -> serde_json::Value {
     r
 }
 
+/// The `/proc/PID/stat` state letter of `pid`, `None` once it is gone.
+fn proc_state(pid: u64) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Waits until `pid` is gone (exited and reaped), or with `zombie_ok` also
+/// a zombie (its parent, not the agent, reaps it).
+fn assert_old_qemu_gone(pid: u64, zombie_ok: bool, what: &str) {
+    let t = std::time::Instant::now();
+    loop {
+        let st = proc_state(pid);
+        if st.is_none() || (zombie_ok && st == Some('Z')) {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "{what}: the old QEMU {pid} is still there (state {st:?})"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn warm_saved_and_cold_restarts_keep_or_lose_the_guest_as_they_should() {
     let _l = cluster_lock();
@@ -120,6 +143,9 @@ fn warm_saved_and_cold_restarts_keep_or_lose_the_guest_as_they_should() {
         r["state_bytes"].as_u64().unwrap() < 4 << 20,
         "warm state should hold no RAM: {r}"
     );
+    // The old QEMU's exit is not waited for within the restart, but the
+    // agent reaps it: no zombie is left.
+    assert_old_qemu_gone(r["old_pid"].as_u64().unwrap(), false, "warm restart");
     let after = wait_pingpong(&env, total, 30);
     assert_eq!(
         last_field(&after, "pingpong:", "conn"),
@@ -170,6 +196,7 @@ fn warm_saved_and_cold_restarts_keep_or_lose_the_guest_as_they_should() {
         r["state_bytes"].as_u64().unwrap() > 4 << 20,
         "saved state should hold RAM: {r}"
     );
+    assert_old_qemu_gone(r["old_pid"].as_u64().unwrap(), false, "saved restart");
     let after = wait_pingpong(&env, total, 30);
     assert_eq!(
         last_field(&after, "pingpong:", "conn"),
@@ -239,6 +266,66 @@ fn warm_saved_and_cold_restarts_keep_or_lose_the_guest_as_they_should() {
     assert!(avail("warm") > avail("saved"), "{a}");
     assert!(avail("warm") < 1.0 && avail("cold") < 1.0, "{a}");
 
+    env.ok(&["down"]);
+    env.assert_clean();
+}
+
+const BIG: &str = r#"
+[cluster]
+name = "rjbig"
+accel = "auto"
+
+[[vm]]
+name = "big"
+memory_mib = 1024
+workload = """
+memtouch -m 600 -V 4096 &
+"""
+"#;
+
+/// A warm restart of a VM whose QEMU maps much of its RAM (its exit takes
+/// a while): the agent killed right after the restart answered, while the
+/// old QEMU may still be exiting, leaves no old QEMU running; a new agent
+/// adopts the new QEMU, not the exiting one, and restarts it again.
+#[test]
+fn an_agent_killed_right_after_a_warm_restart_leaves_no_old_qemu_running() {
+    let _l = cluster_lock();
+    let env = Env::new();
+    let spec = env.write_spec(BIG);
+    env.ok(&["up", spec.to_str().unwrap()]);
+    // memtouch has written all of its 600 MiB once it reports.
+    env.wait_console("big", "memtouch filled", Duration::from_secs(120), |c| {
+        last_field(c, "memtouch:", "errors").is_some()
+    });
+    let agent: i32 = std::fs::read_to_string(env.run_dir().join("agent.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let r = rejuvenate(&env, "big", "warm");
+    // SAFETY: SIGKILL to the agent's pid, read from its pid file.
+    unsafe { libc::kill(agent, libc::SIGKILL) };
+    let _ = std::fs::remove_file(env.run_dir().join("agent.pid"));
+    let (old, new) = (
+        r["old_pid"].as_u64().unwrap(),
+        r["new_pid"].as_u64().unwrap(),
+    );
+    // Its parent is gone: whoever inherits it reaps it (or not: a zombie
+    // runs nothing).
+    assert_old_qemu_gone(old, true, "agent killed after a warm restart");
+    let st = env.json(&["status", "--json"]);
+    let big = st["vms"][0].clone();
+    assert_eq!(big["pid"].as_u64(), Some(new), "{st}");
+    assert_eq!(big["state"], "running", "{st}");
+    assert!(
+        !env.run_dir().join("cluster/big/intent.json").exists(),
+        "a finished restart left its intent"
+    );
+    assert_memtouch_clean(&env, "big");
+    // The adopting agent restarts it again.
+    let r = rejuvenate(&env, "big", "warm");
+    assert_old_qemu_gone(r["old_pid"].as_u64().unwrap(), true, "second restart");
+    assert_memtouch_clean(&env, "big");
     env.ok(&["down"]);
     env.assert_clean();
 }
