@@ -120,8 +120,8 @@ def one(run_dir, mode, name, n):
         "switch": {k: r["switch"][k] for k in ("forwarded", "held", "logged", "logged_bytes", "dropped", "violations",
                                                 "triggers", "bound_hits", "unlogged_at_end")},
         "duration_ms": r["duration_ms"],
-        "vms": [{k: v[k] for k in ("vm", "downtime_ms", "pause_start_ms", "pause_end_ms", "complete_ms",
-                                   "drain_bound_hit", "frames_drained_at_cut")} for v in r["vms"]],
+        "vms": [{k: v.get(k) for k in ("vm", "downtime_ms", "pause_start_ms", "pause_end_ms", "complete_ms",
+                                       "drain_bound_hit", "frames_drained_at_cut", "pause")} for v in r["vms"]],
     }
     path = r["path"]
     return row, path

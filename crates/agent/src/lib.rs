@@ -50,6 +50,7 @@ pub mod sampler;
 pub mod server;
 pub mod snapshot;
 pub mod snapshot_removal;
+pub mod thread_priority;
 pub mod vm;
 
 pub use error::AgentError;

@@ -85,17 +85,7 @@ pub fn wait_exiting(pid: u32, limit: Duration) -> bool {
 
 /// Lowers the CPU priority of every thread of `pid` (best effort).
 fn lower_priority(pid: u32) {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return;
-    };
-    for tid in tasks
-        .flatten()
-        .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
-    {
-        // SAFETY: setpriority takes plain integers and touches no memory of
-        // ours; a thread that is gone meanwhile only makes it fail (ESRCH).
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, EXITING_NICE) };
-    }
+    crate::thread_priority::set_process_nice(pid, EXITING_NICE);
 }
 
 /// Lowers the priority of `pid`, an exiting QEMU of VM `vm` (see
