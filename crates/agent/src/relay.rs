@@ -5,18 +5,19 @@
 //! vanishes mid-snapshot (the agent is killed), the migration fails and, as
 //! observed with Debian's 7.2, the guest stays stuck on write faults while
 //! QMP still reports `running`. So the agent never hands QEMU its own
-//! socket: QEMU migrates to `exec:vmcsnap stream-relay --to SOCKET`, a child
-//! of QEMU (not of the agent) that copies its stdin to the agent's socket,
-//! and if the agent goes away, keeps reading and discards the rest so QEMU
-//! completes the snapshot and the guest runs on. The image, never
-//! committed, stays a temporary directory that no listing shows.
+//! socket: QEMU writes to a pipe read by `vmcsnap stream-relay --to
+//! SOCKET`, a process of its own (not the agent's child) that copies the
+//! stream to the agent's socket and, if the agent goes away, keeps reading
+//! and discards the rest so QEMU completes the snapshot and the guest runs
+//! on. The image, never committed, stays a temporary directory that no
+//! listing shows.
 //!
-//! The relay is started before the snapshot's pause ([`spawn`]), in a
+//! The relay is started before the snapshot's pause ([`spawn`]): it forks
+//! and its first process exits (`--detach`), so init reaps it; it runs in a
 //! process group of its own (a signal to the agent's group does not reach
-//! it), with a pipe as its standard input; the pipe's write end goes to
-//! QEMU over QMP (`getfd`) and the migration writes to it (`fd:` URI).
-//! Starting it inside the pause (an `exec:` URI: QEMU forks a shell) cost
-//! the guest about a millisecond of pause and more under load.
+//! it). The pipe's write end goes to QEMU over QMP (`getfd`) and the
+//! migration writes to it (`fd:` URI). Before, QEMU started the relay
+//! itself through an `exec:` URI, forking a shell inside the pause.
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::OwnedFd;

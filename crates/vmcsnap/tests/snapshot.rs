@@ -324,6 +324,36 @@ fn snapshot_modes_are_exact_and_harmless() {
         ));
     }
 
+    // The floor: QEMU's own background snapshot of the VM, nothing kept,
+    // and the guest runs on.
+    let listed = env.json(&["snapshots", "--json"])["snapshots"]
+        .as_array()
+        .unwrap()
+        .len();
+    let before = memtouch_writes(&env);
+    let limit = env.json(&["pause-limit", "a", "--json"]);
+    assert!(limit["downtime_ms"].as_f64().unwrap() > 0.0, "{limit}");
+    assert!(
+        limit["setup_while_running_ms"].as_f64().unwrap() > 0.0,
+        "{limit}"
+    );
+    assert_eq!(
+        env.json(&["snapshots", "--json"])["snapshots"]
+            .as_array()
+            .unwrap()
+            .len(),
+        listed
+    );
+    env.wait_console(
+        "a",
+        "memtouch to continue after pause-limit",
+        Duration::from_secs(60),
+        |c| last_field(c, "memtouch:", "writes").unwrap_or(0) > before,
+    );
+    let out = env.vmcsnap(&["pause-limit", "nosuchvm"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nosuchvm"));
+
     // The disk frozen by the hot snapshot stays frozen while the guest
     // writes a file every second to the overlay it now runs on.
     let hot = first_hot.unwrap();
