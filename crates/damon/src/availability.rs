@@ -31,7 +31,7 @@ pub enum Availability {
     /// A kdamond is not `off`: someone else (the host itself, `damo`, ...)
     /// uses DAMON. vmcsnap never takes over a kdamond it did not create.
     SlotInUse {
-        /// Index of the first kdamond found not `off`.
+        /// Index of the first kdamond found (someone else's).
         kdamond: u32,
         /// What its `state` file says (normally `on`).
         state: String,
@@ -94,8 +94,8 @@ pub fn probe(root: &Path) -> Availability {
 /// Order: no root → `Absent`; `kdamonds/nr_kdamonds` unreadable for lack of
 /// permission or not writable → `PermissionDenied`; a context's
 /// `avail_operations` (only present once some kdamond has a context)
-/// without `vaddr` → `NoVaddr`; any kdamond whose `state` is not `off` →
-/// `SlotInUse`; else `Usable`.
+/// without `vaddr` → `NoVaddr`; any kdamond at all, running or stopped
+/// (someone else's configuration) → `SlotInUse`; else `Usable`.
 pub fn probe_with(root: &Path, can_write: impl Fn(&Path) -> io::Result<()>) -> Availability {
     match fs::metadata(root) {
         Ok(m) if m.is_dir() => {}
@@ -125,9 +125,10 @@ pub fn probe_with(root: &Path, can_write: impl Fn(&Path) -> io::Result<()>) -> A
             Ok(s) => s,
             Err(a) => return a,
         };
-        if state != "off" {
-            return Availability::SlotInUse { kdamond: k, state };
-        }
+        // A stopped kdamond is someone's configuration too: writing
+        // `nr_kdamonds` would erase it, and vmcsnap never takes over a
+        // kdamond it did not create.
+        return Availability::SlotInUse { kdamond: k, state };
     }
     Availability::Usable
 }

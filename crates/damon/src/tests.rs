@@ -75,13 +75,19 @@ fn probe_usable_with_no_kdamond() {
 }
 
 #[test]
-fn probe_usable_with_stopped_kdamond_and_vaddr() {
+fn a_stopped_kdamond_is_someone_elses_slot_too() {
     let t = Tree::with_kdamonds(&["off"]);
     t.put(
         "kdamonds/0/contexts/0/avail_operations",
         "vaddr\nfvaddr\npaddr\n",
     );
-    assert_eq!(probe_with(&t.root, allow), Availability::Usable);
+    assert_eq!(
+        probe_with(&t.root, allow),
+        Availability::SlotInUse {
+            kdamond: 0,
+            state: "off".into()
+        }
+    );
 }
 
 #[test]
@@ -94,13 +100,13 @@ fn probe_slot_in_use() {
             state: "on".into()
         }
     );
-    // A later kdamond running blocks too: nr_kdamonds cannot be rewritten.
+    // With several, the first is named.
     let t = Tree::with_kdamonds(&["off", "on"]);
     assert_eq!(
         probe_with(&t.root, allow),
         Availability::SlotInUse {
-            kdamond: 1,
-            state: "on".into()
+            kdamond: 0,
+            state: "off".into()
         }
     );
 }
