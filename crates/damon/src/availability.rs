@@ -119,16 +119,15 @@ pub fn probe_with(root: &Path, can_write: impl Fn(&Path) -> io::Result<()>) -> A
     if let Some(a) = check_vaddr(root, nr_kdamonds) {
         return a;
     }
-    for k in 0..nr_kdamonds {
-        let file = format!("kdamonds/{k}/state");
-        let state = match read_text(root, &file) {
-            Ok(s) => s,
-            Err(a) => return a,
+    // Any kdamond, stopped ones included, is someone else's configuration:
+    // writing `nr_kdamonds` would erase it, and vmcsnap never takes over a
+    // kdamond it did not create.
+    if nr_kdamonds > 0 {
+        let file = "kdamonds/0/state";
+        return match read_text(root, file) {
+            Ok(state) => Availability::SlotInUse { kdamond: 0, state },
+            Err(a) => a,
         };
-        // A stopped kdamond is someone's configuration too: writing
-        // `nr_kdamonds` would erase it, and vmcsnap never takes over a
-        // kdamond it did not create.
-        return Availability::SlotInUse { kdamond: k, state };
     }
     Availability::Usable
 }
