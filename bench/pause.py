@@ -14,7 +14,7 @@ guest next to the floor) and prints a table.
 Usage: bench/pause.py [--reps 7] [--sizes 256,1024,4096] [--redis] [--out DIR] [--bin PATH]
 Needs target/release/vmcsnap (make build); --redis builds the Debian image on first use.
 """
-import argparse, json, os, subprocess, sys, tempfile, time
+import argparse, json, os, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
@@ -133,6 +133,7 @@ def main():
     finally:
         for run_dir, _ in clusters:
             subprocess.run([VMCSNAP, "--run-dir", run_dir, "down"], capture_output=True)
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
