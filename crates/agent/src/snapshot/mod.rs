@@ -2,10 +2,11 @@
 //!
 //! Memory and disk are frozen in one pause; see `docs/snapshot.md`.
 //!
-//! - **hot** (HotSnap): `stop`; `transaction` with `blockdev-snapshot-sync`
-//!   (the current qcow2 becomes the frozen disk, the VM continues on a new
-//!   overlay); `migrate` with `background-snapshot` to a unix socket the
-//!   agent listens on. QEMU saves device state, turns on userfaultfd write
+//! - **hot** (HotSnap): `stop`; `transaction` with `blockdev-snapshot` of
+//!   an overlay opened beforehand (the current qcow2 becomes the frozen
+//!   disk, the VM continues on the overlay); `migrate` with
+//!   `background-snapshot` into the stream relay's pipe (`relay`), sent
+//!   together when nothing runs between them (`pause`). QEMU saves device state, turns on userfaultfd write
 //!   protection and resumes the guest by itself; pages stream out while the
 //!   guest runs, a page the guest writes is sent first (copy on write).
 //! - **stop-copy**: `stop`, disk snapshot, plain `migrate` of the paused VM,
@@ -496,7 +497,7 @@ fn run_mode(
                 ctx.t.pause.mark("stop", t);
             }
             disk?;
-            disk_snapshot_done(ctx, t_disk);
+            disk_snapshot_done(ctx);
             ctx.t.pause.mark("disk_snapshot", t_disk);
             migrate?;
             if mode == Mode::Hot {
@@ -544,7 +545,7 @@ fn run_mode(
             ctx.t.pause.mark("agent", unix_us());
             vm.execute("transaction", disk_snapshot_actions(ctx))?;
             let t_disk = unix_us();
-            disk_snapshot_done(ctx, t_disk);
+            disk_snapshot_done(ctx);
             ctx.t.pause.mark("disk_snapshot", t_disk);
             vm.execute("migrate-continue", json!({ "state": "pre-switchover" }))?;
             wait_migration(vm, &["completed"], cap, hooks, progress)?;

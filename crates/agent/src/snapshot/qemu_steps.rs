@@ -278,8 +278,8 @@ pub(super) fn disk_snapshot_actions(ctx: &Ctx) -> Value {
     } ] })
 }
 
-/// The disk snapshot succeeded (its reply was read at `_t`).
-pub(super) fn disk_snapshot_done(ctx: &mut Ctx, _t: u64) {
+/// The disk snapshot succeeded.
+pub(super) fn disk_snapshot_done(ctx: &mut Ctx) {
     ctx.disk_done = true;
     if let Some(frozen) = ctx.on_disk_frozen.take() {
         frozen();
