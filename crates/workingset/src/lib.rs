@@ -12,12 +12,15 @@
 //! * [`plan`]: per restore mode (eager, lazy, workingset, sampling-ws), the
 //!   pages sent before the guest starts, the background order and the
 //!   demand cluster.
+//! * [`access`]: pages the host kernel saw the guest access during a
+//!   snapshot (reads included), stored next to the image.
 //! * [`analyze`]: hit rate and accuracy of a working set against a trace of
 //!   first accesses (HotRestore §6.1.1).
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod analyze;
 pub mod plan;
 pub mod queue;
