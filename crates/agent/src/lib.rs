@@ -19,6 +19,7 @@
 //! (boot and tear down a cluster), [`server`] (the control socket).
 
 pub mod accel;
+pub mod accessed;
 pub mod availability;
 pub mod capacity;
 pub mod cloud_init;

@@ -1,18 +1,30 @@
 //! The working-set sampler: HotRestore's WSS_sample, measured while VMs run
 //! normally.
 //!
-//! Every [`INTERVAL`] the agent asks each running VM's QEMU for a
-//! `calc-dirty-rate` page sampling over [`WINDOW`] (QEMU hashes 512 sampled
-//! pages per GiB at the start and end of the window and counts those that
-//! changed), through a second QMP monitor (`cluster/<vm>/sample.sock`) so
-//! that it never interleaves with requests on the main one. The pages
-//! dirtied per window (`dirty-rate` MiB/s × window × 256) go to
-//! `cluster/<vm>/wss-samples.json`, the newest [`KEEP`] of them. A snapshot
-//! stores their mean as `wss_sample_pages` in its metrics.
+//! Every [`INTERVAL`] the agent measures each running VM over a [`WINDOW`]
+//! two ways at once:
 //!
-//! QEMU's sampling sees writes only, not reads: WSS_sample is the written
-//! working set. A VM that has not been sampled yet gets no WSS_sample, and
-//! the restore falls back to the snapshot's own count.
+//! * **touched pages, reads included**: it clears QEMU's accessed bits and
+//!   reads the `Referenced` count of the guest-RAM mapping at the window's
+//!   end ([`crate::accessed`]);
+//! * **written pages**: QEMU's `calc-dirty-rate` page sampling (QEMU hashes
+//!   512 sampled pages per GiB at the start and end of the window and
+//!   counts those that changed; it sees writes only), through a second QMP
+//!   monitor (`cluster/<vm>/sample.sock`) so that it never interleaves with
+//!   requests on the main one.
+//!
+//! Both go to `cluster/<vm>/wss-samples.json`, the newest [`KEEP`] of them.
+//! A snapshot stores the mean touched count as `wss_sample_pages` (the
+//! written count where the accessed bits could not be read), the mean
+//! written count as `wss_sample_written_pages`, and the newest touched
+//! count, the window just before the snapshot point, as
+//! `wss_snapshot_touched_pages`: during the snapshot itself QEMU's copy
+//! reads every page, so the accessed bits cannot tell the guest's reads
+//! then. A VM that has not been sampled yet gets none of these, and the
+//! restore falls back to the snapshot's own count of written pages.
+//!
+//! Cost: one clear of QEMU's accessed bits per interval (a few ms of QEMU
+//! time per 256 MiB; see docs/restore.md for the measured guest slowdown).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -29,8 +41,8 @@ pub const SOCKET_NAME: &str = "sample.sock";
 pub const SAMPLES_NAME: &str = "wss-samples.json";
 /// Time between two samplings of a VM.
 pub const INTERVAL: Duration = Duration::from_secs(10);
-/// The sampling window (`calc-time`).
-pub const WINDOW: Duration = Duration::from_secs(1);
+/// The sampling window (`calc-time`; whole seconds).
+pub const WINDOW: Duration = Duration::from_secs(2);
 /// Samples kept per VM.
 pub const KEEP: usize = 12;
 
@@ -39,8 +51,12 @@ pub const KEEP: usize = 12;
 pub struct Sample {
     /// When it ended (Unix ms).
     pub unix_ms: u64,
-    /// Pages dirtied during the window.
+    /// Pages dirtied during the window (QEMU's sampling: writes only).
     pub pages: u64,
+    /// Pages touched during the window, reads included (accessed bits;
+    /// `None` where they could not be read).
+    #[serde(default)]
+    pub touched: Option<u64>,
 }
 
 /// The samples of the VM whose directory is `vm_dir` (empty if none).
@@ -51,14 +67,50 @@ pub fn load(vm_dir: &Path) -> Vec<Sample> {
         .unwrap_or_default()
 }
 
-/// The mean of `samples`, if there are any.
+/// The mean written count of `samples`, if there are any.
 pub fn mean_pages(samples: &[Sample]) -> Option<u64> {
-    if samples.is_empty() {
-        return None;
+    mean(samples.iter().map(|s| s.pages))
+}
+
+/// The mean touched count (reads included) of the samples that have one.
+pub fn mean_touched(samples: &[Sample]) -> Option<u64> {
+    mean(samples.iter().filter_map(|s| s.touched))
+}
+
+fn mean(values: impl Iterator<Item = u64>) -> Option<u64> {
+    let (mut sum, mut n) = (0f64, 0u32);
+    for v in values {
+        sum += v as f64;
+        n += 1;
     }
-    Some(
-        (samples.iter().map(|s| s.pages as f64).sum::<f64>() / samples.len() as f64).round() as u64,
-    )
+    (n > 0).then(|| (sum / f64::from(n)).round() as u64)
+}
+
+/// A newest sample older than this does not stand for the snapshot point.
+pub const SNAPSHOT_SAMPLE_MAX_AGE_MS: u64 = 3 * INTERVAL.as_millis() as u64;
+
+/// Puts what `samples` say into a snapshot's metrics taken at `now_ms`
+/// (see the module's documentation for the keys).
+pub fn record_in(
+    samples: &[Sample],
+    now_ms: u64,
+    metrics: &mut std::collections::BTreeMap<String, serde_json::Value>,
+) {
+    let touched = mean_touched(samples);
+    if let Some(p) = touched.or(mean_pages(samples)) {
+        metrics.insert("wss_sample_pages".into(), json!(p));
+        metrics.insert("wss_samples".into(), json!(samples.len()));
+    }
+    if let Some(p) = mean_pages(samples) {
+        metrics.insert("wss_sample_written_pages".into(), json!(p));
+    }
+    if let Some(newest) = samples
+        .last()
+        .filter(|s| now_ms.saturating_sub(s.unix_ms) <= SNAPSHOT_SAMPLE_MAX_AGE_MS)
+        .and_then(|s| s.touched)
+    {
+        metrics.insert("wss_snapshot_touched_pages".into(), json!(newest));
+    }
 }
 
 /// Starts the sampler thread for the VMs under `run`'s cluster directory.
@@ -92,9 +144,19 @@ pub fn start(run: RunDir) {
 fn sample_one(vm_dir: &Path, sock: &Path) -> Result<(), String> {
     let mut q = QmpClient::connect(sock, Duration::from_millis(500)).map_err(|e| e.to_string())?;
     q.set_timeout(Duration::from_secs(5));
+    // The QEMU behind this VM directory and its guest-RAM file.
+    let qemu = crate::record::find_qemu(None, &vm_dir.join("qmp.sock"))
+        .and_then(|pid| Some((pid, crate::accessed::ram_file_of(pid)?)));
+    let cleared = qemu
+        .as_ref()
+        .filter(|(pid, _)| crate::accessed::clear(*pid).is_ok());
     q.execute("calc-dirty-rate", json!({ "calc-time": WINDOW.as_secs() }))
         .map_err(|e| e.to_string())?;
-    std::thread::sleep(WINDOW + Duration::from_millis(200));
+    std::thread::sleep(WINDOW);
+    let touched = cleared
+        .and_then(|(pid, ram)| crate::accessed::ram_use(*pid, ram).ok())
+        .map(|u| u.referenced);
+    std::thread::sleep(Duration::from_millis(200));
     for _ in 0..50 {
         let r = q
             .execute("query-dirty-rate", serde_json::Value::Null)
@@ -102,18 +164,19 @@ fn sample_one(vm_dir: &Path, sock: &Path) -> Result<(), String> {
         if r["status"] == "measured" {
             let mib_per_s = r["dirty-rate"].as_u64().unwrap_or(0);
             let pages = mib_per_s * WINDOW.as_secs() * 256;
-            return record(vm_dir, pages);
+            return record(vm_dir, pages, touched);
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     Err("calc-dirty-rate did not finish".into())
 }
 
-fn record(vm_dir: &Path, pages: u64) -> Result<(), String> {
+fn record(vm_dir: &Path, pages: u64, touched: Option<u64>) -> Result<(), String> {
     let mut samples = load(vm_dir);
     samples.push(Sample {
         unix_ms: crate::handover::unix_ms(std::time::SystemTime::now()),
         pages,
+        touched,
     });
     let drop = samples.len().saturating_sub(KEEP);
     samples.drain(..drop);
@@ -134,12 +197,24 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         assert!(load(d.path()).is_empty());
         for i in 0..(KEEP as u64 + 3) {
-            record(d.path(), i * 10).unwrap();
+            record(d.path(), i * 10, (i % 2 == 0).then_some(i * 100)).unwrap();
         }
         let s = load(d.path());
         assert_eq!(s.len(), KEEP);
         assert_eq!(s[0].pages, 30);
         assert_eq!(mean_pages(&s), Some(85), "mean of 30, 40, ..., 140");
         assert_eq!(mean_pages(&[]), None);
+        // Touched counts of the even i in 3..15 only: 400, 600, ..., 1400.
+        assert_eq!(mean_touched(&s), Some(900));
+        assert_eq!(mean_touched(&[]), None);
+        let mut m = std::collections::BTreeMap::new();
+        let newest = s.last().unwrap().unix_ms;
+        record_in(&s, newest + 1000, &mut m);
+        assert_eq!(m["wss_sample_pages"], json!(900));
+        assert_eq!(m["wss_sample_written_pages"], json!(85));
+        assert_eq!(m["wss_snapshot_touched_pages"], json!(1400));
+        let mut m = std::collections::BTreeMap::new();
+        record_in(&s, newest + SNAPSHOT_SAMPLE_MAX_AGE_MS + 1, &mut m);
+        assert!(!m.contains_key("wss_snapshot_touched_pages"), "too old");
     }
 }

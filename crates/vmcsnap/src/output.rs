@@ -498,11 +498,29 @@ pub fn restore(v: &Value) {
             .map_or("-".to_string(), |n| n.to_string()),
         v["wss_snapshot"],
         if v["learned"] == true {
-            ", FAFL queue improved by an earlier restore"
+            ", learned from an earlier restore"
         } else {
             ""
         }
     );
+    if let Some(a) = v["access_data"].as_str() {
+        println!("  access data: {a}");
+    }
+    let q = &v["quality"];
+    if q.is_object() {
+        println!(
+            "  hit rate {:.2}, accuracy {:.2}: {} of {} loaded pages used, {} missed, in the {:.0} ms to the full load",
+            q["hit_rate"].as_f64().unwrap_or(0.0),
+            q["accuracy"].as_f64().unwrap_or(0.0),
+            q["used"],
+            q["loaded"],
+            q["missed"],
+            q["window_ms"].as_f64().unwrap_or(0.0)
+        );
+    }
+    if let Some(n) = v["next_wss"].as_u64() {
+        println!("  next workingset restore loads {n} pages first (learned, bounded)");
+    }
 }
 
 /// `analyze-ws`: hit rate and accuracy of the snapshot's FAFL working set
@@ -518,20 +536,17 @@ pub fn analyze_ws(dir: &std::path::Path, json: bool) -> Result<()> {
             dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
         );
     };
-    let fafl = img.fafl();
-    let sample = img
-        .manifest()
-        .metrics
-        .other
-        .get("wss_sample_pages")
-        .and_then(Value::as_u64);
-    let wss = vmcsnap_workingset::hybrid_wss(sample, fafl.len() as u64);
+    // The snapshot's own queue (written pages, then accessed ones where the
+    // host kernel recorded them), as a first restore would use it.
+    let inputs = vmcsnap_agent::restore::ws_inputs::read(&img, dir);
+    let (sample, wss) = (inputs.wss_sample, inputs.hybrid());
     let factors = [0.25, 0.5, 0.7, 1.0, 1.5, 2.0];
     let accesses = trace.fault_keys();
-    let queue = vmcsnap_workingset::fafl_queue(fafl, None);
+    let queue = inputs.queue;
     let rows = vmcsnap_workingset::analyze(&queue, &accesses, wss, &factors);
     let v = serde_json::json!({
-        "snapshot": dir, "wss": wss, "wss_sample": sample, "wss_snapshot": fafl.len(),
+        "snapshot": dir, "wss": wss, "wss_sample": sample, "wss_snapshot": inputs.wss_snapshot,
+        "access_data": inputs.access.to_string(),
         "trace_pages": accesses.len(), "trace_unix_ms": trace.unix_ms, "fafl": rows,
     });
     json_or(json, &v, || {

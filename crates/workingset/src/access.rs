@@ -18,7 +18,8 @@
 //!
 //! Runs are in order of first detection (`first_seen_ms`, ms since the
 //! snapshot point, never decreasing); a run never crosses the end of its
-//! RAM block.
+//! RAM block, and a page is in one run at most (so a file can never name
+//! more pages than the VM has).
 
 use serde::{Deserialize, Serialize};
 use vmcsnap_image::PageKey;
@@ -62,7 +63,9 @@ pub enum AccessError {
     #[error("{FILE} has format {0}, this vmcsnap reads format {FORMAT}: it is ignored")]
     Format(u32),
     /// A run outside the VM's RAM or out of order.
-    #[error("{FILE} run {index} ({detail}): the file does not belong to this snapshot and is ignored")]
+    #[error(
+        "{FILE} run {index} ({detail}): the file does not belong to this snapshot and is ignored"
+    )]
     BadRun {
         /// Index of the run.
         index: usize,
@@ -81,6 +84,7 @@ impl AccessedPages {
             return Err(AccessError::Format(a.format));
         }
         let mut last_ms = 0;
+        let mut taken: Vec<Vec<bool>> = Vec::new();
         for (index, r) in a.runs.iter().enumerate() {
             let bad = |detail: String| AccessError::BadRun { index, detail };
             let Some(&n) = block_pages.get(r.ram_block as usize) else {
@@ -100,6 +104,18 @@ impl AccessedPages {
                 )));
             }
             last_ms = r.first_seen_ms;
+            if taken.len() <= r.ram_block as usize {
+                taken.resize(r.ram_block as usize + 1, Vec::new());
+            }
+            let bits = &mut taken[r.ram_block as usize];
+            if bits.is_empty() {
+                bits.resize(n as usize, false);
+            }
+            for p in r.first_page..r.first_page + r.pages {
+                if std::mem::replace(&mut bits[p as usize], true) {
+                    return Err(bad(format!("page {p} is in an earlier run too")));
+                }
+            }
         }
         Ok(a)
     }
@@ -109,21 +125,31 @@ impl AccessedPages {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
-    /// Every accessed page once, in order of first detection (address
-    /// order within a run).
+    /// Every accessed page, in order of first detection (address order
+    /// within a run). Of a parsed file, each page once.
     pub fn pages(&self) -> Vec<PageKey> {
-        let mut seen = std::collections::HashSet::new();
-        let mut out = Vec::new();
-        for r in &self.runs {
-            for p in r.first_page..r.first_page + r.pages {
-                let k = PageKey::new(r.ram_block, p);
-                if seen.insert(k) {
-                    out.push(k);
-                }
-            }
-        }
-        out
+        self.runs
+            .iter()
+            .flat_map(|r| {
+                (r.first_page..r.first_page + r.pages).map(|p| PageKey::new(r.ram_block, p))
+            })
+            .collect()
     }
+}
+
+/// Fuzzing support: what the restore does with an access file's bytes
+/// (parse against `block_pages`, then list the pages). Never panics; the
+/// work is bounded by the pages the VM has.
+pub fn exercise(bytes: &[u8], block_pages: &[u32]) -> Option<usize> {
+    let a = AccessedPages::parse(bytes, block_pages).ok()?;
+    let pages = a.pages();
+    let total: u64 = block_pages.iter().map(|&n| u64::from(n)).sum();
+    assert!(pages.len() as u64 <= total, "more pages than the VM has");
+    assert_eq!(
+        AccessedPages::parse(&a.to_bytes(), block_pages).as_ref(),
+        Ok(&a)
+    );
+    Some(pages.len())
 }
 
 #[cfg(test)]
@@ -144,12 +170,12 @@ mod tests {
         let a = AccessedPages {
             format: FORMAT,
             source: "damon".into(),
-            runs: vec![run(0, 10, 2, 0), run(1, 0, 1, 5), run(0, 9, 2, 7)],
+            runs: vec![run(0, 10, 2, 0), run(1, 0, 1, 5), run(0, 8, 2, 7)],
         };
         let back = AccessedPages::parse(&a.to_bytes(), &[16, 1]).unwrap();
         assert_eq!(back, a);
         let keys: Vec<_> = back.pages().iter().map(|k| (k.ram_block, k.page)).collect();
-        assert_eq!(keys, vec![(0, 10), (0, 11), (1, 0), (0, 9)]);
+        assert_eq!(keys, vec![(0, 10), (0, 11), (1, 0), (0, 8), (0, 9)]);
     }
 
     #[test]
@@ -174,9 +200,57 @@ mod tests {
             (vec![run(0, 15, 2, 0)], "of a block of 16"),
             (vec![run(0, 0, 0, 0)], "of a block of 16"),
             (vec![run(0, 0, 1, 9), run(0, 1, 1, 3)], "after a run"),
+            (
+                vec![run(0, 0, 4, 1), run(0, 3, 2, 3)],
+                "page 3 is in an earlier run",
+            ),
         ] {
             let e = AccessedPages::parse(&ok(runs).to_bytes(), &[16]).unwrap_err();
             assert!(e.to_string().contains(what), "{e}");
         }
+    }
+
+    /// The fuzz target's code path without nightly: mutated valid files.
+    #[test]
+    fn mutated_files_never_panic() {
+        let a = AccessedPages {
+            format: FORMAT,
+            source: "damon".into(),
+            runs: vec![run(0, 10, 2, 0), run(1, 0, 1, 5), run(0, 0, 4, 7)],
+        };
+        let base = a.to_bytes();
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut ok = 0;
+        for _ in 0..20_000 {
+            let mut b = base.clone();
+            for _ in 0..1 + (x % 4) {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let i = (x >> 33) as usize % b.len();
+                b[i] = b"0123456789,:[]{}\"-9"[(x >> 20) as usize % 18];
+            }
+            ok += usize::from(exercise(&b, &[16, 4]).is_some());
+        }
+        assert!(exercise(&base, &[16, 4]).is_some());
+        // Random runs: some valid, some overlapping or out of range.
+        for _ in 0..20_000 {
+            let runs = (0..(x % 5))
+                .map(|i| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    run(
+                        (x >> 60) as u32 % 3,
+                        (x >> 40) as u32 % 18,
+                        (x >> 20) as u32 % 6,
+                        i as u32,
+                    )
+                })
+                .collect();
+            let b = AccessedPages { runs, ..a.clone() }.to_bytes();
+            ok += usize::from(exercise(&b, &[16, 4]).is_some());
+        }
+        assert!(ok > 1000, "{ok} valid");
     }
 }

@@ -14,6 +14,8 @@
 //!   demand cluster.
 //! * [`access`]: pages the host kernel saw the guest access during a
 //!   snapshot (reads included), stored next to the image.
+//! * [`learn`]: what the next restore loads first, learned from the last
+//!   one's faults and accessed bits, with a bound.
 //! * [`analyze`]: hit rate and accuracy of a working set against a trace of
 //!   first accesses (HotRestore §6.1.1).
 
@@ -22,12 +24,13 @@
 
 pub mod access;
 pub mod analyze;
+pub mod learn;
 pub mod plan;
 pub mod queue;
 pub mod size;
 
 pub use analyze::{analyze, Quality};
 pub use plan::{make_plan, Mode, Plan, PlanError, PlanInput, DMA_CLUSTER};
-pub use queue::fafl_queue;
+pub use queue::{fafl_queue, fill_by_locality};
 pub use size::hybrid_wss;
 pub use vmcsnap_image::PageKey;

@@ -49,6 +49,65 @@ pub fn fafl_queue(
     out
 }
 
+/// Grows `queue` to `target` pages with pages near those already in it,
+/// for hosts that cannot tell which pages the guest reads: a guest uses
+/// memory in runs (the rest of a buffer it wrote to is likely read too),
+/// and the image's locality blocks make neighbours cheap to load together.
+///
+/// Memory is cut into aligned windows of `window` pages. First the window
+/// of each queued page (in queue order); then, round by round moving one
+/// window outward, for each of those in the same order the window after it
+/// and the one before it; each page once, only pages `keep` accepts (the caller skips zero pages, which cost
+/// nothing on demand), until `target` pages are queued.
+pub fn fill_by_locality(
+    queue: &mut Vec<PageKey>,
+    block_pages: &[u32],
+    target: usize,
+    window: u32,
+    keep: impl Fn(PageKey) -> bool,
+) {
+    let window = window.max(1);
+    if queue.len() >= target {
+        return;
+    }
+    let mut seen: HashSet<PageKey> = queue.iter().copied().collect();
+    let mut seeds = Vec::new();
+    let mut seed_seen = HashSet::new();
+    for k in queue.iter() {
+        let w = (k.ram_block, k.page / window);
+        if seed_seen.insert(w) {
+            seeds.push(w);
+        }
+    }
+    let windows_of = |b: u32| {
+        block_pages
+            .get(b as usize)
+            .map_or(0, |&n| n.div_ceil(window))
+    };
+    let most = block_pages
+        .iter()
+        .map(|&n| n.div_ceil(window))
+        .max()
+        .unwrap_or(0);
+    for ring in 0..=most {
+        for &(b, w) in &seeds {
+            let here = [Some(w + ring), w.checked_sub(ring).filter(|_| ring > 0)];
+            for w in here.into_iter().flatten().filter(|&w| w < windows_of(b)) {
+                let end = ((w + 1) * window).min(block_pages[b as usize]);
+                for p in w * window..end {
+                    let k = PageKey::new(b, p);
+                    if keep(k) && seen.insert(k) {
+                        queue.push(k);
+                        if queue.len() >= target {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,6 +122,26 @@ mod tests {
             fafl_queue(&[k(5), k(1), k(5), k(3)], None),
             vec![k(5), k(1), k(3)]
         );
+    }
+
+    #[test]
+    fn locality_fill_takes_the_windows_around_queued_pages_outward() {
+        let mut q = vec![k(17), k(2)];
+        // Windows of 4 pages: 17 is in window 4 (16..20), 2 in window 0.
+        fill_by_locality(&mut q, &[40], 14, 4, |k| k.page != 18);
+        assert_eq!(
+            q,
+            [17, 2, 16, 19, 0, 1, 3, 20, 21, 22, 23, 12, 13, 14]
+                .map(k)
+                .to_vec(),
+            "own windows (18 skipped), then the one after and before 17's"
+        );
+        let mut q = vec![k(1)];
+        fill_by_locality(&mut q, &[6], 100, 4, |_| true);
+        assert_eq!(q.len(), 6, "stops at the end of the block");
+        let mut full = vec![k(0), k(1)];
+        fill_by_locality(&mut full, &[6], 1, 4, |_| true);
+        assert_eq!(full.len(), 2, "a queue at its target is left alone");
     }
 
     #[test]

@@ -35,13 +35,19 @@ use vmcsnap_image::PageKey;
 use vmcsnap_migstream::postcopy::{
     self, BackgroundHold, DestBlock, PageId, PostcopyError, SourceConfig, SourceEvent,
 };
+use vmcsnap_workingset::{self as ws, Mode};
 
 use super::pages::ImagePages;
 use super::priority::{self, Priorities};
-use super::run::{fail, unix_us, Job, Report, RestoreEvent, RAM_SECTION_ID, TRACE_WINDOW};
-use super::traces::{self, Record};
+use super::run::{fail, unix_us, Job, Quality, Report, RestoreEvent, RAM_SECTION_ID, TRACE_WINDOW};
+use super::traces::{self, Learned, Record};
+use crate::accessed::{self, RamUse};
 use crate::vm::Vm;
 use crate::AgentError;
+
+/// Faults later than this after the start are not learned from: the next
+/// restore's working set is what the guest touches in its first seconds.
+pub const LEARN_WINDOW: Duration = Duration::from_secs(10);
 
 /// How long to look for QEMU's fault-path threads after RUN.
 const RAISE_WITHIN: Duration = Duration::from_secs(5);
@@ -119,6 +125,18 @@ struct Started {
     bytes_before: u64,
     pages_before: u64,
     failure: Option<AgentError>,
+    /// The guest-RAM counters when the accessed bits were cleared at the
+    /// start, and when all pages were sent.
+    at_start: Option<(Instant, RamUse)>,
+    at_full_load: Option<(Instant, RamUse)>,
+}
+
+/// Clears QEMU's accessed bits as the guest starts and reads the RAM
+/// counters (see [`crate::accessed`]); `None` where /proc says no.
+fn clear_accessed(vm: &Vm) -> Option<(Instant, RamUse)> {
+    accessed::clear(vm.pid).ok()?;
+    let u = accessed::ram_use(vm.pid, &vm.config.ram_file).ok()?;
+    Some((Instant::now(), u))
 }
 
 /// Whether a QEMU started with -S has loaded the device state after RUN
@@ -274,6 +292,9 @@ pub(super) fn feed(
                         }));
                     }
                     st.bytes_before = bytes_read.load(Ordering::Relaxed);
+                    if !prepared && !opts.paused {
+                        st.at_start = clear_accessed(vm);
+                    }
                     let next = if prepared {
                         "QEMU loads the device state, the guest waits for START"
                     } else {
@@ -301,6 +322,11 @@ pub(super) fn feed(
                 }
                 Ok((Input::SourceDone { ok }, _)) => {
                     source_finished = true;
+                    if ok && st.at_start.is_some() {
+                        st.at_full_load = accessed::ram_use(vm.pid, &vm.config.ram_file)
+                            .ok()
+                            .map(|u| (Instant::now(), u));
+                    }
                     if !ok {
                         // Its error says why, unless QEMU died first (see
                         // `qemu_died` after the loop).
@@ -359,6 +385,7 @@ pub(super) fn feed(
                 },
                 Phase::Ready if start_requested => {
                     hold.hold_until(Instant::now() + quiet);
+                    st.at_start = clear_accessed(vm);
                     if let Err(e) = vm.execute("cont", Value::Null) {
                         st.failure = Some(e);
                         break;
@@ -453,6 +480,49 @@ pub(super) fn feed(
             per_100ms[i] += 1;
         }
     }
+    let ws_loaded = if prepared {
+        st.pages_before
+    } else {
+        rep.pages_before_run
+    };
+    let faults: Vec<(PageKey, f64)> = rep
+        .demand
+        .iter()
+        .map(|(d, id)| (PageKey::new(id.block, id.page), d.as_secs_f64() * 1000.0))
+        .collect();
+    let quality = match (st.at_start, st.at_full_load) {
+        (Some((t_start, start)), Some((t_full, full))) if opts.mode != Mode::Eager => {
+            let missed = faults
+                .iter()
+                .map(|(k, _)| *k)
+                .collect::<std::collections::HashSet<_>>()
+                .len() as u64;
+            Some(Quality::new(
+                t_full.duration_since(t_start).as_secs_f64() * 1000.0,
+                ws_loaded,
+                full.working_set_used(&start),
+                missed,
+            ))
+        }
+        _ => None,
+    };
+    // Eager and paused restores see no first accesses: nothing to learn.
+    let learned = (opts.mode != Mode::Eager && !opts.paused).then(|| {
+        let l = ws::learn::learn(&ws::learn::Observation {
+            queue: &planned.queue,
+            size: planned.wss,
+            ws_size: ws_loaded,
+            ws_used: quality.map(|q| q.used),
+            faults: &faults,
+            window_ms: LEARN_WINDOW.as_secs_f64() * 1000.0,
+            cap: planned.hybrid.saturating_mul(2).max(planned.wss),
+        });
+        Learned {
+            size: l.size,
+            touched: l.touched,
+            queue: l.queue.iter().map(|k| (k.ram_block, k.page)).collect(),
+        }
+    });
     let record = Record {
         unix_ms: crate::handover::unix_ms(SystemTime::now()),
         mode: opts.mode.name().to_string(),
@@ -463,11 +533,13 @@ pub(super) fn feed(
             .iter()
             .map(|k| (k.ram_block, k.page))
             .collect(),
-        faults: rep
-            .demand
+        faults: faults
             .iter()
-            .map(|(d, id)| (id.block, id.page, d.as_secs_f64() * 1000.0))
+            .map(|(k, ms)| (k.ram_block, k.page, *ms))
             .collect(),
+        size: planned.wss,
+        ws_used: quality.map(|q| q.used),
+        learned: learned.clone(),
     };
     let record_path = traces::save(snap_dir, &record)
         .map_err(AgentError::io("writing the restore record in", snap_dir))?;
@@ -482,15 +554,14 @@ pub(super) fn feed(
         request_unix_us: unix_us(t0_wall),
         // Exact from the source up to RUN; in a cluster restore, what had
         // been read by the start (pages pushed while it waited count).
-        ws_pages: if prepared {
-            st.pages_before
-        } else {
-            rep.pages_before_run
-        },
+        ws_pages: ws_loaded,
         wss: planned.wss,
         wss_sample: planned.wss_sample,
         wss_snapshot: planned.wss_snapshot,
         learned: planned.learned,
+        access_data: planned.access.to_string(),
+        quality,
+        next_wss: learned.map(|l| l.size),
         bytes_read_before_start: st.bytes_before,
         demand_faults: rep.demand.len() as u64,
         demand_faults_before_start: faults_before_start,

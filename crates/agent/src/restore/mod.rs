@@ -40,6 +40,7 @@ mod priority;
 mod run;
 mod start_gate;
 pub mod traces;
+pub mod ws_inputs;
 
 pub use run::{
     hybrid_size, restore, restore_into, saved_vm, InCluster, Options, Report, RestoreEvent, Saved,

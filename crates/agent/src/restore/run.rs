@@ -5,14 +5,13 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
-use serde_json::Value;
 use vmcsnap_image::Image;
 use vmcsnap_spec::{ClusterSection, ClusterSpec, VmAddress, VmSpec};
 use vmcsnap_workingset::{self as ws, Mode};
 
 use super::feed::feed;
 use super::pages::image_order;
-use super::traces::{self, Record};
+use super::ws_inputs;
 use crate::cluster::{Cluster, Member};
 use crate::qemu::{self, QemuConfig};
 use crate::vm::Vm;
@@ -132,8 +131,18 @@ pub struct Report {
     pub wss_sample: Option<u64>,
     /// Pages the guest wrote during the full snapshot.
     pub wss_snapshot: u64,
-    /// Whether the FAFL queue used what an earlier restore learned.
+    /// Whether the working set came from what an earlier restore learned.
     pub learned: bool,
+    /// The snapshot's access data (pages the host kernel saw accessed):
+    /// used, absent or ignored, and why.
+    pub access_data: String,
+    /// HotRestore's hit rate and accuracy of the pages loaded first,
+    /// measured on this restore (`None` for `eager`, which loads
+    /// everything first, or where the accessed bits could not be read).
+    pub quality: Option<Quality>,
+    /// The working-set size the next `workingset` restore of this snapshot
+    /// will load first (learned from this one, bounded).
+    pub next_wss: Option<u64>,
     /// Memory-image bytes read before the guest started.
     pub bytes_read_before_start: u64,
     /// Demand faults (requests for pages not yet sent).
@@ -158,6 +167,52 @@ pub struct Report {
     pub overlay: PathBuf,
     /// Where this restore's record went.
     pub record: PathBuf,
+}
+
+/// How well the pages loaded first served the guest, from the start to
+/// the full load (when demand faults end).
+///
+/// HotRestore (§6.1.1) traces every first access of a guest restored with
+/// its working set. Stock QEMU shows the agent the first accesses of pages
+/// *not* loaded (demand faults, in order), and the host's accessed bits
+/// show how many loaded pages the guest touched (not which, nor when). So:
+/// * `hit_rate` = used / (used + missed): the share of the guest's first
+///   accesses in the window that found their page loaded first;
+/// * `accuracy` = used / loaded: the share of the working set the guest
+///   touched in the window.
+///
+/// Accesses to pages pushed in the background before the guest reached
+/// them count in neither.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Quality {
+    /// The window (ms from the start to the full load).
+    pub window_ms: f64,
+    /// Pages loaded before the start.
+    pub loaded: u64,
+    /// Of those, touched in the window.
+    pub used: u64,
+    /// Distinct pages faulted on in the window.
+    pub missed: u64,
+    /// used / (used + missed).
+    pub hit_rate: f64,
+    /// used / loaded.
+    pub accuracy: f64,
+}
+
+impl Quality {
+    /// The ratios from the counts.
+    pub fn new(window_ms: f64, loaded: u64, used: u64, missed: u64) -> Quality {
+        let used = used.min(loaded);
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        Quality {
+            window_ms,
+            loaded,
+            used,
+            missed,
+            hit_rate: ratio(used, used + missed),
+            accuracy: ratio(used, loaded),
+        }
+    }
 }
 
 pub(super) fn fail(vm: &str, detail: impl std::fmt::Display) -> AgentError {
@@ -376,43 +431,27 @@ pub fn restore_into(
 }
 
 /// The working-set size a `workingset` restore of the snapshot in `dir`
-/// asks for (pages), before any revision: HotRestore's hybrid size, or the
-/// pages an earlier restore was seen to touch if that is more.
+/// asks for (pages), before any revision: what the newest earlier restore
+/// learned, else HotRestore's hybrid size.
 pub fn hybrid_size(dir: &Path) -> Result<u64, AgentError> {
     let img = crate::frozen_disks::open_image(dir)
         .map_err(|e| AgentError::BadRequest(format!("snapshot {}: {e}", dir.display())))?;
-    let wss_sample = img
-        .manifest()
-        .metrics
-        .other
-        .get("wss_sample_pages")
-        .and_then(Value::as_u64);
-    let learned = traces::newest(dir, |r| !r.faults.is_empty());
-    Ok(elastic_size(
-        ws::hybrid_wss(wss_sample, img.fafl().len() as u64),
-        Mode::Workingset,
-        learned.as_ref(),
-    ))
-}
-
-/// HotRestore's elastic working set: the hybrid size, grown to the pages
-/// the newest earlier restore touched (loaded first or faulted on), which
-/// covers the guest's reads that a snapshot cannot see. Only for the
-/// `workingset` mode; the others keep their own sizes.
-fn elastic_size(hybrid: u64, mode: Mode, learned: Option<&Record>) -> u64 {
-    match (mode, learned) {
-        (Mode::Workingset, Some(r)) => hybrid.max(r.touched_pages()),
-        _ => hybrid,
-    }
+    Ok(ws_inputs::read(&img, dir).auto_size(Mode::Workingset))
 }
 
 /// The plan and the numbers behind it.
 pub(super) struct Planned {
     pub(super) plan: ws::Plan,
+    /// The queue the working set is the head of (learned from by the next
+    /// restore).
+    pub(super) queue: Vec<vmcsnap_image::PageKey>,
     pub(super) wss: u64,
+    /// HotRestore's hybrid size (the learning's cap without a measurement).
+    pub(super) hybrid: u64,
     pub(super) wss_sample: Option<u64>,
     pub(super) wss_snapshot: u64,
     pub(super) learned: bool,
+    pub(super) access: ws_inputs::AccessData,
 }
 
 /// Everything checked and prepared before a QEMU starts.
@@ -437,48 +476,44 @@ fn plan(img: &Image, opts: &Options, dir: &Path) -> Result<Planned, AgentError> 
     let block_pages: Vec<u32> = (0..img.ram_blocks().len() as u32)
         .map(|b| img.ram_block_pages(b))
         .collect();
-    let fafl = img.fafl();
-    let learned = traces::newest(dir, |r| !r.faults.is_empty());
-    let learned_keys = learned
-        .as_ref()
-        .map(|r| (r.preloaded_keys(), r.fault_keys()));
-    let queue = ws::fafl_queue(
-        fafl,
-        learned_keys
-            .as_ref()
-            .map(|(p, f)| (p.as_slice(), f.as_slice())),
-    );
-    let wss_sample = img
-        .manifest()
-        .metrics
-        .other
-        .get("wss_sample_pages")
-        .and_then(Value::as_u64);
-    let wss_snapshot = fafl.len() as u64;
+    let inputs = ws_inputs::read(img, dir);
     let wss = match opts.wss {
-        WssChoice::Auto => elastic_size(
-            ws::hybrid_wss(wss_sample, wss_snapshot),
-            opts.mode,
-            learned.as_ref(),
-        ),
+        WssChoice::Auto => inputs.auto_size(opts.mode),
         WssChoice::Pages(n) => n,
     };
+    let mut queue = inputs.queue(opts.mode);
+    if opts.mode == Mode::Workingset {
+        // No host kernel told which pages the guest reads: the rest of the
+        // size goes to the pages around those it wrote (zero pages cost
+        // nothing on demand and are left out).
+        let target = usize::try_from(wss).unwrap_or(usize::MAX);
+        ws::fill_by_locality(&mut queue, &block_pages, target, LOCALITY_WINDOW, |k| {
+            matches!(img.resolve(k), Ok((_, vmcsnap_image::PageState::Stored(_))))
+        });
+    }
     let input = ws::PlanInput {
         block_pages: &block_pages,
         image_order: &order,
         queue: &queue,
         wss,
-        wss_sample,
+        wss_sample: inputs.wss_sample,
     };
     let plan = ws::make_plan(opts.mode, &input).map_err(|e| bad(e.to_string()))?;
+    let hybrid = inputs.hybrid();
     Ok(Planned {
         plan,
+        queue,
         wss,
-        wss_sample,
-        wss_snapshot,
-        learned: learned.is_some(),
+        hybrid,
+        wss_sample: inputs.wss_sample,
+        wss_snapshot: inputs.wss_snapshot,
+        learned: inputs.learned.is_some() && opts.mode == Mode::Workingset,
+        access: inputs.access,
     })
 }
+
+/// Pages per window of the locality fill (a 256 KiB locality block).
+pub const LOCALITY_WINDOW: u32 = 64;
 
 pub(super) fn unix_us(t: SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)
@@ -635,25 +670,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_elastic_size_grows_to_what_an_earlier_restore_touched() {
-        let rec = Record {
-            unix_ms: 0,
-            mode: "workingset".into(),
-            trace: false,
-            preloaded: (0..100).map(|p| (0, p)).collect(),
-            faults: (100..600).map(|p| (0, p, 1.0)).collect(),
-        };
-        assert_eq!(elastic_size(300, Mode::Workingset, None), 300);
-        assert_eq!(elastic_size(300, Mode::Workingset, Some(&rec)), 600);
-        assert_eq!(
-            elastic_size(900, Mode::Workingset, Some(&rec)),
-            900,
-            "never smaller than the hybrid size"
-        );
-        assert_eq!(
-            elastic_size(300, Mode::SamplingWs, Some(&rec)),
-            300,
-            "other modes keep their size"
-        );
+    fn quality_ratios() {
+        let q = Quality::new(500.0, 100, 80, 20);
+        assert!((q.hit_rate - 0.8).abs() < 1e-9 && (q.accuracy - 0.8).abs() < 1e-9);
+        let q = Quality::new(500.0, 100, 150, 0);
+        assert_eq!(q.used, 100, "never more used than loaded");
+        let q = Quality::new(0.0, 0, 0, 0);
+        assert_eq!((q.hit_rate, q.accuracy), (0.0, 0.0));
     }
 }

@@ -1,12 +1,13 @@
 //! What restores learn, stored with the snapshot.
 //!
 //! Each restore writes `<snapshot>/restores/<unix ms>-<mode>.json`: the
-//! pages it loaded before the guest started and the pages the guest then
+//! pages it loaded before the guest started, the pages the guest then
 //! faulted on, in fault order (the guest's real first accesses after the
-//! restore point, reads included). The next restore's FAFL queue merges
-//! the newest record with the snapshot-time write order
-//! (`vmcsnap_workingset::queue`); `analyze-ws` reads the newest record made
-//! with `--trace`. The image itself is never modified: these files sit in
+//! restore point, reads included), how many loaded pages the guest used
+//! (accessed bits), and what the next restore should load first
+//! ([`Learned`], bounded: `vmcsnap_workingset::learn`). The next
+//! `workingset` restore starts from the newest record's [`Learned`];
+//! `analyze-ws` reads the newest record made with `--trace`. The image itself is never modified: these files sit in
 //! a subdirectory the image format ignores, each written under a temporary
 //! name and renamed.
 
@@ -31,6 +32,28 @@ pub struct Record {
     pub preloaded: Vec<(u32, u32)>,
     /// Pages the guest faulted on, in order, with ms since the start.
     pub faults: Vec<(u32, u32, f64)>,
+    /// The working-set size the restore asked for.
+    #[serde(default)]
+    pub size: u64,
+    /// Loaded pages the guest touched before the full load (accessed
+    /// bits), if measured.
+    #[serde(default)]
+    pub ws_used: Option<u64>,
+    /// What the next restore starts from (absent in records of older
+    /// vmcsnap versions, which are then not learned from).
+    #[serde(default)]
+    pub learned: Option<Learned>,
+}
+
+/// What a restore learned for the next one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Learned {
+    /// Working-set size in pages.
+    pub size: u64,
+    /// Pages seen touched in the learning window.
+    pub touched: u64,
+    /// The learned queue head, as `[ram_block, page]`.
+    pub queue: Vec<(u32, u32)>,
 }
 
 impl Record {
@@ -40,19 +63,6 @@ impl Record {
             .iter()
             .map(|&(b, p)| PageKey::new(b, p))
             .collect()
-    }
-
-    /// Distinct pages the guest touched early in that restore: the pages
-    /// loaded before its start plus those it faulted on. HotRestore's
-    /// WSS_snapshot counts every page touched, reads included; stock QEMU
-    /// only shows vmcsnap the writes at snapshot time, so a restore's own
-    /// faults are how the reads are learned.
-    pub fn touched_pages(&self) -> u64 {
-        let mut all: Vec<(u32, u32)> = self.preloaded.clone();
-        all.extend(self.faults.iter().map(|&(b, p, _)| (b, p)));
-        all.sort_unstable();
-        all.dedup();
-        all.len() as u64
     }
 
     /// The faults as keys, in order.
@@ -124,6 +134,11 @@ pub fn newest(snapshot: &Path, keep: impl Fn(&Record) -> bool) -> Option<Record>
         .find(|r| keep(r))
 }
 
+/// What the newest record that learned something learned.
+pub fn newest_learned(snapshot: &Path) -> Option<Learned> {
+    newest(snapshot, |r| r.learned.is_some()).and_then(|r| r.learned)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,12 +153,28 @@ mod tests {
             trace,
             preloaded: vec![(0, 1)],
             faults: vec![(0, 2, 1.5)],
+            size: 1,
+            ws_used: None,
+            learned: (t == 10).then(|| Learned {
+                size: 7,
+                touched: 2,
+                queue: vec![(0, 2)],
+            }),
         };
         save(d.path(), &r(10, true)).unwrap();
         save(d.path(), &r(20, false)).unwrap();
         std::fs::write(d.path().join(DIR).join("30-lazy.json"), b"garbage").unwrap();
         assert_eq!(newest(d.path(), |_| true).unwrap().unix_ms, 20);
         assert_eq!(newest(d.path(), |r| r.trace).unwrap().unix_ms, 10);
+        assert_eq!(newest_learned(d.path()).unwrap().size, 7);
+        // A record of an older vmcsnap (no size, no learned state) still reads.
+        std::fs::write(
+            d.path().join(DIR).join("40-lazy.json"),
+            br#"{"unix_ms":40,"mode":"lazy","trace":false,"preloaded":[],"faults":[[0,3,1.0]]}"#,
+        )
+        .unwrap();
+        assert_eq!(newest(d.path(), |_| true).unwrap().unix_ms, 40);
+        assert_eq!(newest_learned(d.path()).unwrap().size, 7);
         assert_eq!(r(1, false).fault_keys(), vec![PageKey::new(0, 2)]);
         for t in 100..100 + KEEP as u64 + 2 {
             save(d.path(), &r(t, false)).unwrap();
@@ -157,22 +188,5 @@ mod tests {
             newest(d.path(), |_| true).unwrap().unix_ms,
             100 + KEEP as u64 + 1
         );
-    }
-}
-
-#[cfg(test)]
-mod touched_tests {
-    use super::*;
-
-    #[test]
-    fn touched_pages_count_loaded_and_faulted_pages_once() {
-        let r = Record {
-            unix_ms: 0,
-            mode: "workingset".into(),
-            trace: false,
-            preloaded: vec![(0, 1), (0, 2), (1, 1)],
-            faults: vec![(0, 2, 1.0), (0, 9, 2.0), (0, 9, 3.0)],
-        };
-        assert_eq!(r.touched_pages(), 4);
     }
 }

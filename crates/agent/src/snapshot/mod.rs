@@ -328,11 +328,7 @@ pub fn snapshot(
             json!((t.downtime_ms * 1000.0).round() as u64),
         );
         // HotRestore's WSS_sample: the sampler's mean over the last minutes.
-        let samples = crate::sampler::load(&vm_dir);
-        if let Some(p) = crate::sampler::mean_pages(&samples) {
-            m.other.insert("wss_sample_pages".into(), json!(p));
-            m.other.insert("wss_samples".into(), json!(samples.len()));
-        }
+        crate::sampler::record_in(&crate::sampler::load(&vm_dir), unix_ms(), &mut m.other);
         if let Some(d) = &disk_layer {
             d.record(m);
         }
