@@ -36,9 +36,9 @@ measure the fault-path/background priorities side by side, e.g. --modes hotresto
 M:qMS runs M with `--start-quiet MS` (how long after each start only demand faults are served;
 default 1000), e.g. --modes hotrestore-rl,hotrestore-rl:q0. Variants combine with +: M:cold+q0.
 
-Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--modes M,M] [--spec spread|small|large] [--cold-cache] [--bin PATH] [--out DIR] [--pcap DIR] [--restart-control] [--replot]
+Usage: bench/cluster_restore.py [--vms 4,8] [--reps 3] [--first-restores] [--modes M,M] [--spec spread|small|large] [--cold-cache] [--bin PATH] [--out DIR] [--pcap DIR] [--restart-control] [--replot]
 """
-import argparse, json, os, shutil, subprocess, sys, tempfile, time
+import argparse, glob, json, os, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
@@ -196,6 +196,8 @@ def main():
     ap.add_argument("--restart-control", action="store_true",
                     help="after each restore's steady window, warm-restart every VM's QEMU (rejuvenate --all) and "
                          "measure the same TCP counters across it: what replacing the QEMUs costs, with nothing to load (their pauses are visible to peers)")
+    ap.add_argument("--first-restores", action="store_true",
+                    help="remove what earlier restores learned before each restore (every restore a first one)")
     ap.add_argument("--replot", action="store_true", help="only recompute the table and redraw the PNG from the JSON in --out")
     ap.add_argument("--pcap", metavar="DIR",
                     help="capture every VM's traffic into DIR (VMCSNAP_PCAP_DIR); then bench/restore_pcap.py "
@@ -241,6 +243,10 @@ def main():
                         extra, cold = variant_options(variant)
                         if a.cold_cache or cold:
                             benchlib.drop_page_cache()
+                        if a.first_restores:
+                            # Every restore a first one: nothing learned from earlier restores.
+                            for rec in glob.glob(os.path.join(run_dir, "snapshots", "cut", "vms", "*", "restores")):
+                                shutil.rmtree(rec, ignore_errors=True)
                         r = benchlib.run(exe, run_dir, "restore", "--cluster", "cut", "--mode", base, *extra, "--json")
                     except benchlib.Failed as e:
                         results["runs"].append({"n": n, "mode": mode, "rep": rep, "error": str(e)[-1500:]})

@@ -144,10 +144,14 @@ pub(crate) fn dispatch(
             fault,
             storage,
             full,
+            block_pages,
         } => {
-            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
             let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
-            let writer = crate::snapshot::writer_options(storage.as_deref())?;
+            let mut writer = crate::snapshot::writer_options(storage.as_deref())?;
+            if let Some(n) = block_pages {
+                crate::snapshot::set_block_pages(&mut writer, n)?;
+            }
+            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
             let fault = fault
                 .map(|f| f.parse())
                 .transpose()
@@ -203,9 +207,20 @@ pub(crate) fn dispatch(
             no_background,
             no_priorities,
             start_quiet_ms,
+            prefetch_blocks,
         } => {
             check_start_quiet(start_quiet_ms)?;
             let mode: vmcsnap_workingset::Mode = mode.parse().map_err(AgentError::BadRequest)?;
+            let prefetch_blocks = match prefetch_blocks {
+                None => crate::restore::pages::PREFETCH_BLOCKS,
+                Some(n) if n <= crate::restore::pages::MAX_PREFETCH_BLOCKS => n as usize,
+                Some(n) => {
+                    return Err(AgentError::BadRequest(format!(
+                        "--prefetch-blocks {n}: give 0 to {}",
+                        crate::restore::pages::MAX_PREFETCH_BLOCKS
+                    )))
+                }
+            };
             let wss = wss.map_or(
                 crate::restore::WssChoice::Auto,
                 crate::restore::WssChoice::Pages,
@@ -219,6 +234,7 @@ pub(crate) fn dispatch(
                 no_background,
                 priorities: !no_priorities,
                 start_quiet: Duration::from_millis(start_quiet_ms.unwrap_or(0)),
+                prefetch_blocks,
                 cluster: None,
             };
             let report = crate::restore::restore(cluster, run, opts, progress)?;

@@ -116,6 +116,7 @@ pub fn redo(run: &RunDir, cluster: &mut Option<Cluster>) {
                 no_background: false,
                 priorities: true,
                 start_quiet: std::time::Duration::ZERO,
+                prefetch_blocks: crate::restore::pages::PREFETCH_BLOCKS,
                 cluster: None,
             };
             crate::restore::restore(cluster, run, opts, &mut progress).map(|_| ())

@@ -74,6 +74,9 @@ pub enum Request {
         /// Store every page: no parent, even if the VM has snapshots.
         #[serde(default)]
         full: bool,
+        /// Pages per memory-image block (locality block); `None`: 64.
+        #[serde(default)]
+        block_pages: Option<u16>,
     },
     /// Measure the floor of a hot snapshot's pause on this host: QEMU's own
     /// background snapshot of the VM into `/dev/null`, with nothing else done
@@ -147,6 +150,10 @@ pub enum Request {
         /// this many ms (then load the rest in the background); `None`: 0.
         #[serde(default)]
         start_quiet_ms: Option<u64>,
+        /// Locality blocks read ahead after a demand fault's own block;
+        /// `None`: 1.
+        #[serde(default)]
+        prefetch_blocks: Option<u32>,
     },
     /// Stop one VM of the cluster (its QEMU, RAM and port go; the rest
     /// runs on). Result: `{"vm": NAME}`.

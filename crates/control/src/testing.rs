@@ -46,6 +46,7 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
             fault: None,
             storage: Some("zstd".into()),
             full: true,
+            block_pages: Some(16),
         },
         Request::PauseLimit { vm: "alpha".into() },
         Request::ClusterSnapshot {
@@ -69,6 +70,7 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
             no_background: true,
             no_priorities: false,
             start_quiet_ms: None,
+            prefetch_blocks: Some(4),
         },
         Request::Stop { vm: "beta".into() },
         Request::Down,

@@ -126,6 +126,11 @@ pub enum Command {
         /// (its parent, read on restore), up to a chain of 8, then a full one again.
         #[arg(long, conflicts_with = "cluster")]
         full: bool,
+        /// Pages per locality block of the memory image (1-4096; default 64, 256 KiB): a
+        /// demand fault on restore loads its page's whole block. For tuning, see docs/restore.md.
+        #[arg(long, value_name = "N", conflicts_with = "cluster",
+              value_parser = clap::value_parser!(u16).range(1..=4096))]
+        block_pages: Option<u16>,
         /// With --cluster: cut each VM once its QEMU read everything sent to it, without
         /// checking (cut probes) that QEMU handed it all to the guest; frames QEMU still held
         /// are then missing from a restore. To measure what the probes change.
@@ -174,6 +179,11 @@ pub enum Command {
         /// [default: 1000 with --cluster, else 0].
         #[arg(long, value_name = "MS")]
         start_quiet: Option<u64>,
+        /// Locality blocks read ahead after a demand fault's own block (0-64; default 1). For
+        /// tuning, see docs/restore.md.
+        #[arg(long, value_name = "N", conflicts_with = "cluster",
+              value_parser = clap::value_parser!(u32).range(0..=64))]
+        prefetch_blocks: Option<u32>,
         /// Testing, with --cluster: make VM's Cohort fail in place of LOAD_FIN once every VM
         /// has loaded (cohort-fail-when-peers-loaded=VM), to check what an abandoned restore leaves.
         #[arg(long, hide = true, value_name = "FAULT", requires = "cluster")]

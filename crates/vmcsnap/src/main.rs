@@ -187,6 +187,7 @@ fn run(cli: Cli) -> Result<()> {
             inject_fault,
             storage,
             full,
+            block_pages,
             json,
             ..
         } => {
@@ -203,6 +204,7 @@ fn run(cli: Cli) -> Result<()> {
                     fault: inject_fault,
                     storage,
                     full,
+                    block_pages,
                 },
             )?;
             output::json_or(json, &v, || output::snapshot(&v))
@@ -253,6 +255,7 @@ fn run(cli: Cli) -> Result<()> {
             no_background,
             no_priorities,
             start_quiet,
+            prefetch_blocks,
             json,
             ..
         } => {
@@ -276,6 +279,7 @@ fn run(cli: Cli) -> Result<()> {
                     no_background,
                     no_priorities,
                     start_quiet_ms: start_quiet,
+                    prefetch_blocks,
                 },
             )?;
             output::json_or(json, &v, || output::restore(&v))

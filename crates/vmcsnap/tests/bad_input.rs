@@ -157,6 +157,30 @@ fn a_closed_stdout_ends_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
+/// Issue 23's tuning knobs: out-of-range values are named before the
+/// agent is asked (it checks them again for other clients).
+#[test]
+fn tuning_knobs_out_of_range_are_named() {
+    let env = Env::new();
+    for (args, needle) in [
+        (
+            &["snapshot", "a", "--block-pages", "0"][..],
+            "0 is not in 1..=4096",
+        ),
+        (
+            &["restore", "nosuch", "--prefetch-blocks", "99"][..],
+            "99 is not in 0..=64",
+        ),
+    ] {
+        let out = env.vmcsnap(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(needle),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn cluster_restore_bad_input_is_named() {
     let env = Env::new();

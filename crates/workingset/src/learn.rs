@@ -7,13 +7,18 @@
 //! the same snapshot loads first is derived from that and from what the
 //! last one learned, never from the union of everything ever faulted:
 //!
-//! * **size**: `next = ⌈DECAY · used_size + (1 − DECAY) · touched⌉`, where
-//!   `touched` = working-set pages used + distinct pages faulted on within
-//!   the first [`Observation::window_ms`]. Both terms are at most the pages
-//!   the guest really touches in that window, so the size converges to it
-//!   and never exceeds the larger of that and the first restore's size.
-//!   Without the accessed-bit measurement the whole loaded set counts as
-//!   used, and the size is capped at [`Observation::cap`].
+//! * **size**: `next = max(⌈DECAY · used_size + (1 − DECAY) · touched⌉,
+//!   floor)`, where `touched` = working-set pages used + distinct pages
+//!   faulted on within the first [`Observation::window_ms`], and the floor
+//!   is HotRestore's hybrid size from the snapshot (which sees reads). Both
+//!   terms are at most the pages the guest really touches in that window,
+//!   so the size converges to the larger of that and the floor, and never
+//!   exceeds the larger of that and the first restore's size. (Pages the
+//!   background loader placed before the guest reached them are in neither
+//!   count: without the floor a fast background load would shrink the
+//!   working set below what the guest uses.) Without the accessed-bit
+//!   measurement the whole loaded set counts as used, and the size is
+//!   capped at [`Observation::cap`].
 //! * **order**: the pages faulted on in the window, in fault order, then
 //!   the queue that restore used: evidence of the latest restore first, so
 //!   pages not seen again drift back and fall off the end. The learned
@@ -45,6 +50,8 @@ pub struct Observation<'a> {
     pub faults: &'a [(PageKey, f64)],
     /// The learning window (ms after the start).
     pub window_ms: f64,
+    /// The least the size may become.
+    pub floor: u64,
     /// The most the size may become when `ws_used` is unknown.
     pub cap: u64,
 }
@@ -73,8 +80,9 @@ pub fn learn(o: &Observation) -> Learned {
     let used = o.ws_used.unwrap_or(o.ws_size).min(o.ws_size);
     let touched = used + faults.len() as u64;
     let mut size = (DECAY * o.size as f64 + (1.0 - DECAY) * touched as f64).ceil() as u64;
+    size = size.max(o.floor);
     if o.ws_used.is_none() {
-        size = size.min(o.cap);
+        size = size.min(o.cap.max(o.floor));
     }
     let keep = usize::try_from(size.saturating_mul(QUEUE_FACTOR)).unwrap_or(usize::MAX);
     let mut queue = faults;
@@ -103,6 +111,7 @@ mod tests {
             ws_used: None,
             faults,
             window_ms: 10_000.0,
+            floor: 0,
             cap: 1_000,
         }
     }
@@ -148,6 +157,7 @@ mod tests {
                     ws_used: Some(used),
                     faults: &faults,
                     window_ms: 10_000.0,
+                    floor: 0,
                     cap: 0,
                 });
                 assert!(l.size <= start.max(1050), "round {round}: {}", l.size);
@@ -170,5 +180,12 @@ mod tests {
         let mut o = obs(&q, &f, 100);
         o.cap = 150;
         assert_eq!(learn(&o).size, 150);
+        o.floor = 400;
+        assert_eq!(learn(&o).size, 400, "the floor wins over the cap");
+        let mut o = obs(&q, &f, 100);
+        o.ws_used = Some(0);
+        o.faults = &[];
+        o.floor = 80;
+        assert_eq!(learn(&o).size, 80, "0.5 * 100 + 0 is below the floor");
     }
 }

@@ -441,6 +441,7 @@ fn run_protocol(
                     no_background: false,
                     priorities: opts.priorities,
                     start_quiet: opts.start_quiet,
+                    prefetch_blocks: restore::pages::PREFETCH_BLOCKS,
                     cluster: None,
                 },
                 gate: gate.clone(),

@@ -232,7 +232,8 @@ pub(super) fn feed(
         hold: hold.clone(),
         shut_timeout: Duration::from_secs(60),
     };
-    let mut pages = ImagePages::new(img, &planned.plan.before_run).map_err(|e| fail(&name, e))?;
+    let mut pages = ImagePages::new(img, &planned.plan.before_run, opts.prefetch_blocks)
+        .map_err(|e| fail(&name, e))?;
     let (bytes_read, pages_read) = (pages.bytes_read.clone(), pages.pages_read.clone());
     let (tx, rx) = mpsc::channel::<(Input, Instant)>();
     let source_start = Instant::now();
@@ -292,9 +293,6 @@ pub(super) fn feed(
                         }));
                     }
                     st.bytes_before = bytes_read.load(Ordering::Relaxed);
-                    if !prepared && !opts.paused {
-                        st.at_start = clear_accessed(vm);
-                    }
                     let next = if prepared {
                         "QEMU loads the device state, the guest waits for START"
                     } else {
@@ -385,7 +383,6 @@ pub(super) fn feed(
                 },
                 Phase::Ready if start_requested => {
                     hold.hold_until(Instant::now() + quiet);
-                    st.at_start = clear_accessed(vm);
                     if let Err(e) = vm.execute("cont", Value::Null) {
                         st.failure = Some(e);
                         break;
@@ -403,6 +400,9 @@ pub(super) fn feed(
                     };
                     match vm.qmp().map(|q| q.wait_event("RESUME", limit)) {
                         Ok(Ok(e)) => {
+                            // Every page loaded before the start is in
+                            // place now (QEMU read them before RUN).
+                            st.at_start = clear_accessed(vm);
                             st.latency_ms = Some(
                                 e.timestamp_us.saturating_sub(unix_us(t0_wall)) as f64 / 1000.0,
                             );
@@ -515,6 +515,7 @@ pub(super) fn feed(
             ws_used: quality.map(|q| q.used),
             faults: &faults,
             window_ms: LEARN_WINDOW.as_secs_f64() * 1000.0,
+            floor: planned.hybrid,
             cap: planned.hybrid.saturating_mul(2).max(planned.wss),
         });
         Learned {

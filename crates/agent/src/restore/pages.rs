@@ -28,8 +28,10 @@ const MAX_GAP: u64 = 64 << 10;
 const MAX_EXTENT: u64 = 8 << 20;
 /// Decompressed blocks kept (16 MiB of 256 KiB blocks).
 const CACHE_BLOCKS: usize = 64;
-/// Blocks prefetched after a demand fault's own block.
+/// Blocks prefetched after a demand fault's own block, by default.
 pub const PREFETCH_BLOCKS: usize = 1;
+/// The most a restore may ask for.
+pub const MAX_PREFETCH_BLOCKS: u32 = 64;
 
 /// The image as a [`PageSource`].
 pub struct ImagePages<'a> {
@@ -53,12 +55,18 @@ pub struct ImagePages<'a> {
     pub blocks_read: Arc<AtomicU64>,
     /// Decompression ahead of the pages sent before the guest starts.
     prefetch: Option<super::prefetch::Prefetch>,
+    /// Blocks read ahead after a demand fault's own block.
+    prefetch_blocks: usize,
 }
 
 impl<'a> ImagePages<'a> {
     /// A page source that reads `sequential` (the pages sent before the
     /// guest starts) with merged reads.
-    pub fn new(img: &'a Image, sequential: &[PageKey]) -> Result<Self, vmcsnap_image::ReadError> {
+    pub fn new(
+        img: &'a Image,
+        sequential: &[PageKey],
+        prefetch_blocks: usize,
+    ) -> Result<Self, vmcsnap_image::ReadError> {
         let plan = img.plan_reads(sequential, MAX_GAP, MAX_EXTENT)?;
         let mut planned = HashMap::with_capacity(sequential.len());
         for (i, e) in plan.extents.iter().enumerate() {
@@ -78,6 +86,7 @@ impl<'a> ImagePages<'a> {
             pages_read: Arc::default(),
             blocks_read: Arc::default(),
             prefetch: super::prefetch::Prefetch::start(img, sequential, prefetch_threads()),
+            prefetch_blocks,
         })
     }
 
@@ -203,7 +212,7 @@ impl PageSource for ImagePages<'_> {
         let hot = blocks[loc.block as usize].is_hot();
         let next = (loc.block as usize + 1..blocks.len())
             .filter(|&b| blocks[b].is_hot() == hot)
-            .take(PREFETCH_BLOCKS);
+            .take(self.prefetch_blocks);
         let own = std::ptr::eq(holder, img);
         for b in std::iter::once(loc.block as usize).chain(next) {
             // A block that fails to read is reported when its page is

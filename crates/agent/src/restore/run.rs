@@ -66,6 +66,8 @@ pub struct Options {
     /// long, then push the rest in the background (0 for one VM by default,
     /// [`CLUSTER_START_QUIET`] in a cluster restore).
     pub start_quiet: Duration,
+    /// Locality blocks read ahead after a demand fault's own block.
+    pub prefetch_blocks: usize,
     /// A cluster restore: the snapshot's directory (instead of a name under
     /// the snapshots root), the gate that holds the start, and where to
     /// report progress. `None` for a restore of one VM.

@@ -48,7 +48,8 @@ use capture_thread::CaptureThread;
 use qemu_steps::*;
 pub(crate) use request::background_priority;
 pub use request::{
-    disk_layer_wanted, writer_options, Hooks, Mode, NoHooks, Options, Report, Target,
+    disk_layer_wanted, set_block_pages, writer_options, Hooks, Mode, NoHooks, Options, Report,
+    Target,
 };
 
 use crate::cluster::Member;

@@ -107,6 +107,26 @@ pub fn writer_options(storage: Option<&str>) -> Result<vmcsnap_capture::WriterOp
     }
 }
 
+/// Sets the pages per locality block (`--block-pages`).
+pub fn set_block_pages(
+    writer: &mut vmcsnap_capture::WriterOptions,
+    n: u16,
+) -> Result<(), AgentError> {
+    let max = vmcsnap_image::format::MAX_PAGES_PER_BLOCK;
+    if n == 0 || n > max {
+        return Err(AgentError::BadRequest(format!(
+            "--block-pages {n}: give 1 to {max}"
+        )));
+    }
+    if writer.format_major < 2 {
+        return Err(AgentError::BadRequest(
+            "--block-pages needs image format 2 (not --storage v1)".into(),
+        ));
+    }
+    writer.pages_per_block = n;
+    Ok(())
+}
+
 /// The `storage` suffix that turns the detection layer off.
 pub(super) const NO_DISK: &str = "no-disk";
 
@@ -226,4 +246,23 @@ pub struct Report {
     pub transient_done_unix_us: u64,
     /// Unix µs: the image was committed.
     pub complete_unix_us: u64,
+}
+
+#[cfg(test)]
+mod block_pages_tests {
+    use super::*;
+
+    #[test]
+    fn block_pages_are_checked() {
+        let mut w = writer_options(None).unwrap();
+        set_block_pages(&mut w, 16).unwrap();
+        assert_eq!(w.pages_per_block, 16);
+        for n in [0, 4097] {
+            let e = set_block_pages(&mut w, n).unwrap_err().to_string();
+            assert!(e.contains("give 1 to 4096"), "{e}");
+        }
+        let mut v1 = writer_options(Some("v1")).unwrap();
+        let e = set_block_pages(&mut v1, 64).unwrap_err().to_string();
+        assert!(e.contains("needs image format 2"), "{e}");
+    }
 }
