@@ -23,6 +23,12 @@
 //! then. A VM that has not been sampled yet gets none of these, and the
 //! restore falls back to the snapshot's own count of written pages.
 //!
+//! A VM that is paused, or migrating in either direction (a snapshot, or
+//! a restore still loading pages through postcopy), is skipped, and a
+//! sample during which a migration began is dropped: QEMU's sampling would
+//! fault in a restore's missing pages and the clear would spoil the
+//! restore's own measurement.
+//!
 //! Cost: one clear of QEMU's accessed bits per interval (a few ms of QEMU
 //! time per 256 MiB; see docs/restore.md for the measured guest slowdown).
 
@@ -144,6 +150,11 @@ pub fn start(run: RunDir) {
 fn sample_one(vm_dir: &Path, sock: &Path) -> Result<(), String> {
     let mut q = QmpClient::connect(sock, Duration::from_millis(500)).map_err(|e| e.to_string())?;
     q.set_timeout(Duration::from_secs(5));
+    // Never while the VM migrates: a restore's destination would fault in
+    // every page QEMU's sampling reads (hundreds of demand faults, counted
+    // as the guest's), and clearing its accessed bits would spoil the
+    // restore's own measurement of its working set.
+    idle(&mut q)?;
     // The QEMU behind this VM directory and its guest-RAM file.
     let qemu = crate::record::find_qemu(None, &vm_dir.join("qmp.sock"))
         .and_then(|pid| Some((pid, crate::accessed::ram_file_of(pid)?)));
@@ -156,6 +167,8 @@ fn sample_one(vm_dir: &Path, sock: &Path) -> Result<(), String> {
     let touched = cleared
         .and_then(|(pid, ram)| crate::accessed::ram_use(*pid, ram).ok())
         .map(|u| u.referenced);
+    // A migration that began during the window makes the sample worthless.
+    idle(&mut q)?;
     std::thread::sleep(Duration::from_millis(200));
     for _ in 0..50 {
         let r = q
@@ -169,6 +182,37 @@ fn sample_one(vm_dir: &Path, sock: &Path) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(100));
     }
     Err("calc-dirty-rate did not finish".into())
+}
+
+/// Whether the VM runs with no migration going on (in either direction):
+/// the only time the sampler may measure it.
+fn idle(q: &mut QmpClient) -> Result<(), String> {
+    let status = q
+        .execute("query-status", serde_json::Value::Null)
+        .map_err(|e| e.to_string())?;
+    let migration = q
+        .execute("query-migrate", serde_json::Value::Null)
+        .map_err(|e| e.to_string())?;
+    let (run_state, mig) = (
+        status["status"].as_str().unwrap_or(""),
+        migration["status"].as_str(),
+    );
+    if samplable(run_state, mig) {
+        Ok(())
+    } else {
+        Err(format!("busy: {run_state}, migration {mig:?}"))
+    }
+}
+
+/// The decision behind [`idle`]: QEMU's run state and its `query-migrate`
+/// status (absent when no migration ever ran; a restore's destination
+/// shows the incoming side's, e.g. `postcopy-active`).
+fn samplable(run_state: &str, migration: Option<&str>) -> bool {
+    run_state == "running"
+        && matches!(
+            migration,
+            None | Some("none" | "completed" | "failed" | "cancelled")
+        )
 }
 
 fn record(vm_dir: &Path, pages: u64, touched: Option<u64>) -> Result<(), String> {
@@ -191,6 +235,23 @@ fn record(vm_dir: &Path, pages: u64, touched: Option<u64>) -> Result<(), String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (issue 23): the sampler ran QEMU's dirty-page sampling
+    /// and cleared the accessed bits of restored VMs during postcopy. About
+    /// one restore in four then had hundreds of extra demand faults (the
+    /// sampling read missing pages) and a working set measured as unused.
+    #[test]
+    fn a_migrating_or_paused_vm_is_not_sampled() {
+        assert!(samplable("running", None));
+        assert!(samplable("running", Some("completed")));
+        assert!(samplable("running", Some("failed")));
+        assert!(!samplable("running", Some("postcopy-active")));
+        assert!(!samplable("running", Some("active")));
+        assert!(!samplable("running", Some("setup")));
+        assert!(!samplable("inmigrate", None));
+        assert!(!samplable("paused", Some("completed")));
+        assert!(!samplable("finish-migrate", Some("device")));
+    }
 
     #[test]
     fn samples_round_trip_and_keep_the_newest() {
