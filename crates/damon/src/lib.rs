@@ -11,7 +11,8 @@
 //! * [`probe`]: is vaddr monitoring usable, and if not why
 //!   ([`Availability`], serializable for snapshot metadata).
 //! * [`plan_setup`], [`plan_refresh`], [`plan_stop`], [`apply`]: the
-//!   ordered writes that create one kdamond, one `vaddr` context on a pid
+//!   ordered writes that create one kdamond, one context on a pid (`fvaddr`
+//!   over one address range such as QEMU's guest-RAM mapping, or `vaddr`)
 //!   and one `stat` scheme matching accessed regions; refresh its
 //!   `tried_regions`; stop it.
 //! * [`read_tried_regions`], [`accessed_pages`]: the accessed regions and
@@ -37,7 +38,8 @@ pub use regions::{
     accessed_pages, parse_region, parse_value, read_tried_regions, tried_regions_dir, Region,
 };
 pub use setup::{
-    apply, plan_refresh, plan_setup, plan_stop, MonitorAttrs, Write, CONTEXT, KDAMOND, SCHEME,
+    apply, plan_refresh, plan_setup, plan_stop, MonitorAttrs, Target, Write, CONTEXT, KDAMOND,
+    SCHEME,
 };
 
 /// The DAMON sysfs admin directory of a real host. Never used by this

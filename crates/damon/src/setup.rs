@@ -81,8 +81,21 @@ fn w(path: String, value: impl ToString) -> Write {
     (PathBuf::from(path), value.to_string())
 }
 
+/// What one kdamond watches: a process, all of it or one address range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    /// The process.
+    pub pid: u32,
+    /// `Some((start, end))`: only these virtual addresses (end exclusive),
+    /// with the `fvaddr` operations, whose regions stay within the range
+    /// the user set (for QEMU: exactly its guest-RAM mapping). `None`: the
+    /// whole address space with `vaddr`, which spends most of its regions
+    /// on QEMU's own heap, stacks and libraries.
+    pub range: Option<(u64, u64)>,
+}
+
 /// The ordered writes that configure and start one kdamond with one
-/// `vaddr` context monitoring process `pid`, and one scheme with action
+/// context monitoring `target` (`fvaddr` over its range, or `vaddr`), and one scheme with action
 /// `stat` (counts only, changes no memory) whose access pattern matches
 /// every region accessed at least once in an aggregation interval, of any
 /// size and age, so that its `tried_regions` list the accessed regions.
@@ -91,24 +104,46 @@ fn w(path: String, value: impl ToString) -> Write {
 /// written: a new scheme directory starts with all ranges at 0..0, which
 /// would match nothing. Quotas and watermarks keep their defaults (no
 /// quota, no watermark). Sizes are written for a 64-bit kernel.
-pub fn plan_setup(pid: u32, attrs: &MonitorAttrs) -> Result<Vec<Write>, DamonError> {
+pub fn plan_setup(target: Target, attrs: &MonitorAttrs) -> Result<Vec<Write>, DamonError> {
     attrs.validate()?;
+    if let Some((start, end)) = target.range {
+        if start >= end {
+            return Err(DamonError::InvalidAttrs(format!(
+                "empty target range {start:#x}..{end:#x}"
+            )));
+        }
+    }
     let kd = format!("kdamonds/{KDAMOND}");
     let ctx = format!("{kd}/contexts/{CONTEXT}");
     let mon = format!("{ctx}/monitoring_attrs");
     let sch = format!("{ctx}/schemes/{SCHEME}");
     let pat = format!("{sch}/access_pattern");
-    Ok(vec![
+    let tgt = format!("{ctx}/targets/0");
+    let ops = if target.range.is_some() {
+        "fvaddr"
+    } else {
+        "vaddr"
+    };
+    let mut plan = vec![
         w("kdamonds/nr_kdamonds".into(), 1),
         w(format!("{kd}/contexts/nr_contexts"), 1),
-        w(format!("{ctx}/operations"), "vaddr"),
+        w(format!("{ctx}/operations"), ops),
         w(format!("{mon}/intervals/sample_us"), attrs.sample_us),
         w(format!("{mon}/intervals/aggr_us"), attrs.aggr_us),
         w(format!("{mon}/intervals/update_us"), attrs.update_us),
         w(format!("{mon}/nr_regions/min"), attrs.min_regions),
         w(format!("{mon}/nr_regions/max"), attrs.max_regions),
         w(format!("{ctx}/targets/nr_targets"), 1),
-        w(format!("{ctx}/targets/0/pid_target"), pid),
+        w(format!("{tgt}/pid_target"), target.pid),
+    ];
+    if let Some((start, end)) = target.range {
+        plan.extend([
+            w(format!("{tgt}/regions/nr_regions"), 1),
+            w(format!("{tgt}/regions/0/start"), start),
+            w(format!("{tgt}/regions/0/end"), end),
+        ]);
+    }
+    plan.extend([
         w(format!("{ctx}/schemes/nr_schemes"), 1),
         w(format!("{sch}/action"), "stat"),
         w(format!("{pat}/sz/min"), 0),
@@ -118,7 +153,8 @@ pub fn plan_setup(pid: u32, attrs: &MonitorAttrs) -> Result<Vec<Write>, DamonErr
         w(format!("{pat}/age/min"), 0),
         w(format!("{pat}/age/max"), u32::MAX),
         w(format!("{kd}/state"), "on"),
-    ])
+    ]);
+    Ok(plan)
 }
 
 /// The write that asks the running kdamond to refill every scheme's

@@ -191,7 +191,11 @@ fn availability_serializes_for_metadata() {
 
 #[test]
 fn setup_plan_order_and_values() {
-    let plan = plan_setup(4242, &MonitorAttrs::default()).unwrap();
+    let target = Target {
+        pid: 4242,
+        range: Some((0x7f00_0000_0000, 0x7f00_1000_0000)),
+    };
+    let plan = plan_setup(target, &MonitorAttrs::default()).unwrap();
     let paths: Vec<String> = plan
         .iter()
         .map(|(p, _)| p.to_string_lossy().into_owned())
@@ -204,7 +208,13 @@ fn setup_plan_order_and_values() {
         (i, plan[i].1.clone())
     };
     assert_eq!(value("targets/0/pid_target").1, "4242");
-    assert_eq!(value("/operations").1, "vaddr");
+    assert_eq!(value("/operations").1, "fvaddr");
+    assert_eq!(value("targets/0/regions/nr_regions").1, "1");
+    assert_eq!(
+        value("regions/0/start").1,
+        (0x7f00_0000_0000u64).to_string()
+    );
+    assert_eq!(value("regions/0/end").1, (0x7f00_1000_0000u64).to_string());
     assert_eq!(value("intervals/sample_us").1, "100000");
     assert_eq!(value("intervals/aggr_us").1, "2000000");
     assert_eq!(value("nr_regions/min").1, "200");
@@ -220,6 +230,7 @@ fn setup_plan_order_and_values() {
             ("kdamonds/nr_kdamonds", "kdamonds/0/"),
             ("contexts/nr_contexts", "contexts/0/"),
             ("targets/nr_targets", "targets/0/"),
+            ("regions/nr_regions", "regions/0/"),
             ("schemes/nr_schemes", "schemes/0/"),
         ] {
             if p.contains(child) {
@@ -227,6 +238,31 @@ fn setup_plan_order_and_values() {
             }
         }
     }
+}
+
+fn vaddr(pid: u32) -> Target {
+    Target { pid, range: None }
+}
+
+#[test]
+fn setup_without_range_watches_the_whole_process() {
+    let plan = plan_setup(vaddr(9), &MonitorAttrs::default()).unwrap();
+    let ops = plan
+        .iter()
+        .find(|(p, _)| p.ends_with("operations"))
+        .unwrap();
+    assert_eq!(ops.1, "vaddr");
+    assert!(!plan
+        .iter()
+        .any(|(p, _)| p.to_string_lossy().contains("targets/0/regions")));
+    let empty = Target {
+        pid: 9,
+        range: Some((4096, 4096)),
+    };
+    assert!(matches!(
+        plan_setup(empty, &MonitorAttrs::default()),
+        Err(DamonError::InvalidAttrs(_))
+    ));
 }
 
 #[test]
@@ -248,7 +284,7 @@ fn setup_refuses_attrs_the_kernel_refuses() {
         },
         MonitorAttrs { update_us: 0, ..d },
     ] {
-        let err = plan_setup(1, &bad).unwrap_err();
+        let err = plan_setup(vaddr(1), &bad).unwrap_err();
         assert!(matches!(err, DamonError::InvalidAttrs(_)), "{err}");
     }
 }
@@ -256,7 +292,7 @@ fn setup_refuses_attrs_the_kernel_refuses() {
 #[test]
 fn apply_writes_in_order_on_a_tree() {
     let t = Tree::with_kdamonds(&[]);
-    let plan = plan_setup(77, &MonitorAttrs::default()).unwrap();
+    let plan = plan_setup(vaddr(77), &MonitorAttrs::default()).unwrap();
     // Stand in for the kernel: the files a nr_* write would create.
     for (rel, _) in &plan {
         t.put(&rel.to_string_lossy(), "0\n");
@@ -275,7 +311,7 @@ fn apply_writes_in_order_on_a_tree() {
 #[test]
 fn apply_stops_at_a_missing_file_and_names_it() {
     let t = Tree::with_kdamonds(&[]);
-    let plan = plan_setup(77, &MonitorAttrs::default()).unwrap();
+    let plan = plan_setup(vaddr(77), &MonitorAttrs::default()).unwrap();
     // No kernel here: kdamonds/0/contexts does not appear.
     let err = apply(&t.root, &plan).unwrap_err();
     match &err {
