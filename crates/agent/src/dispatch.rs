@@ -145,6 +145,7 @@ pub(crate) fn dispatch(
             storage,
             full,
             block_pages,
+            access_window_s,
         } => {
             let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
             let mut writer = crate::snapshot::writer_options(storage.as_deref())?;
@@ -168,6 +169,10 @@ pub(crate) fn dispatch(
                 writer,
                 full,
                 disk_layer: crate::snapshot::disk_layer_wanted(storage.as_deref()),
+                access_window: access_window_s.map_or(
+                    crate::snapshot::access::DEFAULT_WINDOW,
+                    std::time::Duration::from_secs,
+                ),
             };
             let mut hooks: Box<dyn crate::snapshot::Hooks> = match fault {
                 Some(crate::fault::Fault::PanicWhenPaused) => {

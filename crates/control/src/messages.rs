@@ -77,6 +77,10 @@ pub enum Request {
         /// Pages per memory-image block (locality block); `None`: 64.
         #[serde(default)]
         block_pages: Option<u16>,
+        /// Seconds after the snapshot point to record the pages the guest
+        /// accesses (host DAMON only); 0: off; `None`: the agent's default.
+        #[serde(default)]
+        access_window_s: Option<u64>,
     },
     /// Measure the floor of a hot snapshot's pause on this host: QEMU's own
     /// background snapshot of the VM into `/dev/null`, with nothing else done

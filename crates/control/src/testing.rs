@@ -47,6 +47,7 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
             storage: Some("zstd".into()),
             full: true,
             block_pages: Some(16),
+            access_window_s: Some(10),
         },
         Request::PauseLimit { vm: "alpha".into() },
         Request::ClusterSnapshot {

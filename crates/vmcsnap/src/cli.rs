@@ -131,6 +131,18 @@ pub enum Command {
         #[arg(long, value_name = "N", conflicts_with = "cluster",
               value_parser = clap::value_parser!(u16).range(1..=4096))]
         block_pages: Option<u16>,
+        /// Record which pages the guest accesses, reads included, for SECS after the
+        /// snapshot point (into the snapshot's access/accessed.json, written in the
+        /// background after the snapshot returns); a restore loads them early. Needs the
+        /// host kernel's DAMON (6.12+, root); without it the snapshot says why it has no
+        /// access data. 0: off. See docs/access-data.md.
+        #[arg(
+            long,
+            value_name = "SECS",
+            default_value_t = 10,
+            conflicts_with = "cluster"
+        )]
+        access_window: u64,
         /// With --cluster: cut each VM once its QEMU read everything sent to it, without
         /// checking (cut probes) that QEMU handed it all to the guest; frames QEMU still held
         /// are then missing from a restore. To measure what the probes change.

@@ -188,6 +188,7 @@ fn run(cli: Cli) -> Result<()> {
             storage,
             full,
             block_pages,
+            access_window,
             json,
             ..
         } => {
@@ -205,6 +206,7 @@ fn run(cli: Cli) -> Result<()> {
                     storage,
                     full,
                     block_pages,
+                    access_window_s: Some(access_window),
                 },
             )?;
             output::json_or(json, &v, || output::snapshot(&v))

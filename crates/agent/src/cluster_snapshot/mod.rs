@@ -294,6 +294,8 @@ fn run_protocol(
                 writer: Default::default(),
                 full: true,
                 disk_layer: true,
+                // One DAMON kdamond for all VMs' pauses at once: none.
+                access_window: std::time::Duration::ZERO,
             };
             let job = Job {
                 opts,

@@ -35,6 +35,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use vmcsnap_capture::{capture, CaptureOptions, Captured, DiskRef, Phase};
 
+pub mod access;
 mod capture_thread;
 mod commit_watch;
 mod disk_match;
@@ -225,6 +226,12 @@ pub fn snapshot(
         // first snapshot of them).
         d.wait_lower(Duration::from_secs(10));
     }
+    let access = access::Collector::start(
+        &vm.name,
+        vm.pid,
+        &vm.config.ram_file,
+        access::Config::new(opts.access_window),
+    );
     // Should this agent die while the VM is paused, the next one resumes it.
     let marked = if was_running {
         crate::intent::set(&vm.config, &crate::intent::Intent::Resume)
@@ -243,6 +250,7 @@ pub fn snapshot(
             progress,
         )
     });
+    access.set_point_unix_us(ctx.t.resume_us);
     // Whatever happened: the VM must run on, with rejuvenation's settings
     // back to what they were.
     let mut cap = Some(cap);
@@ -333,6 +341,7 @@ pub fn snapshot(
         if let Some(d) = &disk_layer {
             d.record(m);
         }
+        m.other.insert("access_data".into(), json!(access.note()));
     }
     let deadline = commit_watch::deadline_for(stats.stream_bytes);
     let vm_name = vm.name.clone();
@@ -345,6 +354,7 @@ pub fn snapshot(
             return Err(fail(format!("commit: {e}")));
         }
     };
+    access.finish(&committed.path, &committed.manifest.ram_blocks);
     let report = Report {
         vm: vm.name.clone(),
         name,

@@ -72,6 +72,9 @@ pub struct Options {
     /// Store pages whose bytes lie on the frozen disk as references to it
     /// (the detection layer, format 2; see `disk_match`).
     pub disk_layer: bool,
+    /// How long after the snapshot point to record which pages the guest
+    /// accesses, where the host's DAMON can tell (`access`); zero: not.
+    pub access_window: std::time::Duration,
 }
 
 /// The writer options a request's `storage` names: `zstd` (default), `lz4`,

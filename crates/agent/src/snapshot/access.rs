@@ -1,0 +1,511 @@
+//! Which guest pages were accessed, reads included, around a snapshot:
+//! DAMON's monitoring of QEMU's guest-RAM mapping, written as
+//! `<snapshot>/access/accessed.json` ([`vmcsnap_workingset::access`]).
+//!
+//! [`Collector::start`] runs when the request arrives: if the host kernel's
+//! DAMON is usable ([`vmcsnap_damon::probe`]), it creates one kdamond with
+//! `fvaddr` operations over exactly the mapping of the VM's RAM file in
+//! QEMU's address space, and a thread that asks for the accessed regions
+//! once per aggregation interval and records when each page was first seen
+//! accessed. [`Collector::set_point`] gives the snapshot point (the end of
+//! the pause); the thread keeps collecting until `window` after it, then
+//! stops and removes its kdamond and, once [`Collector::finish`] named the
+//! committed snapshot, writes the file (a temporary name in `access/`,
+//! renamed). The snapshot does not wait for it: a restore that starts
+//! before the file exists restores without it. Dropping the collector
+//! (a failed snapshot) stops the kdamond and writes nothing.
+//!
+//! Pages seen before the snapshot point count as seen at 0 ms. Only one
+//! kdamond at a time is vmcsnap's (a second snapshot while one collects
+//! goes without access data), and only a kdamond vmcsnap created is ever
+//! written to; DAMON is left as found, on error too.
+//!
+//! The DAMON root is `/sys/kernel/mm/damon/admin`; tests point the
+//! [`ROOT_ENV`] variable at a fake tree.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vmcsnap_damon::{MonitorAttrs, Region, Target};
+use vmcsnap_image::RamBlock;
+use vmcsnap_workingset::access::{AccessRun, AccessedPages, FILE, FORMAT};
+
+use crate::log;
+
+/// Environment variable naming another DAMON admin directory: for tests
+/// only (a fake sysfs tree). Production uses [`vmcsnap_damon::DEFAULT_ROOT`].
+pub const ROOT_ENV: &str = "VMCSNAP_DAMON_ROOT";
+/// The access window when the request does not name one.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
+/// Guest page size (x86).
+const PAGE: u64 = 4096;
+
+/// Set while vmcsnap's one kdamond exists (see [`Collector::start`]).
+static SLOT: AtomicBool = AtomicBool::new(false);
+
+/// Where the collector looks for DAMON and how it samples.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The DAMON admin directory.
+    pub root: PathBuf,
+    /// Monitoring attributes (aggregation = how often regions are read).
+    pub attrs: MonitorAttrs,
+    /// How long after the snapshot point to keep collecting; zero: off.
+    pub window: Duration,
+}
+
+impl Config {
+    /// The production configuration ([`ROOT_ENV`] aside) for `window`.
+    pub fn new(window: Duration) -> Config {
+        let root = std::env::var_os(ROOT_ENV)
+            .filter(|v| !v.is_empty())
+            .map_or_else(|| PathBuf::from(vmcsnap_damon::DEFAULT_ROOT), PathBuf::from);
+        Config {
+            root,
+            attrs: MonitorAttrs::default(),
+            window,
+        }
+    }
+}
+
+/// What the thread is told from outside.
+#[derive(Default)]
+struct Control {
+    /// The snapshot point, when known.
+    point: Option<Instant>,
+    /// The committed snapshot and its RAM blocks, once [`Collector::finish`] ran.
+    dest: Option<(PathBuf, Vec<RamBlock>)>,
+    /// The snapshot failed: stop, write nothing.
+    cancel: bool,
+}
+
+type Shared = Arc<(Mutex<Control>, Condvar)>;
+
+/// One snapshot's access-data collection (or the reason there is none).
+pub struct Collector {
+    note: String,
+    shared: Shared,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Collector {
+    /// Starts collecting for QEMU process `pid` whose guest RAM is the file
+    /// `ram_file`, if DAMON is usable; else a collector that only carries
+    /// the reason ([`Collector::note`]). Never fails the snapshot.
+    pub fn start(vm: &str, pid: u32, ram_file: &Path, config: Config) -> Collector {
+        let shared: Shared = Arc::default();
+        let (note, thread) = match begin(vm, pid, ram_file, &config, &shared) {
+            Ok(thread) => ("damon".to_string(), Some(thread)),
+            Err(why) => (format!("none: {why}"), None),
+        };
+        log(format!("snapshot of {vm}: access data: {note}"));
+        Collector {
+            note,
+            shared,
+            thread,
+        }
+    }
+
+    /// `"damon"`, or `"none: <why>"`: for the manifest's
+    /// `metrics.other["access_data"]`.
+    pub fn note(&self) -> &str {
+        &self.note
+    }
+
+    /// The snapshot point: the window runs from here.
+    pub fn set_point(&self, at: Instant) {
+        self.tell(|c| c.point = Some(at));
+    }
+
+    /// [`Collector::set_point`] from a wall-clock time (µs since the Unix
+    /// epoch, as the snapshot's pause is measured); 0: now.
+    pub fn set_point_unix_us(&self, unix_us: u64) {
+        let ago = super::unix_us().saturating_sub(unix_us);
+        let now = Instant::now();
+        let at = if unix_us == 0 {
+            now
+        } else {
+            now.checked_sub(Duration::from_micros(ago)).unwrap_or(now)
+        };
+        self.set_point(at);
+    }
+
+    /// The snapshot is committed at `dir`: the thread writes the file there
+    /// when the window is over (now, if it already is) and ends by itself.
+    pub fn finish(mut self, dir: &Path, ram_blocks: &[RamBlock]) {
+        self.tell(|c| {
+            c.point.get_or_insert_with(Instant::now);
+            c.dest = Some((dir.to_path_buf(), ram_blocks.to_vec()));
+        });
+        // Detached: the snapshot does not wait for the window's tail.
+        self.thread.take();
+    }
+
+    fn tell(&self, f: impl FnOnce(&mut Control)) {
+        let (m, cv) = &*self.shared;
+        if let Ok(mut c) = m.lock() {
+            f(&mut c);
+        }
+        cv.notify_all();
+    }
+}
+
+impl Drop for Collector {
+    /// Without [`Collector::finish`]: the snapshot failed; stop the kdamond
+    /// (waiting for it) and write nothing.
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            self.tell(|c| c.cancel = true);
+            let _ = t.join();
+        }
+    }
+}
+
+/// Checks, finds the mapping, creates the kdamond, starts the thread.
+fn begin(
+    vm: &str,
+    pid: u32,
+    ram_file: &Path,
+    config: &Config,
+    shared: &Shared,
+) -> Result<JoinHandle<()>, String> {
+    if config.window.is_zero() {
+        return Err("off (access window 0)".into());
+    }
+    let availability = vmcsnap_damon::probe(&config.root);
+    if !availability.is_usable() {
+        return Err(format!("DAMON {availability}"));
+    }
+    let (start, end) = find_mapping(pid, ram_file)?;
+    if SLOT.swap(true, Ordering::SeqCst) {
+        return Err("DAMON is collecting for another snapshot (one at a time)".into());
+    }
+    let root = config.root.clone();
+    let setup = vmcsnap_damon::plan_setup(
+        Target {
+            pid,
+            range: Some((start, end)),
+        },
+        &config.attrs,
+    )
+    .and_then(|plan| vmcsnap_damon::apply(&root, &plan));
+    if let Err(e) = setup {
+        stop_kdamond(&root);
+        SLOT.store(false, Ordering::SeqCst);
+        return Err(format!("DAMON setup failed: {e}"));
+    }
+    let run = Run {
+        vm: vm.to_string(),
+        root,
+        aggr: Duration::from_micros(config.attrs.aggr_us),
+        window: config.window,
+        tracker: Tracker::new(start, end),
+        shared: shared.clone(),
+    };
+    let spawned = std::thread::Builder::new()
+        .name(format!("access-{vm}"))
+        .spawn(move || run.run());
+    spawned.map_err(|e| {
+        stop_kdamond(&config.root);
+        SLOT.store(false, Ordering::SeqCst);
+        format!("cannot start the collector thread: {e}")
+    })
+}
+
+/// The address range `[start, end)` where `pid` maps `ram_file` from
+/// offset 0, from `/proc/PID/maps`.
+fn find_mapping(pid: u32, ram_file: &Path) -> Result<(u64, u64), String> {
+    let maps_path = format!("/proc/{pid}/maps");
+    let maps = fs::read_to_string(&maps_path).map_err(|e| format!("reading {maps_path}: {e}"))?;
+    parse_mapping(&maps, ram_file).ok_or_else(|| {
+        format!(
+            "no mapping of {} in {maps_path} (is the VM's RAM a shared file?)",
+            ram_file.display()
+        )
+    })
+}
+
+/// The mapping of `file` at file offset 0 in the text of a `maps` file.
+fn parse_mapping(maps: &str, file: &Path) -> Option<(u64, u64)> {
+    let want = file.to_str()?;
+    maps.lines().find_map(|line| {
+        let mut f = line.split_whitespace();
+        let range = f.next()?;
+        let offset = f.nth(1)?;
+        let path = f.nth(2)?;
+        if path != want || u64::from_str_radix(offset, 16).ok()? != 0 {
+            return None;
+        }
+        let (a, b) = range.split_once('-')?;
+        Some((
+            u64::from_str_radix(a, 16).ok()?,
+            u64::from_str_radix(b, 16).ok()?,
+        ))
+    })
+}
+
+/// Writes the stop plan one entry at a time (the kdamond may have stopped
+/// by itself when QEMU exited: `off` then fails, `nr_kdamonds` must still
+/// be written).
+fn stop_kdamond(root: &Path) {
+    for w in vmcsnap_damon::plan_stop() {
+        if let Err(e) = vmcsnap_damon::apply(root, std::slice::from_ref(&w)) {
+            log(format!("access data: stopping DAMON: {e}"));
+        }
+    }
+}
+
+/// The collector thread's state.
+struct Run {
+    vm: String,
+    root: PathBuf,
+    aggr: Duration,
+    window: Duration,
+    tracker: Tracker,
+    shared: Shared,
+}
+
+impl Run {
+    fn run(mut self) {
+        let error = self.collect();
+        stop_kdamond(&self.root);
+        SLOT.store(false, Ordering::SeqCst);
+        if let Some(e) = &error {
+            log(format!(
+                "snapshot of {}: access data: collection ended early: {e}",
+                self.vm
+            ));
+        }
+        let Some((point, dir, blocks)) = self.wait_dest() else {
+            return;
+        };
+        let runs = self.tracker.runs(point, &blocks);
+        let pages: u64 = runs.iter().map(|r| u64::from(r.pages)).sum();
+        match write_file(&dir, runs) {
+            Ok(()) => log(format!(
+                "snapshot of {}: access data: {pages} pages accessed, written to {}",
+                self.vm,
+                dir.join(FILE).display()
+            )),
+            Err(e) => log(format!("snapshot of {}: access data: {e}", self.vm)),
+        }
+    }
+
+    /// Refreshes and reads the regions once per aggregation interval until
+    /// the window after the snapshot point is over or the snapshot failed.
+    fn collect(&mut self) -> Option<String> {
+        loop {
+            let started = Instant::now();
+            if let Err(e) = vmcsnap_damon::apply(&self.root, &vmcsnap_damon::plan_refresh()) {
+                return Some(e.to_string());
+            }
+            let regions = match vmcsnap_damon::read_tried_regions(
+                &self.root,
+                vmcsnap_damon::KDAMOND,
+                vmcsnap_damon::CONTEXT,
+                vmcsnap_damon::SCHEME,
+            ) {
+                Ok(r) => r,
+                Err(e) => return Some(e.to_string()),
+            };
+            self.tracker.observe(&regions, Instant::now());
+            // Sleep to the next aggregation (a real kernel's refresh write
+            // already waited for one), or until told to stop.
+            let (m, cv) = &*self.shared;
+            let Ok(mut c) = m.lock() else {
+                return Some("lock poisoned".into());
+            };
+            loop {
+                if c.cancel {
+                    return None;
+                }
+                let now = Instant::now();
+                if c.point.is_some_and(|p| now >= p + self.window) {
+                    return None;
+                }
+                let next = started + self.aggr;
+                if now >= next {
+                    break;
+                }
+                c = match cv.wait_timeout(c, next - now) {
+                    Ok((c, _)) => c,
+                    Err(_) => return Some("lock poisoned".into()),
+                };
+            }
+        }
+    }
+
+    /// Waits for [`Collector::finish`] (or a cancel: `None`).
+    fn wait_dest(&self) -> Option<(Instant, PathBuf, Vec<RamBlock>)> {
+        let (m, cv) = &*self.shared;
+        let mut c = m.lock().ok()?;
+        loop {
+            if c.cancel {
+                return None;
+            }
+            if let Some((dir, blocks)) = c.dest.take() {
+                return Some((c.point?, dir, blocks));
+            }
+            c = cv.wait(c).ok()?;
+        }
+    }
+}
+
+/// `<dir>/access/accessed.json`, through a temporary name and a rename.
+fn write_file(dir: &Path, runs: Vec<AccessRun>) -> Result<(), String> {
+    let data = AccessedPages {
+        format: FORMAT,
+        source: "damon".into(),
+        runs,
+    };
+    let file = dir.join(FILE);
+    let parent = file.parent().unwrap_or(dir);
+    let tmp = parent.join(".accessed.json.tmp");
+    fs::create_dir_all(parent)
+        .and_then(|()| fs::write(&tmp, data.to_bytes()))
+        .and_then(|()| fs::rename(&tmp, &file))
+        .map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            format!(
+                "writing {}: {e} (the snapshot restores without access data)",
+                file.display()
+            )
+        })
+}
+
+/// When each page of the mapping was first seen accessed: runs of pages
+/// (offsets from the mapping's start, in pages) in order of detection.
+#[derive(Debug)]
+pub(crate) struct Tracker {
+    start: u64,
+    end: u64,
+    /// Pages seen so far: start page → end page (exclusive), disjoint.
+    seen: BTreeMap<u64, u64>,
+    /// (first page, end page, when), in order of detection.
+    found: Vec<(u64, u64, Instant)>,
+}
+
+impl Tracker {
+    /// A tracker of the mapping `[start, end)`.
+    pub(crate) fn new(start: u64, end: u64) -> Tracker {
+        Tracker {
+            start,
+            end,
+            seen: BTreeMap::new(),
+            found: Vec::new(),
+        }
+    }
+
+    /// Records the pages of `regions` (accessed ones, clipped to the
+    /// mapping) not seen before, as seen at `at`.
+    pub(crate) fn observe(&mut self, regions: &[Region], at: Instant) {
+        let len = self.end.saturating_sub(self.start);
+        let mut sorted: Vec<&Region> = regions.iter().filter(|r| r.nr_accesses > 0).collect();
+        sorted.sort_by_key(|r| r.start);
+        for r in sorted {
+            let lo = r.start.max(self.start).saturating_sub(self.start);
+            let hi = r.end.min(self.end).saturating_sub(self.start).min(len);
+            if lo >= hi {
+                continue;
+            }
+            let (first, end) = (lo / PAGE, hi.div_ceil(PAGE));
+            for (a, b) in self.unseen(first, end) {
+                self.seen.insert(a, b);
+                match self.found.last_mut() {
+                    Some(last) if last.1 == a && last.2 == at => last.1 = b,
+                    _ => self.found.push((a, b, at)),
+                }
+            }
+            self.merge_seen();
+        }
+    }
+
+    /// The parts of `[first, end)` not in `seen`.
+    fn unseen(&self, first: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut at = first;
+        // A seen interval starting before `first` may cover its start.
+        if let Some((_, &e)) = self.seen.range(..=first).next_back() {
+            at = at.max(e);
+        }
+        for (&s, &e) in self.seen.range(first..end) {
+            if s > at {
+                out.push((at, s));
+            }
+            at = at.max(e);
+        }
+        if at < end {
+            out.push((at, end));
+        }
+        out
+    }
+
+    fn merge_seen(&mut self) {
+        let mut merged: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut cur: Option<(u64, u64)> = None;
+        for (&s, &e) in &self.seen {
+            cur = match cur {
+                Some((cs, ce)) if s <= ce => Some((cs, ce.max(e))),
+                Some(c) => {
+                    merged.insert(c.0, c.1);
+                    Some((s, e))
+                }
+                None => Some((s, e)),
+            };
+        }
+        if let Some(c) = cur {
+            merged.insert(c.0, c.1);
+        }
+        self.seen = merged;
+    }
+
+    /// The runs for the file: pages of the RAM block that the mapping
+    /// holds (named `mem`, the memory backend; else block 0), clipped to
+    /// its length, with ms after `point` (0 for pages seen before it).
+    pub(crate) fn runs(&self, point: Instant, blocks: &[RamBlock]) -> Vec<AccessRun> {
+        let block = blocks.iter().position(|b| b.name == "mem").unwrap_or(0);
+        let Some(b) = blocks.get(block) else {
+            return Vec::new();
+        };
+        let block_pages = b.used_length / PAGE;
+        let mut out: Vec<AccessRun> = Vec::new();
+        for &(first, end, at) in &self.found {
+            let end = end.min(block_pages);
+            let ms = at.saturating_duration_since(point).as_millis();
+            let ms = u32::try_from(ms).unwrap_or(u32::MAX);
+            let mut p = first;
+            while p < end {
+                let n = (end - p).min(u64::from(u32::MAX));
+                let (Ok(first_page), Ok(pages)) = (u32::try_from(p), u32::try_from(n)) else {
+                    break;
+                };
+                match out.last_mut() {
+                    Some(l)
+                        if l.first_seen_ms == ms
+                            && u64::from(l.first_page) + u64::from(l.pages) == p
+                            && u64::from(l.pages) + n <= u64::from(u32::MAX) =>
+                    {
+                        l.pages += pages;
+                    }
+                    _ => out.push(AccessRun {
+                        ram_block: block as u32,
+                        first_page,
+                        pages,
+                        first_seen_ms: ms,
+                    }),
+                }
+                p += n;
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+#[path = "access_tests.rs"]
+mod tests;
