@@ -3,7 +3,7 @@
  * snapshot/restore of a guest's RAM.
  *
  *   memtouch -m MIB [-r PAGES_PER_SEC] [-H HOT_MIB] [-i REPORT_SECS] [-V VERIFY_PAGES_PER_SEC]
- *            [-n NICE] [-X N]
+ *            [-n NICE] [-X N] [-W] [-P]
  *
  * Allocates MIB MiB (mlock'ed if possible) and fills every 4 KiB page with
  * a pattern that can be checked on its own:
@@ -21,6 +21,16 @@
  * (at most 10 lines per report interval), counted in errors=, and rewritten
  * so that one bad page is counted once. It runs at nice 19 (-n) so that the
  * continuous verification only uses CPU time nothing else in the guest wants.
+ *
+ * With -W (read-only) the pages are filled once and then only verified,
+ * never written again (no rewrites, and a bad page is reported but not
+ * repaired, so it is reported again at each sweep): a guest that reads its
+ * memory without dirtying it. With -P, after the fill, the buffer's
+ * physical page frames (from /proc/self/pagemap, root only) are printed as
+ * ranges, so that a host can tell which guest-physical pages it holds:
+ *
+ *   memtouch: pfns first=<pfn> count=<pages>      (one line per range)
+ *   memtouch: pfns total=<pages> ranges=<n> unknown=<pages without a pfn>
  *
  * A report line every -i seconds:
  *   memtouch: t=<s> writes=<total> writes_per_s=<n> verified=<total> errors=<n> sweeps=<n>
@@ -49,7 +59,7 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: memtouch -m MIB [-r PAGES_PER_SEC] [-H HOT_MIB] [-i REPORT_SECS]"
-            " [-V VERIFY_PAGES_PER_SEC] [-n NICE]\n"
+            " [-V VERIFY_PAGES_PER_SEC] [-n NICE] [-W] [-P]\n"
             "  -m MIB      memory to allocate and check (required, > 0)\n"
             "  -r N        pages rewritten per second (default %u; 0 = as fast as possible)\n"
             "  -H MIB      rewrite only the first MIB (hot working set; default: all)\n"
@@ -58,7 +68,9 @@ static void usage(void)
             "  -n NICE     scheduling niceness, 0..19 (default 19: the verifier soaks up\n"
             "              idle CPU without starving other programs of the guest)\n"
             "  -X N        self-test: corrupt N random pages after the first report\n"
-            "              (the checker reports each one unless the writer rewrites it first)\n",
+            "              (the checker reports each one unless the writer rewrites it first)\n"
+            "  -W          read-only: fill once, then only verify (no rewrites, no repairs)\n"
+            "  -P          print the buffer's physical page frame ranges after the fill (root)\n",
             DEFAULT_RATE);
     exit(2);
 }
@@ -105,7 +117,10 @@ static void report_corruption(uint64_t index, uint32_t gen, const uint64_t *w, i
            index, gen, w[2], w[0], w[1], word, want, got);
 }
 
-/* Verify one page; returns 1 if it was corrupt (and has been repaired). */
+static int read_only;
+
+/* Verify one page; returns 1 if it was corrupt (and has been repaired,
+ * unless read-only). */
 static int verify_page(uint64_t index)
 {
     const uint64_t *w = (const uint64_t *)(mem + index * PAGE_SIZE);
@@ -139,9 +154,51 @@ static int verify_page(uint64_t index)
         }
     }
     report_corruption(index, gen, w, word, want, got);
+    if (read_only)
+        return 1;
     expected_gen[index] = gen + 1;
     fill_page(index, gen + 1);
     return 1;
+}
+
+/* Prints the page frame ranges of the buffer from /proc/self/pagemap
+ * (bits 0-54: PFN, bit 63: present; PFNs read as 0 without CAP_SYS_ADMIN). */
+static void print_pfns(void)
+{
+    FILE *f = fopen("/proc/self/pagemap", "rb");
+    if (f == NULL) {
+        printf("memtouch: pfns unavailable: /proc/self/pagemap: %s\n", strerror(errno));
+        return;
+    }
+    uint64_t first = 0, count = 0, ranges = 0, unknown = 0;
+    for (uint64_t i = 0; i < npages; i++) {
+        uint64_t e = 0;
+        off_t at = (off_t)(((uintptr_t)mem / PAGE_SIZE + i) * sizeof e);
+        uint64_t pfn = 0;
+        if (fseeko(f, at, SEEK_SET) == 0 && fread(&e, sizeof e, 1, f) == 1 && (e >> 63))
+            pfn = e & ((1ULL << 55) - 1);
+        if (pfn == 0) {
+            unknown++;
+            continue;
+        }
+        if (count > 0 && pfn == first + count) {
+            count++;
+            continue;
+        }
+        if (count > 0) {
+            printf("memtouch: pfns first=%" PRIu64 " count=%" PRIu64 "\n", first, count);
+            ranges++;
+        }
+        first = pfn;
+        count = 1;
+    }
+    if (count > 0) {
+        printf("memtouch: pfns first=%" PRIu64 " count=%" PRIu64 "\n", first, count);
+        ranges++;
+    }
+    fclose(f);
+    printf("memtouch: pfns total=%" PRIu64 " ranges=%" PRIu64 " unknown=%" PRIu64 "\n",
+           npages - unknown, ranges, unknown);
 }
 
 static void sleep_ms(int64_t ms)
@@ -189,12 +246,14 @@ int main(int argc, char **argv)
 {
     uint64_t mib = 0, rate = DEFAULT_RATE, hot_mib = 0, interval = 1, vrate = 0, inject = 0,
              niceness = 19;
-    int opt;
+    int opt, pfns = 0;
 
     line_buffered();
-    while ((opt = getopt(argc, argv, "m:r:H:i:V:X:n:h")) != -1) {
+    while ((opt = getopt(argc, argv, "m:r:H:i:V:X:n:WPh")) != -1) {
         uint64_t *dst;
         switch (opt) {
+        case 'W': read_only = 1; continue;
+        case 'P': pfns = 1; continue;
         case 'm': dst = &mib; break;
         case 'r': dst = &rate; break;
         case 'H': dst = &hot_mib; break;
@@ -238,9 +297,15 @@ int main(int argc, char **argv)
         fill_page(i, 1);
     }
     int64_t t1 = now_ms();
+    if (read_only)
+        rate = 0;
     printf("memtouch: start mib=%" PRIu64 " pages=%" PRIu64 " hot_pages=%" PRIu64
-           " rate=%" PRIu64 " verify_rate=%" PRIu64 " nice=%" PRIu64 " mlock=%s fill_ms=%" PRId64 "\n",
-           mib, npages, hot_pages, rate, vrate, niceness, locked ? "yes" : "no", t1 - t0);
+           " rate=%" PRIu64 " verify_rate=%" PRIu64 " nice=%" PRIu64 " mlock=%s fill_ms=%" PRId64
+           "%s\n",
+           mib, npages, hot_pages, rate, vrate, niceness, locked ? "yes" : "no", t1 - t0,
+           read_only ? " read_only=yes" : "");
+    if (pfns)
+        print_pfns();
 
     uint64_t rng = rng_seed();
     uint64_t writes = 0, writes_at_report = 0, verified = 0, sweeps = 0, cursor = 0;
@@ -277,10 +342,10 @@ int main(int argc, char **argv)
                 next_report = now + (int64_t)interval * 1000;
         }
 
-        uint64_t wdue = pacer_due(&wp, now);
+        uint64_t wdue = read_only ? 0 : pacer_due(&wp, now);
         uint64_t vdue = pacer_due(&vp, now);
         if (wdue == 0 && vdue == 0) {
-            int64_t wait = pacer_wait_ms(&wp, now);
+            int64_t wait = read_only ? INT64_MAX : pacer_wait_ms(&wp, now);
             int64_t vwait = pacer_wait_ms(&vp, now);
             if (vp.rate && vwait < wait)
                 wait = vwait;
