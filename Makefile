@@ -1,7 +1,7 @@
 # vmcsnap: the two commands of the README, and their parts.
 VMCSNAP := target/release/vmcsnap
 
-.PHONY: demo demo-redis test test-faults lint deps build guest clean-run fuzz
+.PHONY: demo demo-redis test test-faults test-nested lint deps build guest clean-run fuzz
 
 demo: guest
 	scripts/demo.sh
@@ -40,3 +40,9 @@ fuzz:
 # snapshot_failure.rs. Runs as root (it mounts a tmpfs to fill a disk).
 test-faults: guest
 	VMCSNAP_FAULTS_ALL=1 cargo test --release -p vmcsnap --test fault_matrix --test agent_killed --test snapshot_failure -- --include-ignored --nocapture 2>&1
+
+# The DAMON access-data test (issue 23) in a nested VM with a 6.12 kernel:
+# opt-in, slow (tens of minutes under TCG), not part of `make test`. Builds
+# and caches the nested VM image once (root). See docs/access-data.md.
+test-nested: build
+	scripts/test-nested.sh
