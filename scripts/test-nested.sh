@@ -5,7 +5,8 @@
 # booted under TCG (-cpu max,-cx16: 6.12 double-faults on cmpxchg16b under
 # QEMU 7.2 TCG), which runs the vmcsnap agent and a one-VM lab cluster whose
 # guest only reads a 32 MiB buffer; a hot snapshot with an access window
-# must give access/accessed.json covering >= 90% of that buffer's pages.
+# must give access/accessed.json covering >= 90% of that buffer's pages,
+# and listing less than half of the guest's RAM (256 MiB: 65536 pages).
 #
 # The nested VM's image is built once (root, mmdebstrap, ~1-2 min) and
 # cached in $VMCSNAP_CACHE (default ~/.cache/vmcsnap)/nested-damon-<key>/.
@@ -84,14 +85,14 @@ kill $TPID 2>/dev/null
 set -e
 NESTED_S=$((SECONDS - T_BOOT))
 say "nested VM ended (rc $QRC) after ${NESTED_S}s"
-mkdir -p "$WORK/out"
-debugfs -R "rdump /out $WORK" "$WORK/in.raw" >/dev/null 2>&1 || true
+mkdir -p "$WORK/back"
+debugfs -R "rdump /out $WORK/back" "$WORK/in.raw" >/dev/null 2>&1 || true
 RESULTS=${NESTED_RESULTS:-$CARGO_TARGET_DIR/nested-damon}
 rm -rf "$RESULTS"; mkdir -p "$RESULTS"
-cp -a "$WORK/out/." "$RESULTS/" 2>/dev/null || true
+cp -a "$WORK/back/out/." "$RESULTS/" 2>/dev/null || true
 cp "$WORK/serial.log" "$RESULTS/"
 echo "nested_seconds=$NESTED_S" >"$RESULTS/timing.txt"
 say "results in $RESULTS"
 [ -f "$RESULTS/accessed.json" ] || die "no access/accessed.json came back (see $RESULTS/serial.log)"
-"$CARGO_TARGET_DIR/release/examples/access_coverage" "$RESULTS/accessed.json" "$RESULTS/console.log" 90 |
+"$CARGO_TARGET_DIR/release/examples/access_coverage" "$RESULTS/accessed.json" "$RESULTS/console.log" 90 32768 |
     tee "$RESULTS/coverage.txt"

@@ -2,14 +2,16 @@
 //! of `make test-nested` (scripts/test-nested.sh).
 //!
 //! ```text
-//! access_coverage ACCESSED_JSON CONSOLE_LOG [MIN_PERCENT]
+//! access_coverage ACCESSED_JSON CONSOLE_LOG [MIN_PERCENT [MAX_PAGES]]
 //! ```
 //!
 //! The buffer's guest page frames come from the `memtouch: pfns first=F
 //! count=N` lines memtouch `-P` printed on the guest console (on microvm,
 //! guest-physical page F is page F of RAM block 0); the accessed pages from
 //! `access/accessed.json`. Prints one `coverage` line and exits 1 if the
-//! covered share of the buffer is below MIN_PERCENT (default 90).
+//! covered share of the buffer is below MIN_PERCENT (default 90), or if the
+//! file lists more than MAX_PAGES pages in all (a file that names all of
+//! guest RAM covers any buffer and says nothing).
 
 use std::collections::HashSet;
 use std::process::ExitCode;
@@ -18,8 +20,8 @@ use vmcsnap_workingset::access::AccessedPages;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.len() < 2 || args.len() > 3 {
-        eprintln!("usage: access_coverage ACCESSED_JSON CONSOLE_LOG [MIN_PERCENT]");
+    if args.len() < 2 || args.len() > 4 {
+        eprintln!("usage: access_coverage ACCESSED_JSON CONSOLE_LOG [MIN_PERCENT [MAX_PAGES]]");
         return ExitCode::from(2);
     }
     let min: f64 = match args.get(2).map(|s| s.parse()) {
@@ -27,6 +29,14 @@ fn main() -> ExitCode {
         Some(Ok(v)) => v,
         Some(Err(e)) => {
             eprintln!("access_coverage: MIN_PERCENT {:?}: {e}", args[2]);
+            return ExitCode::from(2);
+        }
+    };
+    let max_pages: u64 = match args.get(3).map(|s| s.parse()) {
+        None => u64::MAX,
+        Some(Ok(v)) => v,
+        Some(Err(e)) => {
+            eprintln!("access_coverage: MAX_PAGES {:?}: {e}", args[3]);
             return ExitCode::from(2);
         }
     };
@@ -95,6 +105,10 @@ fn main() -> ExitCode {
     );
     if pct < min {
         eprintln!("access_coverage: {pct:.1}% < {min}%");
+        return ExitCode::from(1);
+    }
+    if total > max_pages {
+        eprintln!("access_coverage: {total} accessed pages > {max_pages}: not a working set");
         return ExitCode::from(1);
     }
     ExitCode::SUCCESS

@@ -7,15 +7,20 @@
 //! `fvaddr` operations over exactly the mapping of the VM's RAM file in
 //! QEMU's address space, and a thread that asks for the accessed regions
 //! once per aggregation interval and records when each page was first seen
-//! accessed. [`Collector::set_point`] gives the snapshot point (the end of
-//! the pause); the thread keeps collecting until `window` after it, then
-//! stops and removes its kdamond and, once [`Collector::finish`] named the
-//! committed snapshot, writes the file (a temporary name in `access/`,
-//! renamed). The snapshot does not wait for it: a restore that starts
+//! accessed. QEMU reads every page of guest RAM through that same mapping
+//! to copy it (and, for a first hot snapshot, to populate it), which DAMON
+//! cannot tell from the guest's accesses: so only what is seen from one
+//! aggregation interval after the copy ended counts
+//! ([`Collector::set_point_unix_us`], called then, with the snapshot point:
+//! the end of the pause). The thread keeps collecting until `window` after
+//! the copy, then stops and removes its kdamond and, once
+//! [`Collector::finish`] named the committed snapshot, writes the file (a
+//! temporary name in `access/`, renamed). The snapshot does not wait for it: a restore that starts
 //! before the file exists restores without it. Dropping the collector
 //! (a failed snapshot) stops the kdamond and writes nothing.
 //!
-//! Pages seen before the snapshot point count as seen at 0 ms. Only one
+//! Times in the file are ms after the snapshot point, so the first ones
+//! are at least the copy's duration. Only one
 //! kdamond at a time is vmcsnap's (a second snapshot while one collects
 //! goes without access data), and only a kdamond vmcsnap created is ever
 //! written to; DAMON is left as found, on error too.
@@ -42,6 +47,8 @@ use crate::log;
 pub const ROOT_ENV: &str = "VMCSNAP_DAMON_ROOT";
 /// The access window when the request does not name one.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
+/// Readings in a row that may fail before the collection gives up.
+const MAX_READ_ERRORS: u32 = 3;
 /// Guest page size (x86).
 const PAGE: u64 = 4096;
 
@@ -78,6 +85,8 @@ impl Config {
 struct Control {
     /// The snapshot point, when known.
     point: Option<Instant>,
+    /// Accesses count from here on (see the module documentation).
+    clean_from: Option<Instant>,
     /// The committed snapshot and its RAM blocks, once [`Collector::finish`] ran.
     dest: Option<(PathBuf, Vec<RamBlock>)>,
     /// The snapshot failed: stop, write nothing.
@@ -117,13 +126,20 @@ impl Collector {
         &self.note
     }
 
-    /// The snapshot point: the window runs from here.
+    /// The copy is over: the snapshot point was `at` (the end of the pause).
+    /// Accesses count from one aggregation interval after now, and the
+    /// window runs from there.
     pub fn set_point(&self, at: Instant) {
-        self.tell(|c| c.point = Some(at));
+        let now = Instant::now();
+        self.tell(|c| {
+            c.point = Some(at.min(now));
+            c.clean_from = Some(now);
+        });
     }
 
     /// [`Collector::set_point`] from a wall-clock time (µs since the Unix
-    /// epoch, as the snapshot's pause is measured); 0: now.
+    /// epoch, as the snapshot's pause is measured); 0: now. Called when
+    /// QEMU's copy of guest RAM has completed.
     pub fn set_point_unix_us(&self, unix_us: u64) {
         let ago = super::unix_us().saturating_sub(unix_us);
         let now = Instant::now();
@@ -139,7 +155,9 @@ impl Collector {
     /// when the window is over (now, if it already is) and ends by itself.
     pub fn finish(mut self, dir: &Path, ram_blocks: &[RamBlock]) {
         self.tell(|c| {
-            c.point.get_or_insert_with(Instant::now);
+            let now = Instant::now();
+            c.point.get_or_insert(now);
+            c.clean_from.get_or_insert(now);
             c.dest = Some((dir.to_path_buf(), ram_blocks.to_vec()));
         });
         // Detached: the snapshot does not wait for the window's tail.
@@ -297,23 +315,43 @@ impl Run {
     }
 
     /// Refreshes and reads the regions once per aggregation interval until
-    /// the window after the snapshot point is over or the snapshot failed.
+    /// the window after the copy is over or the snapshot failed. A reading
+    /// counts only if it was asked for one aggregation interval after the
+    /// copy (the interval it reports then holds no copy).
     fn collect(&mut self) -> Option<String> {
+        let mut read_errors = 0;
         loop {
             let started = Instant::now();
+            let clean = self
+                .control(|c| c.clean_from)
+                .flatten()
+                .is_some_and(|t| started >= t + self.aggr);
             if let Err(e) = vmcsnap_damon::apply(&self.root, &vmcsnap_damon::plan_refresh()) {
                 return Some(e.to_string());
             }
-            let regions = match vmcsnap_damon::read_tried_regions(
+            match vmcsnap_damon::read_tried_regions(
                 &self.root,
                 vmcsnap_damon::KDAMOND,
                 vmcsnap_damon::CONTEXT,
                 vmcsnap_damon::SCHEME,
             ) {
-                Ok(r) => r,
+                Ok(regions) => {
+                    read_errors = 0;
+                    if clean {
+                        self.tracker.observe(&regions, Instant::now());
+                    }
+                }
+                // A region directory can vanish while it is read if the
+                // kernel refills the list meanwhile: skip that reading.
+                Err(e) if read_errors < MAX_READ_ERRORS => {
+                    read_errors += 1;
+                    log(format!(
+                        "snapshot of {}: access data: {e} (skipped)",
+                        self.vm
+                    ));
+                }
                 Err(e) => return Some(e.to_string()),
-            };
-            self.tracker.observe(&regions, Instant::now());
+            }
             // Sleep to the next aggregation (a real kernel's refresh write
             // already waited for one), or until told to stop.
             let (m, cv) = &*self.shared;
@@ -325,7 +363,9 @@ impl Run {
                     return None;
                 }
                 let now = Instant::now();
-                if c.point.is_some_and(|p| now >= p + self.window) {
+                if c.clean_from
+                    .is_some_and(|t| now >= t + self.aggr + self.window)
+                {
                     return None;
                 }
                 let next = started + self.aggr;
@@ -338,6 +378,10 @@ impl Run {
                 };
             }
         }
+    }
+
+    fn control<T>(&self, f: impl FnOnce(&Control) -> T) -> Option<T> {
+        self.shared.0.lock().ok().map(|c| f(&c))
     }
 
     /// Waits for [`Collector::finish`] (or a cancel: `None`).
@@ -467,6 +511,7 @@ impl Tracker {
     /// The runs for the file: pages of the RAM block that the mapping
     /// holds (named `mem`, the memory backend; else block 0), clipped to
     /// its length, with ms after `point` (0 for pages seen before it).
+    /// Adjacent pages seen at the same time make one run.
     pub(crate) fn runs(&self, point: Instant, blocks: &[RamBlock]) -> Vec<AccessRun> {
         let block = blocks.iter().position(|b| b.name == "mem").unwrap_or(0);
         let Some(b) = blocks.get(block) else {

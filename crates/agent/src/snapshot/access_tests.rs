@@ -140,17 +140,21 @@ fn without_damon_the_note_says_why_and_nothing_runs() {
     assert!(!dir.path().join(FILE).exists());
 }
 
+/// Region directories the fake kernel lists.
+const SLOTS: usize = 4;
+
 /// A fake DAMON admin tree and a thread standing in for the kernel: it
-/// answers `update_schemes_tried_regions` with `phases[n]` (or the last
-/// phase) on its n-th refresh.
+/// answers each `update_schemes_tried_regions` by replacing the listed
+/// regions with the test's current ones (at most [`SLOTS`]).
 struct FakeKernel {
     root: PathBuf,
+    regions: Arc<Mutex<Vec<Region>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<usize>>,
 }
 
 impl FakeKernel {
-    fn start(root: &Path, phases: Vec<Vec<Region>>) -> FakeKernel {
+    fn start(root: &Path, regions: Vec<Region>) -> FakeKernel {
         let put = |rel: &str, v: &str| {
             let p = root.join(rel);
             fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -172,46 +176,62 @@ impl FakeKernel {
         let dir = vmcsnap_damon::tried_regions_dir(root, 0, 0, 0);
         fs::create_dir_all(&dir).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
-        let (state, stop2) = (root.join("kdamonds/0/state"), stop.clone());
+        let regions = Arc::new(Mutex::new(regions));
+        let (state, stop2, current) =
+            (root.join("kdamonds/0/state"), stop.clone(), regions.clone());
         let thread = std::thread::spawn(move || {
             let mut refreshes = 0;
+            let mut last = None;
             while !stop2.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(5));
-                if fs::read_to_string(&state).unwrap_or_default() != "update_schemes_tried_regions"
+                // A refresh is a new write of the command (the kernel's
+                // store handler runs per write): a new modification time.
+                // The fake never writes `state` itself, so it never races
+                // with the collector's `off`.
+                let Ok(modified) = fs::metadata(&state).and_then(|m| m.modified()) else {
+                    continue;
+                };
+                if last == Some(modified)
+                    || fs::read_to_string(&state).unwrap_or_default()
+                        != "update_schemes_tried_regions"
                 {
                     continue;
                 }
-                let phase = &phases[refreshes.min(phases.len() - 1)];
+                last = Some(modified);
                 refreshes += 1;
-                // New region directories only, each complete before it is
-                // named by a number (read_tried_regions skips other names).
-                let first = fs::read_dir(&dir).unwrap().count();
+                // A fixed set of region directories whose files are
+                // replaced one by one (write + rename): a reader never
+                // finds a file missing; unused slots are empty regions.
+                let mut phase = current.lock().unwrap().clone();
+                phase.resize(SLOTS, reg(0, 0, 0));
                 for (i, r) in phase.iter().enumerate() {
-                    let tmp = dir.join(format!("tmp{i}"));
-                    fs::create_dir_all(&tmp).unwrap();
+                    let rdir = dir.join(i.to_string());
+                    fs::create_dir_all(&rdir).unwrap();
                     for (f, v) in [
                         ("start", r.start),
                         ("end", r.end),
                         ("nr_accesses", r.nr_accesses),
                         ("age", 0),
                     ] {
-                        fs::write(tmp.join(f), format!("{v}\n")).unwrap();
+                        let tmp = rdir.join(format!(".{f}"));
+                        fs::write(&tmp, format!("{v}\n")).unwrap();
+                        fs::rename(&tmp, rdir.join(f)).unwrap();
                     }
-                    fs::rename(&tmp, dir.join((first + i).to_string())).unwrap();
-                }
-                // Unless the collector wrote `off` meanwhile.
-                if fs::read_to_string(&state).unwrap_or_default() == "update_schemes_tried_regions"
-                {
-                    fs::write(&state, "on").unwrap();
                 }
             }
             refreshes
         });
         FakeKernel {
             root: root.to_path_buf(),
+            regions,
             stop,
             thread: Some(thread),
         }
+    }
+
+    /// What the next refreshes report.
+    fn set(&self, regions: Vec<Region>) {
+        *self.regions.lock().unwrap() = regions;
     }
 
     fn get(&self, rel: &str) -> String {
@@ -249,16 +269,9 @@ fn collects_on_a_fake_kernel_writes_the_file_and_leaves_damon_off() {
     let root = dir.path().join("admin");
     let (exe, start, end) = own_mapping();
     let pages = (end - start) / PAGE;
-    assert!(pages >= 8, "mapping of {pages} pages");
-    // Refresh 1: pages 0..2 and a region past the end. From refresh 3 on:
-    // 1..6 as well (2..6 new), while 0..2 stays accessed.
-    let early = vec![
-        reg(start, start + 2 * PAGE, 4),
-        reg(end - PAGE, end + (1 << 20), 1),
-    ];
-    let mut later = early.clone();
-    later.push(reg(start + PAGE, start + 6 * PAGE, 1));
-    let kernel = FakeKernel::start(&root, vec![vec![], early.clone(), early, later]);
+    assert!(pages >= 16, "mapping of {pages} pages");
+    // While QEMU copies guest RAM, every page looks accessed.
+    let kernel = FakeKernel::start(&root, vec![reg(start, end, 10)]);
     let attrs = MonitorAttrs {
         sample_us: 5_000,
         aggr_us: 50_000,
@@ -267,8 +280,9 @@ fn collects_on_a_fake_kernel_writes_the_file_and_leaves_damon_off() {
     let config = Config {
         root: root.clone(),
         attrs,
-        window: Duration::from_millis(600),
+        window: Duration::from_millis(1000),
     };
+    let point = Instant::now();
     let c = Collector::start("vm", std::process::id(), &exe, config);
     assert_eq!(c.note(), "damon");
     assert_eq!(kernel.get("kdamonds/0/contexts/0/operations"), "fvaddr");
@@ -280,7 +294,16 @@ fn collects_on_a_fake_kernel_writes_the_file_and_leaves_damon_off() {
         kernel.get("kdamonds/0/contexts/0/targets/0/regions/0/end"),
         end.to_string()
     );
-    c.set_point(Instant::now());
+    std::thread::sleep(Duration::from_millis(150));
+    // The copy is over; the guest reads pages 0..2 and one region past the
+    // end of the mapping, later 1..6 as well (2..6 new).
+    let early = vec![
+        reg(start, start + 2 * PAGE, 4),
+        reg(end - PAGE, end + (1 << 20), 1),
+    ];
+    kernel.set(early.clone());
+    std::thread::sleep(Duration::from_millis(100));
+    c.set_point(point);
     // A second snapshot meanwhile goes without: one kdamond at a time.
     let second = Collector::start(
         "vm2",
@@ -294,6 +317,10 @@ fn collects_on_a_fake_kernel_writes_the_file_and_leaves_damon_off() {
     );
     assert!(second.note().starts_with("none: "), "{}", second.note());
     drop(second);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut later = early;
+    later.push(reg(start + PAGE, start + 6 * PAGE, 1));
+    kernel.set(later);
     let snap = dir.path().join("snap");
     fs::create_dir(&snap).unwrap();
     c.finish(&snap, &[block("mem", pages)]);
@@ -303,9 +330,11 @@ fn collects_on_a_fake_kernel_writes_the_file_and_leaves_damon_off() {
     assert_eq!(
         firsts,
         vec![(0, 2), (pages as u32 - 1, 1), (2, 4)],
-        "{:?}",
+        "the copy's accesses do not count: {:?}",
         a.runs
     );
+    assert!(a.runs[0].first_seen_ms >= 250, "{:?}", a.runs);
+    assert!(a.runs[2].first_seen_ms >= 550, "{:?}", a.runs);
     assert!(
         a.runs[1].first_seen_ms < a.runs[2].first_seen_ms,
         "{:?}",
@@ -317,7 +346,7 @@ fn collects_on_a_fake_kernel_writes_the_file_and_leaves_damon_off() {
     assert!(!SLOT.load(Ordering::SeqCst));
     assert!(!snap.join("access/.accessed.json.tmp").exists());
     let refreshes = kernel.stop();
-    assert!(refreshes >= 4, "{refreshes} refreshes");
+    assert!(refreshes >= 8, "{refreshes} refreshes");
 }
 
 #[test]
@@ -326,7 +355,7 @@ fn a_failed_snapshot_stops_damon_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("admin");
     let (exe, start, _) = own_mapping();
-    let kernel = FakeKernel::start(&root, vec![vec![reg(start, start + PAGE, 1)]]);
+    let kernel = FakeKernel::start(&root, vec![reg(start, start + PAGE, 1)]);
     let config = Config {
         root,
         attrs: MonitorAttrs {
