@@ -13,7 +13,7 @@
 # Inputs go in on a second disk (ext4 made with mkfs.ext4 -d, nothing
 # mounted on the host), results come back on it (read with debugfs).
 #
-# Environment: NESTED_ACCESS_WINDOW (s, default 90), NESTED_TIMEOUT (s,
+# Environment: NESTED_ACCESS_WINDOW (s, default 60), NESTED_TIMEOUT (s,
 # default 5400), NESTED_SWEEPS_BEFORE (memtouch read sweeps to wait for
 # before the snapshot, default 1), NESTED_KEEP=1 keeps the work directory.
 set -euo pipefail
@@ -23,7 +23,7 @@ say() { echo "test-nested [$((SECONDS - START))s]: $*"; }
 die() { echo "test-nested: error: $*" >&2; exit 1; }
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 V=$CARGO_TARGET_DIR/release/vmcsnap
-WINDOW=${NESTED_ACCESS_WINDOW:-90}
+WINDOW=${NESTED_ACCESS_WINDOW:-60}
 TIMEOUT=${NESTED_TIMEOUT:-5400}
 for c in qemu-system-x86_64 qemu-img mkfs.ext4 debugfs strip; do
     command -v $c >/dev/null || die "$c not found (make deps; debugfs is in e2fsprogs, strip in binutils)"

@@ -131,11 +131,12 @@ pub enum Command {
         #[arg(long, value_name = "N", conflicts_with = "cluster",
               value_parser = clap::value_parser!(u16).range(1..=4096))]
         block_pages: Option<u16>,
-        /// Record which pages the guest accesses, reads included, for SECS after the
-        /// snapshot point (into the snapshot's access/accessed.json, written in the
-        /// background after the snapshot returns); a restore loads them early. Needs the
-        /// host kernel's DAMON (6.12+, root); without it the snapshot says why it has no
-        /// access data. 0: off. See docs/access-data.md.
+        /// Record which pages the guest accesses, reads included, for SECS once the
+        /// snapshot's copy of guest RAM is over (into the snapshot's
+        /// access/accessed.json, written in the background after the snapshot returns);
+        /// a restore loads them early. Needs the host kernel's DAMON (6.12+, root);
+        /// without it the snapshot says why it has no access data. 0: off. See
+        /// docs/access-data.md.
         #[arg(
             long,
             value_name = "SECS",
