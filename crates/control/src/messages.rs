@@ -155,7 +155,7 @@ pub enum Request {
         #[serde(default)]
         start_quiet_ms: Option<u64>,
         /// Locality blocks read ahead after a demand fault's own block;
-        /// `None`: 4.
+        /// `None`: 1.
         #[serde(default)]
         prefetch_blocks: Option<u32>,
     },

@@ -192,7 +192,7 @@ pub enum Command {
         /// [default: 1000 with --cluster, else 0].
         #[arg(long, value_name = "MS")]
         start_quiet: Option<u64>,
-        /// Locality blocks read ahead after a demand fault's own block (0-64; default 4). For
+        /// Locality blocks read ahead after a demand fault's own block (0-64; default 1). For
         /// tuning, see docs/restore.md.
         #[arg(long, value_name = "N", conflicts_with = "cluster",
               value_parser = clap::value_parser!(u32).range(0..=64))]

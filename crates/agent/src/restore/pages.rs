@@ -5,7 +5,7 @@
 //! (HotRestore §5.2), one extent in memory at a time. In a format-2 image
 //! every other page is read with its whole block (decompressed once, kept
 //! in a small cache): a demand fault then sends the rest of its locality
-//! block and prefetches the next blocks of the same kind (4 by default) ([`companions`]),
+//! block and prefetches the next block of the same kind (`--prefetch-blocks`) ([`companions`]),
 //! as Halite does. A format-1 image keeps positioned reads of one page and
 //! the source's 4-page address window. Every page's CRC32C is checked: a
 //! corrupt page is never delivered to the guest, the restore fails
@@ -28,12 +28,10 @@ const MAX_GAP: u64 = 64 << 10;
 const MAX_EXTENT: u64 = 8 << 20;
 /// Decompressed blocks kept (16 MiB of 256 KiB blocks).
 const CACHE_BLOCKS: usize = 64;
-/// Blocks prefetched after a demand fault's own block, by default.
-/// `bench/locality.py` (1 GiB guest reading 10% of RAM, 64-page blocks):
-/// first `workingset` restores took a median 126, 95 and 62 demand faults
-/// in their first 10 s with 0, 1 and 4 blocks prefetched, at the same
-/// latency (docs/restore.md, "Locality").
-pub const PREFETCH_BLOCKS: usize = 4;
+/// Blocks prefetched after a demand fault's own block, by default. Deeper
+/// prefetch (`--prefetch-blocks`) was measured without a clear winner
+/// (docs/restore.md, "Locality").
+pub const PREFETCH_BLOCKS: usize = 1;
 /// The most a restore may ask for.
 pub const MAX_PREFETCH_BLOCKS: u32 = 64;
 
