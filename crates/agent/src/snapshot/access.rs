@@ -62,13 +62,21 @@ pub struct Config {
     pub root: PathBuf,
     /// Monitoring attributes (aggregation = how often regions are read).
     pub attrs: MonitorAttrs,
-    /// How long after the snapshot point to keep collecting; zero: off.
+    /// How long after the copy to keep collecting; zero: off.
     pub window: Duration,
+    /// A file that says which kdamond this agent created (`PID START`:
+    /// its target and range) while it exists, so that an agent restarted
+    /// after being killed mid-collection removes it ([`MARKER`]).
+    pub marker: Option<PathBuf>,
 }
 
+/// The marker file's name in the run directory (see [`Config::marker`]).
+pub const MARKER: &str = "damon-kdamond";
+
 impl Config {
-    /// The production configuration ([`ROOT_ENV`] aside) for `window`.
-    pub fn new(window: Duration) -> Config {
+    /// The production configuration ([`ROOT_ENV`] aside) for `window`, the
+    /// marker in `run_dir`.
+    pub fn new(window: Duration, run_dir: &Path) -> Config {
         let root = std::env::var_os(ROOT_ENV)
             .filter(|v| !v.is_empty())
             .map_or_else(|| PathBuf::from(vmcsnap_damon::DEFAULT_ROOT), PathBuf::from);
@@ -76,6 +84,7 @@ impl Config {
             root,
             attrs: MonitorAttrs::default(),
             window,
+            marker: Some(run_dir.join(MARKER)),
         }
     }
 }
@@ -195,15 +204,30 @@ fn begin(
     if config.window.is_zero() {
         return Err("off (access window 0)".into());
     }
-    let availability = vmcsnap_damon::probe(&config.root);
-    if !availability.is_usable() {
-        return Err(format!("DAMON {availability}"));
-    }
-    let (start, end) = find_mapping(pid, ram_file)?;
     if SLOT.swap(true, Ordering::SeqCst) {
         return Err("DAMON is collecting for another snapshot (one at a time)".into());
     }
+    let release = |why: String| {
+        SLOT.store(false, Ordering::SeqCst);
+        why
+    };
+    let marker = config.marker.as_deref();
+    if let Some(m) = marker {
+        reclaim_leftover(&config.root, m);
+    }
+    let availability = vmcsnap_damon::probe(&config.root);
+    if !availability.is_usable() {
+        return Err(release(format!("DAMON {availability}")));
+    }
+    let (start, end) = find_mapping(pid, ram_file).map_err(release)?;
     let root = config.root.clone();
+    if let Some(m) = marker {
+        // Before the kdamond exists: an agent killed during the setup
+        // still leaves a marker for its successor.
+        if let Err(e) = fs::write(m, format!("{pid} {start}\n")) {
+            return Err(release(format!("writing {}: {e}", m.display())));
+        }
+    }
     let setup = vmcsnap_damon::plan_setup(
         Target {
             pid,
@@ -213,13 +237,13 @@ fn begin(
     )
     .and_then(|plan| vmcsnap_damon::apply(&root, &plan));
     if let Err(e) = setup {
-        stop_kdamond(&root);
-        SLOT.store(false, Ordering::SeqCst);
-        return Err(format!("DAMON setup failed: {e}"));
+        stop_kdamond(&root, marker);
+        return Err(release(format!("DAMON setup failed: {e}")));
     }
     let run = Run {
         vm: vm.to_string(),
         root,
+        marker: config.marker.clone(),
         aggr: Duration::from_micros(config.attrs.aggr_us),
         window: config.window,
         tracker: Tracker::new(start, end),
@@ -229,10 +253,39 @@ fn begin(
         .name(format!("access-{vm}"))
         .spawn(move || run.run());
     spawned.map_err(|e| {
-        stop_kdamond(&config.root);
-        SLOT.store(false, Ordering::SeqCst);
-        format!("cannot start the collector thread: {e}")
+        stop_kdamond(&config.root, marker);
+        release(format!("cannot start the collector thread: {e}"))
     })
+}
+
+/// If `marker` names the kdamond that exists under `root` (same target
+/// pid and range start), an earlier agent of this run directory created
+/// it and died before removing it: remove it now. A marker that names
+/// another configuration is stale and removed alone; someone else's
+/// kdamond is left as it is.
+fn reclaim_leftover(root: &Path, marker: &Path) {
+    let Ok(text) = fs::read_to_string(marker) else {
+        return;
+    };
+    let read = |rel: &str| {
+        fs::read_to_string(root.join(rel))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let mut it = text.split_whitespace();
+    let (pid, start) = (it.next().unwrap_or("-"), it.next().unwrap_or("-"));
+    let target = "kdamonds/0/contexts/0/targets/0";
+    let ours = read("kdamonds/nr_kdamonds") == "1"
+        && read(&format!("{target}/pid_target")) == pid
+        && read(&format!("{target}/regions/0/start")) == start;
+    if ours {
+        log(format!(
+            "access data: removing the kdamond an earlier agent left (target pid {pid})"
+        ));
+        stop_kdamond(root, Some(marker));
+    } else {
+        let _ = fs::remove_file(marker);
+    }
 }
 
 /// The address range `[start, end)` where `pid` maps `ram_file` from
@@ -269,12 +322,15 @@ fn parse_mapping(maps: &str, file: &Path) -> Option<(u64, u64)> {
 
 /// Writes the stop plan one entry at a time (the kdamond may have stopped
 /// by itself when QEMU exited: `off` then fails, `nr_kdamonds` must still
-/// be written).
-fn stop_kdamond(root: &Path) {
+/// be written), then removes the marker.
+fn stop_kdamond(root: &Path, marker: Option<&Path>) {
     for w in vmcsnap_damon::plan_stop() {
         if let Err(e) = vmcsnap_damon::apply(root, std::slice::from_ref(&w)) {
             log(format!("access data: stopping DAMON: {e}"));
         }
+    }
+    if let Some(m) = marker {
+        let _ = fs::remove_file(m);
     }
 }
 
@@ -282,6 +338,7 @@ fn stop_kdamond(root: &Path) {
 struct Run {
     vm: String,
     root: PathBuf,
+    marker: Option<PathBuf>,
     aggr: Duration,
     window: Duration,
     tracker: Tracker,
@@ -291,7 +348,7 @@ struct Run {
 impl Run {
     fn run(mut self) {
         let error = self.collect();
-        stop_kdamond(&self.root);
+        stop_kdamond(&self.root, self.marker.as_deref());
         SLOT.store(false, Ordering::SeqCst);
         if let Some(e) = &error {
             log(format!(

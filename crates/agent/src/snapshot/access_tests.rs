@@ -120,11 +120,13 @@ fn unseen_parts_around_seen_intervals() {
 
 #[test]
 fn without_damon_the_note_says_why_and_nothing_runs() {
+    let _one = SLOT_TESTS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let config = |window| Config {
         root: dir.path().join("admin"),
         attrs: MonitorAttrs::default(),
         window,
+        marker: None,
     };
     let c = Collector::start(
         "vm",
@@ -277,10 +279,12 @@ fn collects_on_a_fake_kernel_writes_the_file_and_leaves_damon_off() {
         aggr_us: 50_000,
         ..MonitorAttrs::default()
     };
+    let marker = dir.path().join(MARKER);
     let config = Config {
         root: root.clone(),
         attrs,
         window: Duration::from_millis(1000),
+        marker: Some(marker.clone()),
     };
     let point = Instant::now();
     let c = Collector::start("vm", std::process::id(), &exe, config);
@@ -293,6 +297,10 @@ fn collects_on_a_fake_kernel_writes_the_file_and_leaves_damon_off() {
     assert_eq!(
         kernel.get("kdamonds/0/contexts/0/targets/0/regions/0/end"),
         end.to_string()
+    );
+    assert_eq!(
+        fs::read_to_string(&marker).unwrap(),
+        format!("{} {start}\n", std::process::id())
     );
     std::thread::sleep(Duration::from_millis(150));
     // The copy is over; the guest reads pages 0..2 and one region past the
@@ -313,6 +321,7 @@ fn collects_on_a_fake_kernel_writes_the_file_and_leaves_damon_off() {
             root: root.clone(),
             attrs,
             window: Duration::from_secs(1),
+            marker: Some(marker.clone()),
         },
     );
     assert!(second.note().starts_with("none: "), "{}", second.note());
@@ -344,6 +353,7 @@ fn collects_on_a_fake_kernel_writes_the_file_and_leaves_damon_off() {
     assert_eq!(kernel.get("kdamonds/0/state"), "off");
     assert_eq!(kernel.get("kdamonds/nr_kdamonds"), "0");
     assert!(!SLOT.load(Ordering::SeqCst));
+    assert!(!marker.exists());
     assert!(!snap.join("access/.accessed.json.tmp").exists());
     let refreshes = kernel.stop();
     assert!(refreshes >= 8, "{refreshes} refreshes");
@@ -364,6 +374,7 @@ fn a_failed_snapshot_stops_damon_and_writes_nothing() {
             ..MonitorAttrs::default()
         },
         window: Duration::from_secs(60),
+        marker: None,
     };
     let c = Collector::start("vm", std::process::id(), &exe, config);
     assert_eq!(c.note(), "damon");
@@ -381,4 +392,42 @@ impl FakeKernel {
         assert_eq!(self.get("kdamonds/nr_kdamonds"), "0");
         self.stop();
     }
+}
+
+#[test]
+fn a_kdamond_left_by_a_killed_agent_is_removed_someone_elses_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("admin");
+    let marker = dir.path().join(MARKER);
+    let tree = |pid: &str| {
+        for (rel, v) in [
+            ("kdamonds/nr_kdamonds", "1\n"),
+            ("kdamonds/0/state", "on\n"),
+            ("kdamonds/0/contexts/0/targets/0/pid_target", pid),
+            ("kdamonds/0/contexts/0/targets/0/regions/0/start", "4096\n"),
+        ] {
+            let p = root.join(rel);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, v).unwrap();
+        }
+    };
+    let get = |rel: &str| fs::read_to_string(root.join(rel)).unwrap();
+    // Someone else's kdamond (another target): untouched; the stale
+    // marker goes.
+    tree("999\n");
+    fs::write(&marker, "4242 4096\n").unwrap();
+    reclaim_leftover(&root, &marker);
+    assert_eq!(get("kdamonds/0/state"), "on\n");
+    assert!(!marker.exists());
+    // The one the marker names: stopped and removed.
+    tree("4242\n");
+    fs::write(&marker, "4242 4096\n").unwrap();
+    reclaim_leftover(&root, &marker);
+    assert_eq!(get("kdamonds/0/state"), "off");
+    assert_eq!(get("kdamonds/nr_kdamonds"), "0");
+    assert!(!marker.exists());
+    // No marker: nothing happens.
+    tree("4242\n");
+    reclaim_leftover(&root, &marker);
+    assert_eq!(get("kdamonds/0/state"), "on\n");
 }

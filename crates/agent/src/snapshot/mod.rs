@@ -230,7 +230,7 @@ pub fn snapshot(
         &vm.name,
         vm.pid,
         &vm.config.ram_file,
-        access::Config::new(opts.access_window),
+        access::Config::new(opts.access_window, run.root()),
     );
     // Should this agent die while the VM is paused, the next one resumes it.
     let marked = if was_running {
