@@ -13,9 +13,11 @@
 # Inputs go in on a second disk (ext4 made with mkfs.ext4 -d, nothing
 # mounted on the host), results come back on it (read with debugfs).
 #
-# Environment: NESTED_ACCESS_WINDOW (s, default 60), NESTED_TIMEOUT (s,
+# Environment: NESTED_ACCESS_WINDOW (s, default 20), NESTED_TIMEOUT (s,
 # default 5400), NESTED_SWEEPS_BEFORE (memtouch read sweeps to wait for
-# before the snapshot, default 1), NESTED_KEEP=1 keeps the work directory.
+# before the snapshot, default 1), NESTED_RESTORES (1, default: then a
+# workingset and a lazy restore of the snapshot, for their demand faults;
+# not checked), NESTED_KEEP=1 keeps the work directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 START=$SECONDS
@@ -23,7 +25,7 @@ say() { echo "test-nested [$((SECONDS - START))s]: $*"; }
 die() { echo "test-nested: error: $*" >&2; exit 1; }
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 V=$CARGO_TARGET_DIR/release/vmcsnap
-WINDOW=${NESTED_ACCESS_WINDOW:-60}
+WINDOW=${NESTED_ACCESS_WINDOW:-20}
 TIMEOUT=${NESTED_TIMEOUT:-5400}
 for c in qemu-system-x86_64 qemu-img mkfs.ext4 debugfs strip; do
     command -v $c >/dev/null || die "$c not found (make deps; debugfs is in e2fsprogs, strip in binutils)"
@@ -56,7 +58,8 @@ mkdir -p "$IN/bin" "$IN/cache" "$IN/out"
 strip -o "$IN/bin/vmcsnap" "$V"
 cp -a "$GUEST" "$IN/cache/"
 cp scripts/nested/run-inside.sh "$IN/run-inside.sh"
-printf 'ACCESS_WINDOW=%s\nSWEEPS_BEFORE=%s\n' "$WINDOW" "${NESTED_SWEEPS_BEFORE:-1}" >"$IN/env"
+printf 'ACCESS_WINDOW=%s\nSWEEPS_BEFORE=%s\nRESTORES=%s\n' "$WINDOW" "${NESTED_SWEEPS_BEFORE:-1}" \
+    "${NESTED_RESTORES:-1}" >"$IN/env"
 truncate -s 4G "$WORK/in.raw"
 mkfs.ext4 -q -F -L nested -d "$IN" "$WORK/in.raw"
 qemu-img create -q -f qcow2 -b "$IMG/disk.qcow2" -F qcow2 "$WORK/root.qcow2"

@@ -4,7 +4,9 @@
 # lab cluster whose guest only reads a 32 MiB buffer (memtouch -W -P), a hot
 # snapshot with an access window, then the files the host checks, into
 # /nested/out. Progress lines start with "NESTED:" (on the serial console).
-# Settings: /nested/env (ACCESS_WINDOW, SWEEPS_BEFORE).
+# Then, for the record (RESTORES=1, default), a `workingset` and a `lazy`
+# restore of the snapshot with their demand faults.
+# Settings: /nested/env (ACCESS_WINDOW, SWEEPS_BEFORE, RESTORES).
 set -u
 N=/nested
 . $N/env
@@ -75,5 +77,18 @@ ls /sys/kernel/mm/damon/admin/kdamonds/ >$OUT/damon-after.txt; cat /sys/kernel/m
 say "DAMON after: nr_kdamonds=$(cat /sys/kernel/mm/damon/admin/kdamonds/nr_kdamonds)"
 grep -i "access data" $VMCSNAP_RUN_DIR/*.log 2>/dev/null | tail -5 | sed 's/^/NESTED: agent: /'
 cp $VMCSNAP_RUN_DIR/*.log $OUT/ 2>/dev/null
+if [ "${RESTORES:-1}" = 1 ] && [ -f $OUT/accessed.json ]; then
+    # For the record, not part of the check: the first `workingset` restore
+    # of the snapshot (its queue holds the accessed pages) against `lazy`,
+    # demand faults in the guest's first 10 s. Workingset first: a restore
+    # teaches the next ones.
+    for mode in workingset lazy; do
+        vmcsnap stop reader >/dev/null 2>&1
+        say "restore s1 --mode $mode"
+        vmcsnap restore s1 --mode $mode --json >$OUT/restore-$mode.json 2>$OUT/restore-$mode.err
+        say "restore $mode returned $?: $(tr -d '\n' <$OUT/restore-$mode.json | grep -o '"restore_latency_ms":[0-9.]*\|"ws_pages":[0-9]*\|"demand_faults":[0-9]*\|"access_data":"[^"]*"\|"demand_faults_per_100ms":\[[0-9,]*\]\|"quality":{[^}]*}' | tr '\n' ' ')"
+        sleep 12
+    done
+fi
 vmcsnap down >/dev/null 2>&1
 say "finished"
