@@ -15,20 +15,20 @@
 //! the end of the pause). The thread keeps collecting until `window` after
 //! the copy, then stops and removes its kdamond and, once
 //! [`Collector::finish`] named the committed snapshot, writes the file (a
-//! temporary name in `access/`, renamed). The snapshot does not wait for it: a restore that starts
-//! before the file exists restores without it. Dropping the collector
-//! (a failed snapshot) stops the kdamond and writes nothing.
+//! temporary name in `access/`, renamed). The snapshot does not wait for
+//! it: a restore that starts before the file exists restores without it.
+//! Dropping the collector (a failed snapshot) stops the kdamond and writes
+//! nothing. Its `tracker` turns the readings into the file's runs.
 //!
 //! Times in the file are ms after the snapshot point, so the first ones
-//! are at least the copy's duration. Only one
-//! kdamond at a time is vmcsnap's (a second snapshot while one collects
-//! goes without access data), and only a kdamond vmcsnap created is ever
-//! written to; DAMON is left as found, on error too.
+//! are at least the copy's duration. Only one kdamond at a time is
+//! vmcsnap's (a second snapshot while one collects goes without access
+//! data), and only a kdamond vmcsnap created is ever written to; DAMON is
+//! left as found, on error too (see [`Config::marker`]).
 //!
 //! The DAMON root is `/sys/kernel/mm/damon/admin`; tests point the
 //! [`ROOT_ENV`] variable at a fake tree.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,11 +36,14 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use vmcsnap_damon::{MonitorAttrs, Region, Target};
+use vmcsnap_damon::{MonitorAttrs, Target};
 use vmcsnap_image::RamBlock;
 use vmcsnap_workingset::access::{AccessRun, AccessedPages, FILE, FORMAT};
 
 use crate::log;
+
+mod tracker;
+use tracker::Tracker;
 
 /// Environment variable naming another DAMON admin directory: for tests
 /// only (a fake sysfs tree). Production uses [`vmcsnap_damon::DEFAULT_ROOT`].
@@ -50,7 +53,7 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
 /// Readings in a row that may fail before the collection gives up.
 const MAX_READ_ERRORS: u32 = 3;
 /// Guest page size (x86).
-const PAGE: u64 = 4096;
+pub(crate) const PAGE: u64 = 4096;
 
 /// Set while vmcsnap's one kdamond exists (see [`Collector::start`]).
 static SLOT: AtomicBool = AtomicBool::new(false);
@@ -479,135 +482,5 @@ fn write_file(dir: &Path, runs: Vec<AccessRun>) -> Result<(), String> {
         })
 }
 
-/// When each page of the mapping was first seen accessed: runs of pages
-/// (offsets from the mapping's start, in pages) in order of detection.
-#[derive(Debug)]
-pub(crate) struct Tracker {
-    start: u64,
-    end: u64,
-    /// Pages seen so far: start page → end page (exclusive), disjoint.
-    seen: BTreeMap<u64, u64>,
-    /// (first page, end page, when), in order of detection.
-    found: Vec<(u64, u64, Instant)>,
-}
-
-impl Tracker {
-    /// A tracker of the mapping `[start, end)`.
-    pub(crate) fn new(start: u64, end: u64) -> Tracker {
-        Tracker {
-            start,
-            end,
-            seen: BTreeMap::new(),
-            found: Vec::new(),
-        }
-    }
-
-    /// Records the pages of `regions` (accessed ones, clipped to the
-    /// mapping) not seen before, as seen at `at`.
-    pub(crate) fn observe(&mut self, regions: &[Region], at: Instant) {
-        let len = self.end.saturating_sub(self.start);
-        let mut sorted: Vec<&Region> = regions.iter().filter(|r| r.nr_accesses > 0).collect();
-        sorted.sort_by_key(|r| r.start);
-        for r in sorted {
-            let lo = r.start.max(self.start).saturating_sub(self.start);
-            let hi = r.end.min(self.end).saturating_sub(self.start).min(len);
-            if lo >= hi {
-                continue;
-            }
-            let (first, end) = (lo / PAGE, hi.div_ceil(PAGE));
-            for (a, b) in self.unseen(first, end) {
-                self.seen.insert(a, b);
-                match self.found.last_mut() {
-                    Some(last) if last.1 == a && last.2 == at => last.1 = b,
-                    _ => self.found.push((a, b, at)),
-                }
-            }
-            self.merge_seen();
-        }
-    }
-
-    /// The parts of `[first, end)` not in `seen`.
-    fn unseen(&self, first: u64, end: u64) -> Vec<(u64, u64)> {
-        let mut out = Vec::new();
-        let mut at = first;
-        // A seen interval starting before `first` may cover its start.
-        if let Some((_, &e)) = self.seen.range(..=first).next_back() {
-            at = at.max(e);
-        }
-        for (&s, &e) in self.seen.range(first..end) {
-            if s > at {
-                out.push((at, s));
-            }
-            at = at.max(e);
-        }
-        if at < end {
-            out.push((at, end));
-        }
-        out
-    }
-
-    fn merge_seen(&mut self) {
-        let mut merged: BTreeMap<u64, u64> = BTreeMap::new();
-        let mut cur: Option<(u64, u64)> = None;
-        for (&s, &e) in &self.seen {
-            cur = match cur {
-                Some((cs, ce)) if s <= ce => Some((cs, ce.max(e))),
-                Some(c) => {
-                    merged.insert(c.0, c.1);
-                    Some((s, e))
-                }
-                None => Some((s, e)),
-            };
-        }
-        if let Some(c) = cur {
-            merged.insert(c.0, c.1);
-        }
-        self.seen = merged;
-    }
-
-    /// The runs for the file: pages of the RAM block that the mapping
-    /// holds (named `mem`, the memory backend; else block 0), clipped to
-    /// its length, with ms after `point` (0 for pages seen before it).
-    /// Adjacent pages seen at the same time make one run.
-    pub(crate) fn runs(&self, point: Instant, blocks: &[RamBlock]) -> Vec<AccessRun> {
-        let block = blocks.iter().position(|b| b.name == "mem").unwrap_or(0);
-        let Some(b) = blocks.get(block) else {
-            return Vec::new();
-        };
-        let block_pages = b.used_length / PAGE;
-        let mut out: Vec<AccessRun> = Vec::new();
-        for &(first, end, at) in &self.found {
-            let end = end.min(block_pages);
-            let ms = at.saturating_duration_since(point).as_millis();
-            let ms = u32::try_from(ms).unwrap_or(u32::MAX);
-            let mut p = first;
-            while p < end {
-                let n = (end - p).min(u64::from(u32::MAX));
-                let (Ok(first_page), Ok(pages)) = (u32::try_from(p), u32::try_from(n)) else {
-                    break;
-                };
-                match out.last_mut() {
-                    Some(l)
-                        if l.first_seen_ms == ms
-                            && u64::from(l.first_page) + u64::from(l.pages) == p
-                            && u64::from(l.pages) + n <= u64::from(u32::MAX) =>
-                    {
-                        l.pages += pages;
-                    }
-                    _ => out.push(AccessRun {
-                        ram_block: block as u32,
-                        first_page,
-                        pages,
-                        first_seen_ms: ms,
-                    }),
-                }
-                p += n;
-            }
-        }
-        out
-    }
-}
-
 #[cfg(test)]
-#[path = "access_tests.rs"]
 mod tests;

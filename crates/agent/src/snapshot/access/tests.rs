@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use vmcsnap_damon::Region;
+
 use super::*;
 
 const BASE: u64 = 0x7f00_0000_0000;
