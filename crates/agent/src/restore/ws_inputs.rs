@@ -5,7 +5,7 @@
 //! | input | from | used for |
 //! |---|---|---|
 //! | WSS_sample | `metrics.wss_sample_pages` (accessed bits: reads included) | hybrid size |
-//! | WSS_snapshot | the larger of the pages written during the snapshot (FAFL trace) and `metrics.wss_snapshot_touched_pages` (the window before the snapshot point) | hybrid size |
+//! | WSS_snapshot | the largest of the pages written during the snapshot (FAFL trace), `metrics.wss_snapshot_touched_pages` (the window before the snapshot point) and, with access data, the written and accessed pages together | hybrid size |
 //! | written pages | the image's FAFL trace | queue, first |
 //! | accessed pages | `access/accessed.json` (DAMON), if present and valid | queue, after the written pages |
 //! | learned | the newest `restores/` record with a learned state ([`vmcsnap_workingset::learn`]) | size and queue head of `workingset` |
@@ -94,7 +94,11 @@ pub fn read(img: &Image, dir: &Path) -> WsInputs {
     let mut seen: std::collections::HashSet<PageKey> = queue.iter().copied().collect();
     queue.extend(accessed.into_iter().filter(|k| seen.insert(*k)));
     let written = fafl.len() as u64;
-    let wss_snapshot = written.max(metric(img, "wss_snapshot_touched_pages").unwrap_or(0));
+    // With access data, the pages written or accessed after the snapshot
+    // point are HotRestore's WSS_snapshot itself (reads included).
+    let wss_snapshot = written
+        .max(metric(img, "wss_snapshot_touched_pages").unwrap_or(0))
+        .max(queue.len() as u64);
     // A learned queue naming pages this snapshot does not have is not its own.
     let learned = traces::newest_learned(dir).filter(|l| {
         l.queue
@@ -126,16 +130,18 @@ fn access_data(img: &Image, dir: &Path, block_pages: &[u32]) -> (Vec<PageKey>, A
             Err(e) => (vec![], AccessData::Ignored { why: e.to_string() }),
         },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let why = img
+            let noted = img
                 .manifest()
                 .metrics
                 .other
                 .get("access_data")
-                .and_then(Value::as_str)
-                .map_or_else(
-                    || "the snapshot recorded no access data".to_string(),
-                    str::to_string,
-                );
+                .and_then(Value::as_str);
+            let why = match noted {
+                // The collector runs on after the snapshot returns.
+                Some("damon") => "still being collected: the snapshot's access window has not ended, or its collector was stopped".to_string(),
+                Some(why) => why.to_string(),
+                None => "the snapshot recorded no access data".to_string(),
+            };
             (vec![], AccessData::Absent { why })
         }
         Err(e) => (
