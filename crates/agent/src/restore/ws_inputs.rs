@@ -139,7 +139,7 @@ fn access_data(img: &Image, dir: &Path, block_pages: &[u32]) -> (Vec<PageKey>, A
             let why = match noted {
                 // The collector runs on after the snapshot returns.
                 Some("damon") => "still being collected: the snapshot's access window has not ended, or its collector was stopped".to_string(),
-                Some(why) => why.to_string(),
+                Some(why) => why.strip_prefix("none: ").unwrap_or(why).to_string(),
                 None => "the snapshot recorded no access data".to_string(),
             };
             (vec![], AccessData::Absent { why })
