@@ -20,6 +20,19 @@ pub struct Region {
     pub age: u64,
 }
 
+impl Region {
+    /// A region `[start, end)` seen accessed in `nr_accesses` samples, of
+    /// age 0.
+    pub const fn new(start: u64, end: u64, nr_accesses: u64) -> Self {
+        Region {
+            start,
+            end,
+            nr_accesses,
+            age: 0,
+        }
+    }
+}
+
 /// Parses the content of one numeric sysfs file (`"123\n"`): ASCII decimal,
 /// surrounding whitespace ignored. Total over any bytes (fuzz target).
 pub fn parse_value(content: &[u8]) -> Result<u64, String> {

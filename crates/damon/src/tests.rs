@@ -404,12 +404,7 @@ fn tried_regions_missing_dir_is_a_read_error() {
 // ---- accessed_pages ----
 
 fn reg(start: u64, end: u64, nr_accesses: u64) -> Region {
-    Region {
-        start,
-        end,
-        nr_accesses,
-        age: 0,
-    }
+    Region::new(start, end, nr_accesses)
 }
 
 #[test]

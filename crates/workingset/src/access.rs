@@ -42,6 +42,19 @@ pub struct AccessRun {
     pub first_seen_ms: u32,
 }
 
+impl AccessRun {
+    /// A run of `pages` pages of RAM block `ram_block` from `first_page`,
+    /// first seen `first_seen_ms` after the snapshot point.
+    pub const fn new(ram_block: u32, first_page: u32, pages: u32, first_seen_ms: u32) -> Self {
+        AccessRun {
+            ram_block,
+            first_page,
+            pages,
+            first_seen_ms,
+        }
+    }
+}
+
 /// The accessed pages of one snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AccessedPages {
@@ -157,12 +170,7 @@ mod tests {
     use super::*;
 
     fn run(b: u32, p: u32, n: u32, ms: u32) -> AccessRun {
-        AccessRun {
-            ram_block: b,
-            first_page: p,
-            pages: n,
-            first_seen_ms: ms,
-        }
+        AccessRun::new(b, p, n, ms)
     }
 
     #[test]

@@ -13,12 +13,7 @@ const BASE: u64 = 0x7f00_0000_0000;
 static SLOT_TESTS: Mutex<()> = Mutex::new(());
 
 fn reg(start: u64, end: u64, nr_accesses: u64) -> Region {
-    Region {
-        start,
-        end,
-        nr_accesses,
-        age: 0,
-    }
+    Region::new(start, end, nr_accesses)
 }
 
 fn block(name: &str, pages: u64) -> RamBlock {
@@ -29,12 +24,7 @@ fn block(name: &str, pages: u64) -> RamBlock {
 }
 
 fn run(b: u32, p: u32, n: u32, ms: u32) -> AccessRun {
-    AccessRun {
-        ram_block: b,
-        first_page: p,
-        pages: n,
-        first_seen_ms: ms,
-    }
+    AccessRun::new(b, p, n, ms)
 }
 
 #[test]
