@@ -13,8 +13,12 @@ mapping's smaps read) every second, ten times the sampler's rate.
 Goals (issue text): first workingset demand faults in the first 10 s <= 0.3x lazy's; hit rate >= 0.9;
 workingset latency <= 0.1x qemu-eager; learned sizes bounded over 10 restores; slowdown <= 2%.
 
-Writes bench/results/learning.json and learning.png (size and faults per restore number).
-Usage: bench/learning.py [--reps 3] [--mem 1024] [--out DIR]
+With --redis: the same restores (without qemu-eager and the tracking cost) of the Redis primary of
+examples/redis.toml (Debian, q35, 512 MiB, under redisload's writes), restores 1..--chain.
+
+Writes bench/results/learning.json and learning.png (size and faults per restore number), or
+learning-redis.json/png.
+Usage: bench/learning.py [--reps 3] [--mem 1024] [--redis] [--chain 10] [--out DIR]
 Needs: target/release/vmcsnap, root (drops the page cache, reads /proc of QEMU), matplotlib.
 """
 import argparse, json, os, re, shutil, subprocess, sys, tempfile, time
@@ -34,8 +38,10 @@ def spec(mem, verify_rate):
             f'memtouch -m {buf} -H {hot} -r 2000 -V {verify_rate} &\n"""\n')
 
 
-def restore(run_dir, mode):
-    r = rb.vmcsnap_restore(run_dir, "s", mode)
+def restore(run_dir, mode, vm="vm0"):
+    benchlib.run(rb.VMCSNAP, run_dir, "stop", vm)
+    r = benchlib.run(rb.VMCSNAP, run_dir, "restore", "s", "--mode", mode, "--json")
+    time.sleep(3)  # let the background load finish and the guest settle
     r["faults_first_10s"] = sum(r.get("demand_faults_per_100ms", []))
     return r
 
@@ -46,37 +52,40 @@ def row_of(r, **kw):
     return {**{k: r.get(k) for k in keep}, **kw}
 
 
-def restores(mem, reps, out_rows):
+def restores(mem, reps, out_rows, redis=False, chain=CHAIN):
     run_dir = tempfile.mkdtemp(prefix="vmcsnap-bench-ln-", dir="/var/tmp")
     work = os.path.join(run_dir, "anchor")
     os.makedirs(work)
     path = os.path.join(run_dir, "spec.toml")
+    vm = "primary" if redis else "vm0"
     with open(path, "w") as f:
-        f.write(spec(mem, 3000))
+        f.write(open(os.path.join(rb.ROOT, "examples", "redis.toml")).read() if redis else spec(mem, 3000))
     try:
         up = benchlib.run(rb.VMCSNAP, run_dir, "up", path, "--json")
         time.sleep(rb.SAMPLER_WAIT_S)
-        snap = benchlib.run(rb.VMCSNAP, run_dir, "snapshot", "vm0", "--mode", "hot", "--name", "s", "--json")
+        snap = benchlib.run(rb.VMCSNAP, run_dir, "snapshot", vm, "--mode", "hot", "--name", "s", "--json")
         records = os.path.join(run_dir, "snapshots", "s", "restores")
-        pid = up["vms"][0]["pid"]
-        cmdline = [c.decode() for c in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[:-1]]
         dump = os.path.join(work, "qemu.mig")
-        rb.qemu_dump(run_dir, dump)
+        if not redis:
+            pid = up["vms"][0]["pid"]
+            cmdline = [c.decode() for c in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[:-1]]
+            rb.qemu_dump(run_dir, dump)
         for rep in range(reps):
-            benchlib.drop_page_cache()
-            r = rb.qemu_eager(cmdline, work, snap["frozen_disk"], dump)
-            out_rows.append({"mode": "qemu-eager", "rep": rep, "restore_latency_ms": r["restore_latency_ms"]})
-            print(f"  rep {rep} qemu-eager {r['restore_latency_ms']:.0f} ms", file=sys.stderr)
+            if not redis:
+                benchlib.drop_page_cache()
+                r = rb.qemu_eager(cmdline, work, snap["frozen_disk"], dump)
+                out_rows.append({"mode": "qemu-eager", "rep": rep, "restore_latency_ms": r["restore_latency_ms"]})
+                print(f"  rep {rep} qemu-eager {r['restore_latency_ms']:.0f} ms", file=sys.stderr)
             for mode in ["lazy", "workingset"]:
                 shutil.rmtree(records, ignore_errors=True)
                 benchlib.drop_page_cache()
-                r = restore(run_dir, mode)
+                r = restore(run_dir, mode, vm)
                 out_rows.append(row_of(r, mode=mode, rep=rep, n=1))
                 print(f"  rep {rep} {mode} 1: {r['ws_pages']} first, {r['faults_first_10s']} faults in 10 s, "
                       f"latency {r['restore_latency_ms']:.0f} ms, quality {r.get('quality')}", file=sys.stderr)
-            for n in range(2, CHAIN + 1):
+            for n in range(2, chain + 1):
                 benchlib.drop_page_cache()
-                r = restore(run_dir, "workingset")
+                r = restore(run_dir, "workingset", vm)
                 out_rows.append(row_of(r, mode="workingset", rep=rep, n=n))
                 print(f"  rep {rep} workingset {n}: {r['ws_pages']} first, {r['faults_first_10s']} faults, "
                       f"latency {r['restore_latency_ms']:.0f} ms, next {r.get('next_wss')}", file=sys.stderr)
@@ -133,6 +142,8 @@ def tracking_cost(blocks):
 def summarize(rows, cost):
     med = benchlib.med
     s = {"qemu_eager_latency_ms": med([r["restore_latency_ms"] for r in rows if r["mode"] == "qemu-eager"])}
+    if s["qemu_eager_latency_ms"] != s["qemu_eager_latency_ms"]:  # NaN: not measured
+        s["qemu_eager_latency_ms"] = None
     for mode in ["lazy", "workingset"]:
         for n in ([1] if mode == "lazy" else range(1, CHAIN + 1)):
             rs = [r for r in rows if r["mode"] == mode and r.get("n") == n]
@@ -154,7 +165,7 @@ def summarize(rows, cost):
         s["first_workingset_latency_vs_qemu_eager"] = ws1.get("restore_latency_ms", 0) / s["qemu_eager_latency_ms"]
     plain = med([c["pages_per_s"] for c in cost if c["arm"] == "plain"])
     cleared = med([c["pages_per_s"] for c in cost if c["arm"] == "cleared-1s"])
-    if plain:
+    if cost and plain:
         s["tracking_slowdown_at_1s"] = 1 - cleared / plain
         s["tracking_slowdown_at_sampler_rate_est"] = s["tracking_slowdown_at_1s"] / 10
     return s
@@ -183,16 +194,20 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--mem", type=int, default=1024)
     ap.add_argument("--cost-blocks", type=int, default=8)
+    ap.add_argument("--redis", action="store_true", help="the Redis primary of examples/redis.toml instead")
+    ap.add_argument("--chain", type=int, default=CHAIN, help="restores of one snapshot, each learning from the last")
     ap.add_argument("--out", default=os.path.join(rb.ROOT, "bench", "results"))
     a = ap.parse_args()
     rows = []
-    restores(a.mem, a.reps, rows)
-    cost, _ = tracking_cost(a.cost_blocks)
+    restores(a.mem, a.reps, rows, a.redis, a.chain)
+    cost = [] if a.redis else tracking_cost(a.cost_blocks)[0]
     summary = summarize(rows, cost)
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "learning.json"), "w") as f:
-        json.dump({"memory_mib": a.mem, "reps": a.reps, "summary": summary, "rows": rows, "tracking": cost}, f, indent=1)
-    plot(summary, os.path.join(a.out, "learning.png"))
+    name = "learning-redis" if a.redis else "learning"
+    with open(os.path.join(a.out, f"{name}.json"), "w") as f:
+        json.dump({"memory_mib": 512 if a.redis else a.mem, "reps": a.reps, "summary": summary, "rows": rows,
+                   "tracking": cost}, f, indent=1)
+    plot(summary, os.path.join(a.out, f"{name}.png"))
     print(json.dumps({k: v for k, v in summary.items() if not k.startswith("workingset-") or
                       int(k.split("-")[1]) in SHOW}, indent=1))
 
