@@ -76,6 +76,28 @@ impl fmt::Display for Availability {
     }
 }
 
+/// What the running kernel's build configuration (the text of
+/// `/proc/config.gz` or `/boot/config-RELEASE`) already says, so that a
+/// host whose kernel cannot do vaddr monitoring is never probed through
+/// sysfs at all (its DAMON may be in use by the host itself): `Absent`
+/// without `CONFIG_DAMON` or `CONFIG_DAMON_SYSFS`, `NoVaddr` without
+/// `CONFIG_DAMON_VADDR`, `None` when the configuration allows it (the
+/// sysfs probe decides).
+pub fn from_kernel_config(config: &str) -> Option<Availability> {
+    let set = |name: &str| {
+        config
+            .lines()
+            .any(|l| l.trim() == format!("{name}=y") || l.trim() == format!("{name}=m"))
+    };
+    if !set("CONFIG_DAMON") || !set("CONFIG_DAMON_SYSFS") {
+        Some(Availability::Absent)
+    } else if !set("CONFIG_DAMON_VADDR") {
+        Some(Availability::NoVaddr)
+    } else {
+        None
+    }
+}
+
 /// Can this process write the file at `path`? Opens it for writing without
 /// writing anything (on sysfs an open calls no store handler). Passed to
 /// [`probe_with`] so tests running as root can still cover the denial path.

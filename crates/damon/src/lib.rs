@@ -32,7 +32,7 @@ pub mod setup;
 #[cfg(test)]
 mod tests;
 
-pub use availability::{can_open_for_write, probe, probe_with, Availability};
+pub use availability::{can_open_for_write, from_kernel_config, probe, probe_with, Availability};
 pub use error::DamonError;
 pub use regions::{
     accessed_pages, parse_region, parse_value, read_tried_regions, tried_regions_dir, Region,

@@ -480,3 +480,25 @@ fn parse_region_never_panics_on_random_bytes() {
     }
     assert!(ok > 0, "the loop never produced a valid region");
 }
+
+// ---- from_kernel_config ----
+
+#[test]
+fn the_kernel_config_decides_before_sysfs_is_read() {
+    // This machine's host kernel (2026-11-26): DAMON and its sysfs, no vaddr.
+    let host = "CONFIG_DAMON=y\n# CONFIG_DAMON_VADDR is not set\nCONFIG_DAMON_PADDR=y\nCONFIG_DAMON_SYSFS=y\n";
+    assert_eq!(from_kernel_config(host), Some(Availability::NoVaddr));
+    // Debian 12's own kernels.
+    assert_eq!(
+        from_kernel_config("# CONFIG_DAMON is not set\n"),
+        Some(Availability::Absent)
+    );
+    assert_eq!(
+        from_kernel_config("CONFIG_DAMON=y\nCONFIG_DAMON_VADDR=y\n"),
+        Some(Availability::Absent),
+        "no sysfs interface"
+    );
+    // bookworm-backports 6.12: the sysfs probe decides.
+    let bpo = "CONFIG_DAMON=y\nCONFIG_DAMON_VADDR=y\nCONFIG_DAMON_PADDR=y\nCONFIG_DAMON_SYSFS=y\n";
+    assert_eq!(from_kernel_config(bpo), None);
+}

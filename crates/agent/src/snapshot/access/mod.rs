@@ -218,7 +218,14 @@ fn begin(
     if let Some(m) = marker {
         reclaim_leftover(&config.root, m);
     }
-    let availability = vmcsnap_damon::probe(&config.root);
+    // On the real root, a kernel built without vaddr monitoring is known
+    // from its configuration: its DAMON (maybe the host's own) is never
+    // opened.
+    let availability = (config.root == Path::new(vmcsnap_damon::DEFAULT_ROOT))
+        .then(kernel_config)
+        .flatten()
+        .and_then(|c| vmcsnap_damon::from_kernel_config(&c))
+        .unwrap_or_else(|| vmcsnap_damon::probe(&config.root));
     if !availability.is_usable() {
         return Err(release(format!("DAMON {availability}")));
     }
@@ -259,6 +266,19 @@ fn begin(
         stop_kdamond(&config.root, marker);
         release(format!("cannot start the collector thread: {e}"))
     })
+}
+
+/// The running kernel's build configuration, from `/proc/config.gz` or
+/// `/boot/config-RELEASE` (`None` if neither is there).
+fn kernel_config() -> Option<String> {
+    if let Ok(gz) = fs::File::open("/proc/config.gz") {
+        let mut text = String::new();
+        if std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(gz), &mut text).is_ok() {
+            return Some(text);
+        }
+    }
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+    fs::read_to_string(format!("/boot/config-{}", release.trim())).ok()
 }
 
 /// If `marker` names the kdamond that exists under `root` (same target
