@@ -65,8 +65,6 @@ pub struct WsInputs {
     pub wss_sample: Option<u64>,
     /// WSS_snapshot (pages).
     pub wss_snapshot: u64,
-    /// Pages written during the snapshot.
-    pub written: u64,
     /// The snapshot's own queue: written pages, then accessed ones.
     pub queue: Vec<PageKey>,
     /// What became of the access data.
@@ -108,7 +106,6 @@ pub fn read(img: &Image, dir: &Path) -> WsInputs {
     WsInputs {
         wss_sample: metric(img, "wss_sample_pages"),
         wss_snapshot,
-        written,
         queue,
         access,
         learned,
