@@ -96,17 +96,37 @@ fn kill_qemu(run: &RunDir, cluster: &mut Option<Cluster>, vm: &str) {
     }
 }
 
+/// The restore the previous agent did not finish, if any.
+pub fn pending(run: &RunDir) -> Option<Restoring> {
+    read(run)
+}
+
+impl std::fmt::Display for Restoring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Restoring::Vm { snapshot, vm } => {
+                write!(f, "the restore of VM {vm} from snapshot {snapshot}")
+            }
+            Restoring::Cluster { snapshot, vms } => write!(
+                f,
+                "the cluster restore of snapshot {snapshot} (VMs {})",
+                vms.join(", ")
+            ),
+        }
+    }
+}
+
 /// Redoes a restore the previous agent did not finish (see the module
-/// documentation). Errors are logged: the agent serves on regardless.
-pub fn redo(run: &RunDir, cluster: &mut Option<Cluster>) {
-    let Some(r) = read(run) else { return };
+/// documentation).
+fn redo(run: &RunDir, cluster: &mut Option<Cluster>, r: &Restoring) -> Result<(), AgentError> {
     log(format!(
         "redoing a restore the previous agent did not finish: {r:?}"
     ));
     let mut progress = |m: &str| log(format!("redo: {m}"));
-    let result = match &r {
+    match r {
         Restoring::Vm { snapshot, vm } => {
             kill_qemu(run, cluster, vm);
+            crate::restore::adopt::stop_page_source(run, vm);
             let opts = crate::restore::Options {
                 snapshot: snapshot.clone(),
                 mode: vmcsnap_workingset::Mode::Eager,
@@ -137,12 +157,50 @@ pub fn redo(run: &RunDir, cluster: &mut Option<Cluster>) {
             };
             crate::cluster_restore::restore_cluster(cluster, run, opts, &mut progress).map(|_| ())
         }
+    }
+}
+
+/// Finishes the restore `r` the previous agent did not (see the module
+/// documentation): adopts a VM whose page source serves on, else redoes
+/// the restore. `note` is told what happens, with the cluster as it is
+/// then. Errors are logged: the agent serves on regardless.
+pub fn recover(
+    run: &RunDir,
+    cluster: &mut Option<Cluster>,
+    r: &Restoring,
+    note: &mut dyn FnMut(&mut Option<Cluster>, &str),
+) {
+    let adoptable = match r {
+        Restoring::Vm { vm, .. } => crate::restore::adopt::adoptable(run, vm),
+        Restoring::Cluster { .. } => None,
+    };
+    let result = match adoptable {
+        Some((job, pid)) => {
+            log(format!(
+                "adopting {r}: its guest runs on its page source (QEMU pid {pid})"
+            ));
+            match crate::restore::adopt::adopt(run, cluster, &job, pid, note) {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    log(format!("adopting {r} failed ({e}); redoing it"));
+                    note(cluster, &format!("adopting failed ({e}); redoing it"));
+                    redo(run, cluster, r)
+                }
+            }
+        }
+        None => {
+            note(cluster, "redoing it (eager) from its snapshot");
+            redo(run, cluster, r)
+        }
     };
     match result {
-        Ok(()) => log(format!("redone: {r:?}")),
-        Err(e) => log(format!("redoing {r:?} failed: {e}")),
+        Ok(()) => log(format!("recovered: {r}")),
+        Err(e) => log(format!("recovering {r} failed: {e}")),
     }
     end(run);
+    if let Restoring::Vm { vm, .. } = r {
+        let _ = std::fs::remove_dir_all(crate::restore::page_source::dir_of(&run.vm_dir(vm)));
+    }
     match cluster {
         Some(c) => {
             if let Err(e) = c.persist() {
