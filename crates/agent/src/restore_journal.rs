@@ -1,26 +1,28 @@
-//! Restores an agent did not finish, redone by the next one.
+//! Restores an agent did not finish, finished or redone by the next one.
 //!
-//! A restore's guest depends on the agent until every page is loaded: the
-//! agent is its QEMU's postcopy source. Before a restore starts a QEMU the
-//! agent writes `<run-dir>/restoring.json` (atomically); when the restore
-//! has ended, successfully or not, it removes the file. An agent that
-//! starts and finds the file (its predecessor died mid-restore, e.g. by
-//! `kill -9`) redoes the restore before serving anyone:
+//! Before a restore starts a QEMU the agent writes
+//! `<run-dir>/restoring.json` (atomically); when the restore has ended,
+//! successfully or not, it removes the file. An agent that starts and finds
+//! the file (its predecessor died mid-restore, e.g. by `kill -9`) serves at
+//! once and, in the background, holding the cluster ([`recover`]):
 //!
-//! 1. every QEMU of the VMs being restored is killed: one still waiting for
-//!    its state exits by itself when its source dies, but one already
-//!    running in postcopy would wait forever for its missing pages;
-//! 2. those VMs leave the adopted cluster (a cluster restore: the whole
-//!    cluster, which the restore had created);
-//! 3. the restore runs again, `eager` (`eager-rl` for a cluster: every page
-//!    loaded before any guest starts, so the agent is needed only briefly),
-//!    from the same snapshot.
+//! - **adopts** a restore of one VM whose page source (a process of its
+//!   own: [`crate::restore::page_source`]) still serves, or has finished,
+//!   while its QEMU lives: the guest ran on throughout; the VM joins the
+//!   cluster and the restore is finished from the page source's files
+//!   ([`crate::restore::adopt`]);
+//! - otherwise **redoes** it: every QEMU of the VMs being restored is killed
+//!   (one already running in postcopy would wait forever for its missing
+//!   pages), those VMs leave the adopted cluster (a cluster restore: the
+//!   whole cluster, which the restore had created), and the restore runs
+//!   again, `eager` (`eager-rl` for a cluster: every page loaded before any
+//!   guest starts), from the same snapshot. That is a restore whose page
+//!   source had not started (its guest had not run), or had died too, and
+//!   every cluster restore (whose sources run inside the agent): a guest
+//!   that had started loses what it did since.
 //!
-//! The guests come back at the snapshot's point, as the interrupted restore
-//! would have brought them; a guest that had started before the crash
-//! loses what it did since (at most the restore's own duration). QEMU 7.2's
-//! postcopy recovery (`migrate-recover`) would let a new agent resume the
-//! page feed instead; vmcsnap does not implement it yet.
+//! QEMU 7.2's postcopy recovery (`migrate-recover`) would let a new agent
+//! resume a dead source's feed; vmcsnap does not use it.
 
 use serde::{Deserialize, Serialize};
 

@@ -621,6 +621,11 @@ fn request(sock: &Path, req: &Request) -> Result<serde_json::Value> {
 fn page_source(dir: &std::path::Path, detach: bool) -> Result<()> {
     use std::os::fd::AsFd;
     use vmcsnap_agent::restore::page_source;
+    // Its agent may go away (the event pipe breaks) and so may QEMU (the
+    // stream does): both are errors it handles, not a reason to die
+    // without a result, as SIGPIPE's default (set for the CLI) would.
+    // SAFETY: signal(2) with SIG_IGN, before this command starts a thread.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     if detach {
         page_source::detach(dir).context("page source: detaching")?;
     }
