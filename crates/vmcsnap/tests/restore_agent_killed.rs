@@ -133,7 +133,10 @@ fn a_lazy_restore_survives_its_agent_and_is_adopted() {
         "VMCSNAP_TEST_HOLD_RECOVERY".into(),
         hold.to_string_lossy().into_owned(),
     ));
+    let asked = Instant::now();
     let st = env.json(&["status", "--json"]);
+    // For the record only (no threshold): the new agent's start included.
+    eprintln!("status after the kill answered in {:?}", asked.elapsed());
     let busy = st["busy"]["request"].as_str().unwrap_or("");
     assert!(
         busy.contains("recovering") && busy.contains("VM a") && busy.contains("snapshot s"),

@@ -1,9 +1,12 @@
 //! Driving one restore's postcopy source: QEMU is told to listen, the
-//! source thread ([`postcopy::run_source`]) feeds it from the image while
-//! this thread watches for the guest's start (QMP RESUME), reports progress
+//! source ([`postcopy::run_source`]) feeds it from the image while this
+//! thread watches for the guest's start (QMP RESUME), reports progress
 //! (and, in a cluster restore, the Cohort's events), gives the fault path its
 //! CPU priorities ([`super::priority`]), and finally records what the
-//! restore learned ([`super::traces`]).
+//! restore learned ([`super::finish`]). The source of a restore of one VM is
+//! a process of its own that outlives the agent ([`super::page_source`],
+//! followed through its event pipe); a cluster restore's runs in a thread
+//! here, where START holds its background push.
 //!
 //! The guest's way to running ([`Phase`]):
 //!
