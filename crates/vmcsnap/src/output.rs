@@ -172,6 +172,11 @@ pub fn snapshot(v: &Value) {
     if let Some(line) = pause_parts(&v["pause"]) {
         println!("  pause: {line}");
     }
+    match v["parent"].as_str().map(|p| (p, p.strip_prefix("none: "))) {
+        Some((_, Some(why))) => println!("  full: {why}"),
+        Some((p, None)) => println!("  incremental to {p}"),
+        None => {}
+    }
     println!("  {}", v["path"].as_str().unwrap_or("?"));
 }
 
