@@ -207,8 +207,13 @@ impl Run<'_> {
         }
         if let Some(parent) = self.opts.parent.take() {
             // Another RAM layout (the VM's memory was resized): a full
-            // image, never a wrong one.
-            let _ = writer.set_parent(parent);
+            // image, never a wrong one, and the manifest says why.
+            if let Err(e) = writer.set_parent(parent) {
+                writer
+                    .metrics_mut()
+                    .other
+                    .insert("parent".into(), Value::String(format!("none: {e}")));
+            }
         }
         if let Some(m) = &self.opts.disk_matcher {
             writer.set_disk_matcher((m.0)());

@@ -50,7 +50,8 @@ pub enum Command {
     },
     /// Remove what interrupted or failed operations left behind: snapshot
     /// temporary directories and frozen disks of snapshots never committed
-    /// (kept while a VM's disk still uses them).
+    /// (kept while a VM's disk still uses them), and cached disk indexes
+    /// (<run-dir>/disk-index) of files no snapshot and no VM has any more.
     Gc {
         /// Print JSON.
         #[arg(long)]
@@ -232,7 +233,7 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show a snapshot's manifest and page statistics; --verify checks every CRC.
+    /// Show a snapshot's manifest and page statistics; --verify checks what a restore checks.
     /// A cluster snapshot shows its VMs, timeline, W(i,j) edges and counters.
     Inspect {
         /// A snapshot name (under <run-dir>/snapshots) or a snapshot directory.
@@ -247,7 +248,9 @@ pub enum Command {
         /// With --rdg: write the graph as Graphviz DOT to FILE (and FILE.png if `dot` is installed).
         #[arg(long, value_name = "FILE", requires = "rdg")]
         dot: Option<PathBuf>,
-        /// Read every block and check every CRC; exit non-zero naming each bad block.
+        /// Check everything a restore checks: every block and CRC, every page through the
+        /// parent snapshots and frozen disks (no absent page), the page hashes; exit
+        /// non-zero naming each bad block and page.
         #[arg(long)]
         verify: bool,
         /// Print JSON.

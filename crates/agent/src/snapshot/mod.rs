@@ -38,7 +38,7 @@ use vmcsnap_capture::{capture, CaptureOptions, Captured, DiskRef, Phase};
 pub mod access;
 mod capture_thread;
 mod commit_watch;
-mod disk_match;
+pub(crate) mod disk_match;
 pub mod limit;
 pub mod parent;
 mod pause;
@@ -166,16 +166,15 @@ pub fn snapshot(
     copts.progress_interval_bytes = 32 << 20;
     copts.writer = opts.writer;
     // An incremental snapshot of a single VM (not of a cluster snapshot's
-    // VM: each cluster snapshot stands alone).
-    if opts.target.is_none() && !opts.full && opts.writer.format_major >= 2 {
-        copts.parent = parent::choose(&root, &vm.name);
-        if let Some(p) = &copts.parent {
-            progress(&format!(
-                "incremental to {} (chain depth {})",
-                p.reference.name, p.reference.depth
-            ));
+    // VM: each cluster snapshot stands alone), or why it is full.
+    let parent_metric = match parent::decide(&root, &vm.name, &opts, progress) {
+        Ok(p) => {
+            let metric = parent::metric_of(&p);
+            copts.parent = Some(p);
+            metric
         }
-    }
+        Err(e) => e.metric(),
+    };
     copts.compress_worker_init = Some(vmcsnap_capture::WorkerInit(std::sync::Arc::new(
         background_priority,
     )));
@@ -342,6 +341,21 @@ pub fn snapshot(
             d.record(m);
         }
         m.other.insert("access_data".into(), json!(access.note()));
+        // The capture's own note wins (a parent of another RAM layout).
+        m.other
+            .entry(parent::METRIC.to_string())
+            .or_insert_with(|| json!(parent_metric));
+    }
+    let decided = parent_metric;
+    let parent_metric = captured
+        .metrics_mut()
+        .other
+        .get(parent::METRIC)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    if parent_metric != decided {
+        tracing::warn!(vm = %vm.name, parent = %parent_metric, "snapshot is full: the capture could not use its parent");
     }
     let deadline = commit_watch::deadline_for(stats.stream_bytes);
     let vm_name = vm.name.clone();
@@ -369,6 +383,7 @@ pub fn snapshot(
         pages_stored: stats.pages_stored,
         pages_zero: stats.pages_zero,
         pages_guest_written: stats.pages_guest_written,
+        parent: parent_metric,
         stream_mb_per_s: stats.stream_mb_per_s(),
         frozen_disk: frozen,
         overlay,
