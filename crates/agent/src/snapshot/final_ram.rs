@@ -179,15 +179,55 @@ fn hash_file(path: &Path) -> Result<FinalRam, String> {
         .len();
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
-        .min(MAX_HASH_THREADS);
-    let hashes = vmcsnap_capture::ram_check::hash_pages(&file, 0, len, page_size(), threads)
-        .map_err(|e| format!("reading guest RAM {}: {e}", path.display()))?;
+        .min(MAX_HASH_THREADS) as u64;
+    let ps = page_size() as u64;
+    let per = (len / ps).div_ceil(threads).max(1) * ps;
+    // Each share in a thread of its own, at the priority of a hot pause's
+    // QEMU work (where permitted): this is guest downtime, and other VMs'
+    // vCPUs can wait for it.
+    let shares: Vec<Result<Vec<u128>, std::io::Error>> = std::thread::scope(|s| {
+        let jobs: Vec<_> = (0..threads)
+            .map(|i| (i * per, per.min(len.saturating_sub(i * per))))
+            .filter(|&(_, n)| n > 0)
+            .map(|(at, n)| {
+                let file = &file;
+                s.spawn(move || {
+                    pause_priority();
+                    vmcsnap_capture::ram_check::hash_pages(file, at, n, ps as usize, 1)
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|j| {
+                j.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("a hashing thread panicked")))
+            })
+            .collect()
+    });
+    let mut hashes = Vec::with_capacity((len / ps) as usize);
+    for share in shares {
+        hashes.extend(share.map_err(|e| format!("reading guest RAM {}: {e}", path.display()))?);
+    }
+    if len % ps != 0 {
+        return Err(format!(
+            "guest RAM {} is {len} bytes, not a whole number of pages",
+            path.display()
+        ));
+    }
     Ok(FinalRam {
         block: RAM_BLOCK.into(),
         file,
         file_offset: 0,
         hashes,
     })
+}
+
+/// Raises the calling thread to [`PAUSE_NICE`] (best effort: needs
+/// CAP_SYS_NICE). Only the agent's own hashing threads, which end with it.
+fn pause_priority() {
+    // SAFETY: gettid takes nothing and returns the caller's thread id.
+    let tid = unsafe { libc::gettid() };
+    crate::thread_priority::set_nice(tid as u32, PAUSE_NICE);
 }
 
 /// Guest pages are 4 KiB (x86).
