@@ -64,6 +64,8 @@ struct Shared {
     view: Mutex<View>,
     info: AgentInfo,
     listener: UnixListener,
+    /// Held for the agent's life (across exec restarts).
+    lock: crate::agent_lock::AgentLock,
     exit_when_idle: bool,
     exe: PathBuf,
 }
@@ -81,17 +83,26 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         "finding the agent executable",
         "/proc/self/exe",
     ))?;
-    let (listener, cluster, exit_when_idle, generation) = match &opts.resume {
+    let (listener, agent_lock, cluster, exit_when_idle, generation) = match &opts.resume {
         Some(path) => {
-            let (l, c, e, g) = crate::handover::resume(run, path)?;
+            let r = crate::handover::resume(run, path)?;
             log(format!(
-                "agent {} resumed (generation {g}) with {} VMs",
+                "agent {} resumed (generation {}) with {} VMs",
                 std::process::id(),
-                c.as_ref().map_or(0, |c| c.members.len())
+                r.generation,
+                r.cluster.as_ref().map_or(0, |c| c.members.len())
             ));
-            (l, c, e, g)
+            (
+                r.listener,
+                r.lock,
+                r.cluster,
+                r.exit_when_idle,
+                r.generation,
+            )
         }
         None => {
+            // Before anything else: one agent per run directory.
+            let held = crate::agent_lock::AgentLock::acquire(run)?;
             let listener = bind_control(run)?;
             // VMs of an agent that died: adopt them before serving anyone.
             let mut cluster = crate::record::adopt(run)?;
@@ -110,7 +121,7 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
                     "cannot remove leftovers of interrupted operations: {e}"
                 )),
             }
-            (listener, cluster, opts.exit_when_idle, 0)
+            (listener, held, cluster, opts.exit_when_idle, 0)
         }
     };
     std::fs::write(run.agent_pid(), format!("{}\n", std::process::id()))
@@ -136,6 +147,7 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         }),
         info,
         listener,
+        lock: agent_lock,
         exit_when_idle,
         exe,
     });
@@ -376,6 +388,7 @@ fn run_locked(
         let e = crate::handover::exec_restart(
             &sh.run,
             &sh.listener,
+            sh.lock.fd(),
             &mut guard,
             sh.exit_when_idle,
             sh.info.generation,

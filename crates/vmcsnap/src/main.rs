@@ -32,7 +32,19 @@ fn main() {
     ));
     if let Err(e) = run(cli) {
         eprintln!("vmcsnap: error: {}", error_chain(e.chain()));
-        std::process::exit(1);
+        // An agent that lost the start to another one says so by its exit
+        // code: the CLI that started it talks to the other one.
+        let lost = e.chain().any(|c| {
+            matches!(
+                c.downcast_ref::<vmcsnap_agent::AgentError>(),
+                Some(vmcsnap_agent::AgentError::AnotherAgent { .. })
+            )
+        });
+        std::process::exit(if lost {
+            vmcsnap_agent::agent_lock::EXIT_ANOTHER_AGENT
+        } else {
+            1
+        });
     }
 }
 
