@@ -35,6 +35,7 @@
 
 mod feed;
 pub mod pages;
+pub mod postmortem;
 mod prefetch;
 mod priority;
 mod run;

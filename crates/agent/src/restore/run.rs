@@ -655,14 +655,53 @@ fn start_and_feed(
             log(format!(
                 "restore of {name} failed, discarding its QEMU: {e}"
             ));
+            // What QEMU says of it, while it can (an abandoned restore is
+            // no failure of its own: nothing to explain).
+            let evidence = (!matches!(e, AgentError::Abandoned { .. }))
+                .then(|| super::postmortem::gather(&mut vm));
             // Its state is worthless, and a postcopy destination whose
             // source is gone does not quit on request (7 s of QMP timeout
             // and grace for nothing).
             vm.discard("its restore failed, its state is worthless");
+            let e = match evidence {
+                Some(ev) => keep_postmortem(run, &mut vm, ev, e),
+                None => e,
+            };
             let _ = switch.remove_port(port);
             config.remove_runtime_files();
             let _ = std::fs::remove_file(&overlay);
             Err(e)
+        }
+    }
+}
+
+/// Keeps what explains the failed restore of `vm` ([`super::postmortem`])
+/// and names where in the error.
+fn keep_postmortem(
+    run: &RunDir,
+    vm: &mut Vm,
+    evidence: super::postmortem::Evidence,
+    e: AgentError,
+) -> AgentError {
+    let mut detail = match &e {
+        AgentError::Restore { detail, .. } => detail.clone(),
+        e => e.to_string(),
+    };
+    match super::postmortem::keep(run, vm, evidence, &detail) {
+        Ok(dir) => {
+            detail += &format!(
+                "; kept for its post-mortem in {}: QEMU's stderr (qemu-stderr.log), its last QMP events and migration state (qmp.json), the guest console (console.log)",
+                dir.display()
+            );
+            fail(&vm.name, detail)
+        }
+        Err(err) => {
+            log(format!(
+                "VM {}: cannot keep the failed restore's post-mortem in {}: {err}",
+                vm.name,
+                run.root().join(super::postmortem::DIR).display()
+            ));
+            e
         }
     }
 }
