@@ -25,6 +25,7 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
@@ -66,6 +67,11 @@ struct Shared {
     listener: UnixListener,
     /// Held for the agent's life (across exec restarts).
     lock: crate::agent_lock::AgentLock,
+    /// Connections accepted and not yet done with.
+    inflight: AtomicUsize,
+    /// An agent started on demand became idle while other requests were
+    /// in flight: the last of them to finish exits (if still idle).
+    exit_due: AtomicBool,
     exit_when_idle: bool,
     exe: PathBuf,
 }
@@ -148,6 +154,8 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         info,
         listener,
         lock: agent_lock,
+        inflight: AtomicUsize::new(0),
+        exit_due: AtomicBool::new(false),
         exit_when_idle,
         exe,
     });
@@ -166,10 +174,15 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
             }
         };
         let sh = Arc::clone(&shared);
+        shared.inflight.fetch_add(1, Ordering::SeqCst);
         let spawned = std::thread::Builder::new()
             .name("request".into())
-            .spawn(move || serve_connection(&sh, stream));
+            .spawn(move || {
+                serve_connection(&sh, stream);
+                done_with_connection(&sh);
+            });
         if let Err(e) = spawned {
+            shared.inflight.fetch_sub(1, Ordering::SeqCst);
             log(format!("cannot start a thread for a request: {e}"));
         }
     }
@@ -197,6 +210,31 @@ fn bind_control(run: &RunDir) -> Result<UnixListener, AgentError> {
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
         .map_err(AgentError::io("setting permissions of", &sock))?;
     Ok(listener)
+}
+
+/// After a connection's request was answered: the last connection out of
+/// an agent whose exit is due (`Shared::exit_due`) makes it exit, if no
+/// cluster came up meanwhile.
+fn done_with_connection(sh: &Shared) {
+    if sh.inflight.fetch_sub(1, Ordering::SeqCst) != 1 || !sh.exit_due.load(Ordering::SeqCst) {
+        return;
+    }
+    let guard = lock(&sh.cluster);
+    if guard.is_none() && sh.inflight.load(Ordering::SeqCst) == 0 {
+        exit_idle(sh);
+    }
+}
+
+/// Exits an agent that has nothing left to do: its socket goes first, so
+/// that the next client starts a new agent instead of reaching this one.
+fn exit_idle(sh: &Shared) -> ! {
+    let _ = std::fs::remove_file(sh.run.agent_socket());
+    let _ = std::fs::remove_file(sh.run.agent_pid());
+    // The old QEMUs of warm restarts still exiting are ours to reap
+    // (their new parent might not).
+    crate::qemu_exit::wait_reaped(std::time::Duration::from_secs(10));
+    log("agent exiting");
+    std::process::exit(0);
 }
 
 /// Reads one request from `stream` and answers it.
@@ -366,7 +404,14 @@ fn run_locked(
     if !read_only {
         refresh_view(sh, &mut guard);
     }
-    if stop || (sh.exit_when_idle && then_idle && guard.is_none()) {
+    let idle = sh.exit_when_idle && then_idle && guard.is_none();
+    // Other requests in flight (queued behind this one) are served first:
+    // the last of them makes the agent exit (`done_with_connection`).
+    let others = sh.inflight.load(Ordering::SeqCst) > 1;
+    if idle && others && !stop {
+        sh.exit_due.store(true, Ordering::SeqCst);
+    }
+    if stop || (idle && !others) {
         if let Some(mut c) = guard.take() {
             c.teardown();
         }
@@ -374,13 +419,8 @@ fn run_locked(
         // once it has the reply, must not reach this agent (it would be
         // cut off mid-way by the exit) but start a new one.
         let _ = std::fs::remove_file(sh.run.agent_socket());
-        let _ = std::fs::remove_file(sh.run.agent_pid());
         let _ = write_reply(&mut &*stream, &reply);
-        // The old QEMUs of warm restarts still exiting are ours to reap
-        // (their new parent might not).
-        crate::qemu_exit::wait_reaped(std::time::Duration::from_secs(10));
-        log("agent exiting");
-        std::process::exit(0);
+        exit_idle(sh);
     }
     let _ = write_reply(&mut &*stream, &reply);
     if restart {

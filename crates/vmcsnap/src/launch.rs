@@ -135,6 +135,33 @@ fn spawn(run_dir: &RunDir, exit_when_idle: bool) -> Result<Child> {
         .context("cannot start the agent")
 }
 
+/// Sends `req` to the agent of `run_dir`, starting one (that exits once
+/// idle) if none answers, and prints its progress lines. An agent that
+/// went away between answering our ping and our connecting (it exited
+/// once idle) is replaced, and the request sent again: it had never been
+/// sent (the connection failed).
+pub fn request_started(run_dir: &RunDir, req: &Request) -> Result<serde_json::Value> {
+    let sock = run_dir.agent_socket();
+    let mut attempts = 0;
+    loop {
+        ensure_agent(run_dir, true)?;
+        attempts += 1;
+        match call(&sock, req, None, &mut |m| eprintln!("  {m}")) {
+            Err(ControlError::NoAgent { source, .. }) if not_sent(&source) && attempts < 3 => {}
+            r => return Ok(r?),
+        }
+    }
+}
+
+/// Whether a failure to reach the agent means the request never left:
+/// the connection itself failed (the socket is gone, or nothing listens).
+fn not_sent(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+    )
+}
+
 /// This CLI's turn to start the agent: an exclusive `flock` on the start
 /// lock file, released when dropped (or when the CLI dies).
 struct StartTurn {

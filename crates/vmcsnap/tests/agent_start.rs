@@ -30,6 +30,15 @@ fn agents(env: &Env) -> Vec<u32> {
         .collect()
 }
 
+/// Waits until no agent of this run directory runs (bounded).
+fn wait_no_agent(env: &Env) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !agents(env).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(agents(env), Vec::<u32>::new(), "an agent stayed");
+}
+
 fn spawn(env: &Env, args: &[&str]) -> Child {
     env.command(args)
         .stdout(Stdio::piped())
@@ -72,6 +81,7 @@ fn concurrent_cli_calls_without_an_agent_all_succeed_with_one_agent() {
     );
     assert_eq!(agents(&env), vec![pids[0]], "agents running");
     env.ok(&["agent", "stop"]);
+    wait_no_agent(&env);
 
     // Agents started directly, all at once.
     let runs: Vec<Child> = (0..8).map(|_| spawn(&env, &["agent", "run"])).collect();
@@ -162,4 +172,31 @@ impl<I: Iterator<Item = Child>> PartitionExited for I {
             (done, alive)
         })
     }
+}
+
+/// An agent started on demand exits once idle (no cluster after a request
+/// that could have ended one), but not while other requests wait behind
+/// the one that made it idle: they are answered first, each with its own
+/// error here, never "the agent went away before answering" (1 of 8 such
+/// calls got that before).
+#[test]
+fn an_agent_exiting_when_idle_answers_the_requests_queued_first() {
+    let env = Env::new();
+    for round in 0..3 {
+        let calls: Vec<Child> = (0..12)
+            .map(|_| spawn(&env, &["snapshots", "delete", "nope"]))
+            .collect();
+        for c in calls {
+            let out = c.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success());
+            assert!(
+                err.contains("no snapshot named \"nope\""),
+                "round {round}: {err}"
+            );
+        }
+    }
+    // Idle: the last one out went away.
+    wait_no_agent(&env);
+    assert!(!env.run_dir().join("agent.sock").exists());
 }
