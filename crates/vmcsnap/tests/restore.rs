@@ -590,6 +590,12 @@ fn a_failed_restore_quotes_only_its_own_console_and_kills_its_qemu_at_once() {
                 "{}",
                 pm.qmp
             );
+            // QEMU's own words on why it stopped loading are quoted.
+            assert!(
+                err.contains("QEMU was still running (migration postcopy-")
+                    && err.contains("Detected IO failure for postcopy"),
+                "{err}"
+            );
             killed = true;
             break;
         }

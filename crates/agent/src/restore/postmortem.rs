@@ -44,6 +44,14 @@ pub struct Evidence {
     migrate: Value,
 }
 
+impl Evidence {
+    /// The incoming migration's status, if the QEMU still ran and said
+    /// (e.g. `postcopy-paused`: it gave up on the stream but lives on).
+    pub fn migration_status(&self) -> Option<&str> {
+        self.migrate["status"].as_str()
+    }
+}
+
 /// Asks `vm`'s QEMU, if it still runs and its QMP session is open, for its
 /// run state and migration status (each bounded by [`QUERY_TIMEOUT`]).
 pub fn gather(vm: &mut Vm) -> Evidence {

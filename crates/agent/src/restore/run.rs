@@ -687,6 +687,16 @@ fn keep_postmortem(
         AgentError::Restore { detail, .. } => detail.clone(),
         e => e.to_string(),
     };
+    // A QEMU that was still running when the restore failed (one that
+    // exited is quoted above) may have said why, e.g. a postcopy
+    // destination that paused on an error of its own.
+    if let Some(status) = evidence.migration_status() {
+        detail += &format!("; QEMU was still running (migration {status})");
+        let log = crate::vm::tail(&vm.qemu_log, 1500);
+        if !log.trim().is_empty() {
+            detail += &format!(", its log ends:\n{}\n", log.trim_end());
+        }
+    }
     match super::postmortem::keep(run, vm, evidence, &detail) {
         Ok(dir) => {
             detail += &format!(
