@@ -22,7 +22,7 @@
 //! Only the newest [`KEEP`] are kept. Nothing else ever reads them.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
@@ -35,6 +35,8 @@ pub const DIR: &str = "failed-restores";
 pub const KEEP: usize = 20;
 /// The most of the console kept.
 const CONSOLE_BYTES: u64 = 1 << 20;
+/// How long an exiting QEMU may take to finish its exit.
+const EXIT_WAIT: Duration = Duration::from_secs(5);
 /// How long a QEMU may take to answer one post-mortem query.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -54,7 +56,17 @@ impl Evidence {
 
 /// Asks `vm`'s QEMU, if it still runs and its QMP session is open, for its
 /// run state and migration status (each bounded by [`QUERY_TIMEOUT`]).
+/// A QEMU on its way out (every thread exiting: a crash, or an exit of its
+/// own whose teardown of guest RAM takes a while) is first given up to
+/// [`EXIT_WAIT`] to finish, so that its own exit status is known, not the
+/// kill that would follow.
 pub fn gather(vm: &mut Vm) -> Evidence {
+    if vm.exited().is_none() && crate::qemu_exit::exiting(vm.pid) {
+        let t = Instant::now();
+        while vm.exited().is_none() && t.elapsed() < EXIT_WAIT {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
     let mut ask = |cmd: &str| {
         if vm.exited().is_some() {
             return json!({ "not asked": "QEMU had exited" });

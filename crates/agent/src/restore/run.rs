@@ -627,6 +627,10 @@ fn start_and_feed(
             Ok((member, report))
         }
         Err(e) => {
+            // What QEMU says of it, while it can (an abandoned restore is
+            // no failure of its own: nothing to explain).
+            let evidence = (!matches!(e, AgentError::Abandoned { .. }))
+                .then(|| super::postmortem::gather(&mut vm));
             // A QEMU that exited by itself says why in its log (e.g. a
             // stream it rejected) or the guest's console (e.g. a panic).
             // (Unless this restore stopped it: an abandoned one.)
@@ -655,10 +659,6 @@ fn start_and_feed(
             log(format!(
                 "restore of {name} failed, discarding its QEMU: {e}"
             ));
-            // What QEMU says of it, while it can (an abandoned restore is
-            // no failure of its own: nothing to explain).
-            let evidence = (!matches!(e, AgentError::Abandoned { .. }))
-                .then(|| super::postmortem::gather(&mut vm));
             // Its state is worthless, and a postcopy destination whose
             // source is gone does not quit on request (7 s of QMP timeout
             // and grace for nothing).
