@@ -28,6 +28,14 @@ pub enum AgentError {
     /// KVM was requested but cannot be used.
     #[error("accel = \"kvm\" but {0}; use accel = \"tcg\" or \"auto\"")]
     KvmUnusable(String),
+    /// Another agent holds the run directory's lock (`crate::agent_lock`).
+    #[error("another agent{} already serves this run directory on {}: talk to it, or stop it with `vmcsnap agent stop` first", pid.map(|p| format!(" (pid {p})")).unwrap_or_default(), socket.display())]
+    AnotherAgent {
+        /// Its pid, as it wrote it in the lock file.
+        pid: Option<u32>,
+        /// Its control socket.
+        socket: PathBuf,
+    },
     /// A cluster is already up.
     #[error("cluster {0:?} is already up in this run directory; run `vmcsnap down` first")]
     AlreadyUp(String),

@@ -57,6 +57,10 @@ struct MemberState {
 struct Handover {
     version: u32,
     control_fd: RawFd,
+    /// The agent lock's descriptor (`crate::agent_lock`), kept across the
+    /// exec (absent from an older image's file).
+    #[serde(default)]
+    lock_fd: Option<RawFd>,
     exit_when_idle: bool,
     generation: u64,
     cluster: Option<ClusterState>,
@@ -77,6 +81,7 @@ struct ClusterState {
 pub fn exec_restart(
     run: &RunDir,
     listener: &UnixListener,
+    lock_fd: RawFd,
     cluster: &mut Option<Cluster>,
     exit_when_idle: bool,
     generation: u64,
@@ -144,6 +149,7 @@ pub fn exec_restart(
     let h = Handover {
         version: HANDOVER_VERSION,
         control_fd: listener.as_raw_fd(),
+        lock_fd: Some(lock_fd),
         exit_when_idle,
         generation,
         cluster: state,
@@ -156,6 +162,10 @@ pub fn exec_restart(
         set_cloexec(listener.as_raw_fd(), false).map_err(AgentError::io(
             "keeping the control socket across exec",
             run.agent_socket(),
+        ))?;
+        set_cloexec(lock_fd, false).map_err(AgentError::io(
+            "keeping the agent lock across exec",
+            run.root().join(crate::agent_lock::FILE_NAME),
         ))?;
         std::fs::write(&path, serde_json::to_vec(&h).expect("handover serialises"))
             .map_err(AgentError::io("writing", &path))?;
@@ -179,6 +189,7 @@ pub fn exec_restart(
         "agent restart failed, continuing in the old image: {err}"
     ));
     let _ = set_cloexec(listener.as_raw_fd(), true);
+    let _ = set_cloexec(lock_fd, true);
     let _ = std::fs::remove_file(&path);
     if let (Some(f), Some(st)) = (frozen, h.cluster) {
         match f.resume(crate::cluster::switch_config()) {
@@ -200,13 +211,24 @@ pub fn exec_restart(
     err
 }
 
+/// What the new image takes over.
+pub struct Resumed {
+    /// The control socket, listening all along.
+    pub listener: UnixListener,
+    /// The agent lock, held all along (taken now if the old image did not
+    /// hand it over).
+    pub lock: crate::agent_lock::AgentLock,
+    /// The cluster, if one was up.
+    pub cluster: Option<Cluster>,
+    /// Whether the agent exits once idle.
+    pub exit_when_idle: bool,
+    /// The new image's generation.
+    pub generation: u64,
+}
+
 /// In the new image: reads the handover file and rebuilds the listener, the
-/// switch and the cluster. Returns the listener, cluster, `exit_when_idle`
-/// and generation.
-pub fn resume(
-    run: &RunDir,
-    path: &Path,
-) -> Result<(UnixListener, Option<Cluster>, bool, u64), AgentError> {
+/// lock, the switch and the cluster.
+pub fn resume(run: &RunDir, path: &Path) -> Result<Resumed, AgentError> {
     let text = std::fs::read(path).map_err(AgentError::io("reading", path))?;
     let _ = std::fs::remove_file(path);
     let h: Handover = serde_json::from_slice(&text).map_err(|e| {
@@ -228,6 +250,10 @@ pub fn resume(
         "restoring close-on-exec on",
         run.agent_socket(),
     ))?;
+    let lock = match h.lock_fd {
+        Some(fd) => crate::agent_lock::AgentLock::inherited(run, fd)?,
+        None => crate::agent_lock::AgentLock::acquire(run)?,
+    };
     let cluster = match h.cluster {
         None => None,
         Some(st) => {
@@ -258,7 +284,13 @@ pub fn resume(
             ))
         }
     };
-    Ok((listener, cluster, h.exit_when_idle, h.generation + 1))
+    Ok(Resumed {
+        listener,
+        lock,
+        cluster,
+        exit_when_idle: h.exit_when_idle,
+        generation: h.generation + 1,
+    })
 }
 
 fn relay_again(
@@ -306,7 +338,7 @@ fn check_listener(fd: RawFd, expect: &Path) -> Result<(), AgentError> {
     }
 }
 
-fn set_cloexec(fd: RawFd, on: bool) -> std::io::Result<()> {
+pub(crate) fn set_cloexec(fd: RawFd, on: bool) -> std::io::Result<()> {
     // SAFETY: F_GETFD/F_SETFD only read and set the descriptor flags of an
     // fd this process owns.
     unsafe {

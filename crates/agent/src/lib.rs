@@ -20,6 +20,7 @@
 
 pub mod accel;
 pub mod accessed;
+pub mod agent_lock;
 pub mod availability;
 pub mod capacity;
 pub mod cloud_init;

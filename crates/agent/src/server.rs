@@ -25,6 +25,7 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
@@ -64,6 +65,13 @@ struct Shared {
     view: Mutex<View>,
     info: AgentInfo,
     listener: UnixListener,
+    /// Held for the agent's life (across exec restarts).
+    lock: crate::agent_lock::AgentLock,
+    /// Connections accepted and not yet done with.
+    inflight: AtomicUsize,
+    /// An agent started on demand became idle while other requests were
+    /// in flight: the last of them to finish exits (if still idle).
+    exit_due: AtomicBool,
     exit_when_idle: bool,
     exe: PathBuf,
 }
@@ -81,23 +89,32 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         "finding the agent executable",
         "/proc/self/exe",
     ))?;
-    let (listener, cluster, exit_when_idle, generation) = match &opts.resume {
+    let (listener, agent_lock, cluster, exit_when_idle, generation) = match &opts.resume {
         Some(path) => {
-            let (l, c, e, g) = crate::handover::resume(run, path)?;
+            let r = crate::handover::resume(run, path)?;
             log(format!(
-                "agent {} resumed (generation {g}) with {} VMs",
+                "agent {} resumed (generation {}) with {} VMs",
                 std::process::id(),
-                c.as_ref().map_or(0, |c| c.members.len())
+                r.generation,
+                r.cluster.as_ref().map_or(0, |c| c.members.len())
             ));
-            (l, c, e, g)
+            (
+                r.listener,
+                r.lock,
+                r.cluster,
+                r.exit_when_idle,
+                r.generation,
+            )
         }
         None => {
+            // Before anything else: one agent per run directory.
+            let held = crate::agent_lock::AgentLock::acquire(run)?;
             let listener = bind_control(run)?;
             // VMs of an agent that died: adopt them before serving anyone
             // (what it left half-done is finished in the background: see
             // `recover`).
             let cluster = crate::record::adopt(run)?;
-            (listener, cluster, opts.exit_when_idle, 0)
+            (listener, held, cluster, opts.exit_when_idle, 0)
         }
     };
     std::fs::write(run.agent_pid(), format!("{}\n", std::process::id()))
@@ -123,6 +140,9 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         }),
         info,
         listener,
+        lock: agent_lock,
+        inflight: AtomicUsize::new(0),
+        exit_due: AtomicBool::new(false),
         exit_when_idle,
         exe,
     });
@@ -156,10 +176,15 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
             }
         };
         let sh = Arc::clone(&shared);
+        shared.inflight.fetch_add(1, Ordering::SeqCst);
         let spawned = std::thread::Builder::new()
             .name("request".into())
-            .spawn(move || serve_connection(&sh, stream));
+            .spawn(move || {
+                serve_connection(&sh, stream);
+                done_with_connection(&sh);
+            });
         if let Err(e) = spawned {
+            shared.inflight.fetch_sub(1, Ordering::SeqCst);
             log(format!("cannot start a thread for a request: {e}"));
         }
     }
@@ -236,6 +261,31 @@ fn bind_control(run: &RunDir) -> Result<UnixListener, AgentError> {
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
         .map_err(AgentError::io("setting permissions of", &sock))?;
     Ok(listener)
+}
+
+/// After a connection's request was answered: the last connection out of
+/// an agent whose exit is due (`Shared::exit_due`) makes it exit, if no
+/// cluster came up meanwhile.
+fn done_with_connection(sh: &Shared) {
+    if sh.inflight.fetch_sub(1, Ordering::SeqCst) != 1 || !sh.exit_due.load(Ordering::SeqCst) {
+        return;
+    }
+    let guard = lock(&sh.cluster);
+    if guard.is_none() && sh.inflight.load(Ordering::SeqCst) == 0 {
+        exit_idle(sh);
+    }
+}
+
+/// Exits an agent that has nothing left to do: its socket goes first, so
+/// that the next client starts a new agent instead of reaching this one.
+fn exit_idle(sh: &Shared) -> ! {
+    let _ = std::fs::remove_file(sh.run.agent_socket());
+    let _ = std::fs::remove_file(sh.run.agent_pid());
+    // The old QEMUs of warm restarts still exiting are ours to reap
+    // (their new parent might not).
+    crate::qemu_exit::wait_reaped(std::time::Duration::from_secs(10));
+    log("agent exiting");
+    std::process::exit(0);
 }
 
 /// Reads one request from `stream` and answers it.
@@ -405,7 +455,14 @@ fn run_locked(
     if !read_only {
         refresh_view(sh, &mut guard);
     }
-    if stop || (sh.exit_when_idle && then_idle && guard.is_none()) {
+    let idle = sh.exit_when_idle && then_idle && guard.is_none();
+    // Other requests in flight (queued behind this one) are served first:
+    // the last of them makes the agent exit (`done_with_connection`).
+    let others = sh.inflight.load(Ordering::SeqCst) > 1;
+    if idle && others && !stop {
+        sh.exit_due.store(true, Ordering::SeqCst);
+    }
+    if stop || (idle && !others) {
         if let Some(mut c) = guard.take() {
             c.teardown();
         }
@@ -413,13 +470,8 @@ fn run_locked(
         // once it has the reply, must not reach this agent (it would be
         // cut off mid-way by the exit) but start a new one.
         let _ = std::fs::remove_file(sh.run.agent_socket());
-        let _ = std::fs::remove_file(sh.run.agent_pid());
         let _ = write_reply(&mut &*stream, &reply);
-        // The old QEMUs of warm restarts still exiting are ours to reap
-        // (their new parent might not).
-        crate::qemu_exit::wait_reaped(std::time::Duration::from_secs(10));
-        log("agent exiting");
-        std::process::exit(0);
+        exit_idle(sh);
     }
     let _ = write_reply(&mut &*stream, &reply);
     if restart {
@@ -427,6 +479,7 @@ fn run_locked(
         let e = crate::handover::exec_restart(
             &sh.run,
             &sh.listener,
+            sh.lock.fd(),
             &mut guard,
             sh.exit_when_idle,
             sh.info.generation,

@@ -48,6 +48,9 @@ pub struct Vm {
     /// agent restart by exec it is still our child, known by pid only).
     child: Option<Child>,
     qmp: Option<QmpClient>,
+    /// The events of QMP sessions closed since (a broken session is
+    /// reopened), newest last, at most [`vmcsnap_qmp::HISTORY`].
+    past_events: Vec<vmcsnap_qmp::QmpEvent>,
     scan_offset: u64,
     /// The console log's length when this QEMU started (or was adopted):
     /// the log is appended across incarnations of the VM (boot, restores,
@@ -96,6 +99,7 @@ impl Vm {
             ram_populated: false,
             child: Some(child),
             qmp: None,
+            past_events: Vec::new(),
             scan_offset: 0,
             console_start,
             exit_status: None,
@@ -127,6 +131,7 @@ impl Vm {
             ram_populated: false,
             child: None,
             qmp: None,
+            past_events: Vec::new(),
             scan_offset: 0,
             console_start: file_len(&config.console_log),
             exit_status: None,
@@ -243,13 +248,60 @@ impl Vm {
         Ok(self.qmp.as_mut().expect("just connected"))
     }
 
+    /// Closes the QMP session (the next use opens another), keeping its
+    /// events for [`Vm::recent_events`].
+    fn close_qmp(&mut self) {
+        if let Some(q) = self.qmp.take() {
+            self.past_events.extend(q.recent_events());
+            let drop = self.past_events.len().saturating_sub(vmcsnap_qmp::HISTORY);
+            self.past_events.drain(..drop);
+        }
+    }
+
+    /// The newest QMP events this agent received from this QEMU (at most
+    /// [`vmcsnap_qmp::HISTORY`] per session), oldest first: what explains
+    /// a failure. Reads those already waiting on the socket first, and
+    /// empties the queue of events not yet taken.
+    pub fn recent_events(&mut self) -> Vec<vmcsnap_qmp::QmpEvent> {
+        if let Some(q) = self.qmp.as_mut() {
+            if q.take_events().is_err() {
+                self.close_qmp();
+            }
+        }
+        let mut all = self.past_events.clone();
+        if let Some(q) = self.qmp.as_ref() {
+            all.extend(q.recent_events());
+        }
+        all
+    }
+
+    /// Runs one QMP command on the session already open, waiting at most
+    /// `timeout` for its reply; opens none (a post-mortem must not wait
+    /// for a QEMU that does not answer).
+    pub fn execute_if_open(
+        &mut self,
+        command: &str,
+        timeout: Duration,
+    ) -> Result<Value, AgentError> {
+        match self.qmp.as_mut() {
+            Some(q) => q.set_timeout(timeout),
+            None => {
+                return Err(AgentError::Qmp {
+                    vm: self.name.clone(),
+                    source: vmcsnap_qmp::QmpError::Closed,
+                })
+            }
+        }
+        self.execute(command, Value::Null)
+    }
+
     /// Runs one QMP command.
     pub fn execute(&mut self, command: &str, args: Value) -> Result<Value, AgentError> {
         let name = self.name.clone();
         let r = self.qmp()?.execute(command, args);
         if r.is_err() {
             // A broken session is reconnected on next use.
-            self.qmp = None;
+            self.close_qmp();
         }
         r.map_err(|source| AgentError::Qmp { vm: name, source })
     }
@@ -267,7 +319,7 @@ impl Vm {
             |(r, _)| matches!(r, Err(e) if !matches!(e, vmcsnap_qmp::QmpError::Command { .. })),
         ) {
             // A broken session is reconnected on next use.
-            self.qmp = None;
+            self.close_qmp();
         }
         Ok(out
             .into_iter()
@@ -405,7 +457,7 @@ impl Vm {
                 self.kill();
             }
         }
-        self.qmp = None;
+        self.close_qmp();
     }
 
     /// Asks QEMU to quit and returns as soon as it can no longer run code
@@ -435,7 +487,7 @@ impl Vm {
             crate::qemu_exit::reap_in_background(&self.name, self.pid, self.child.take());
             self.exit_status = Some("quit (exiting in the background)".into());
         }
-        self.qmp = None;
+        self.close_qmp();
     }
 
     /// Kills QEMU at once (SIGKILL) and reaps it, without asking it to
@@ -452,7 +504,7 @@ impl Vm {
             ));
             self.kill();
         }
-        self.qmp = None;
+        self.close_qmp();
     }
 
     /// SIGKILL and reap.

@@ -60,6 +60,9 @@ pub enum QmpError {
     Timeout(Duration, String),
 }
 
+/// How many events [`QmpClient::recent_events`] keeps.
+pub const HISTORY: usize = 64;
+
 /// An asynchronous QMP event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QmpEvent {
@@ -93,6 +96,9 @@ pub struct QmpClient {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
     events: VecDeque<QmpEvent>,
+    /// The newest [`HISTORY`] events received, whether or not taken since
+    /// (what a failure's post-mortem shows).
+    history: VecDeque<QmpEvent>,
     next_id: u64,
     version: QemuVersion,
     timeout: Duration,
@@ -130,6 +136,7 @@ impl QmpClient {
             reader: BufReader::new(stream),
             writer,
             events: VecDeque::new(),
+            history: VecDeque::new(),
             next_id: 1,
             version: QemuVersion {
                 major: 0,
@@ -279,6 +286,13 @@ impl QmpClient {
         }
     }
 
+    /// The newest [`HISTORY`] events this session received, oldest first,
+    /// including those already taken or waited for. Reads none from the
+    /// socket (see [`QmpClient::take_events`]).
+    pub fn recent_events(&self) -> Vec<QmpEvent> {
+        self.history.iter().cloned().collect()
+    }
+
     /// Removes and returns all queued events, after reading any that are
     /// already waiting on the socket.
     pub fn take_events(&mut self) -> Result<Vec<QmpEvent>, QmpError> {
@@ -349,11 +363,16 @@ impl QmpClient {
         let ts = &msg["timestamp"];
         let timestamp_us = ts["seconds"].as_u64().unwrap_or(0) * 1_000_000
             + ts["microseconds"].as_u64().unwrap_or(0);
-        self.events.push_back(QmpEvent {
+        let event = QmpEvent {
             name,
             data: msg.get("data").cloned().unwrap_or(Value::Null),
             timestamp_us,
-        });
+        };
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(event.clone());
+        self.events.push_back(event);
         Ok(())
     }
 

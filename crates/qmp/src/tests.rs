@@ -273,3 +273,33 @@ fn a_file_descriptor_goes_with_the_command() {
     r.read_to_string(&mut got).unwrap();
     assert_eq!(got, "hi");
 }
+
+/// Events already taken or waited for stay in the history a failure's
+/// post-mortem shows, the newest [`HISTORY`] of them.
+#[test]
+fn recent_events_keep_what_was_taken_up_to_the_bound() {
+    let n = HISTORY + 5;
+    let (_d, p) = fake_qemu(move |c| {
+        let mut out: Vec<String> = (0..n)
+            .map(|i| {
+                format!(
+                    r#"{{"event": "E{i}", "timestamp": {{"seconds": {i}, "microseconds": 0}}}}"#
+                )
+            })
+            .collect();
+        out.push(reply(c, json!({"return": {}})));
+        if c["execute"] == "qmp_capabilities" {
+            out.drain(..n);
+        }
+        out
+    });
+    let mut q = QmpClient::connect(&p, Duration::from_secs(5)).unwrap();
+    assert!(q.recent_events().is_empty());
+    q.execute("cont", Value::Null).unwrap();
+    q.wait_event("E3", Duration::from_secs(1)).unwrap();
+    assert_eq!(q.take_events().unwrap().len(), n - 1);
+    let names: Vec<String> = q.recent_events().into_iter().map(|e| e.name).collect();
+    assert_eq!(names.len(), HISTORY);
+    assert_eq!(names.first().unwrap(), "E5", "the oldest are dropped");
+    assert_eq!(names.last().unwrap(), &format!("E{}", n - 1));
+}

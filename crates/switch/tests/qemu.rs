@@ -139,6 +139,14 @@ fn real_qemu_peer_is_dialed_and_redialed_after_a_restart() {
 /// wait in QEMU's own net queue, where no snapshot sees them; the socket
 /// looks drained all the same. QEMU stops reading while that queue is
 /// stalled, so a probe stays unread and the wait reports it.
+///
+/// QEMU 7.2's stream backend reads whatever its socket holds in one read
+/// (up to 68 KiB), queues every frame in it, and stops reading once the
+/// first is queued. So one frame: with several (it sent 20, 30 KB) the
+/// test depended on the machine's load, as QEMU read only the frames that
+/// had arrived when it woke up, and the rest stayed in the socket for good
+/// (failed once in CI: "30 KB not read within 5 s"). Bounds here only end
+/// a failing test: what is asserted is what QEMU read, not how fast.
 #[test]
 fn a_stalled_qemu_reads_its_socket_empty_but_not_the_probes() {
     assert!(
@@ -152,18 +160,15 @@ fn a_stalled_qemu_reads_its_socket_empty_but_not_the_probes() {
     let _vm = start_vm_with(&vm_sock, &["-S"]);
     wait_connected(&r.sw, vm_port, 1);
 
-    // 20 frames, 30 KB: less than one read of QEMU's (68 KiB).
-    for seq in 1..=20 {
-        fake.send(&eth(VM_MAC, mac(0), seq, 1500));
-    }
-    wait_for(&r.sw, "frames written to QEMU", |s| {
-        port(s, vm_port).counters.tx_frames == 20
+    fake.send(&eth(VM_MAC, mac(0), 1, 1500));
+    wait_for(&r.sw, "frame written to QEMU", |s| {
+        port(s, vm_port).counters.tx_frames == 1
     });
     r.sw.hold(vm_port).unwrap();
-    let drained = r.sw.settle(vm_port, Duration::from_secs(5), 0).unwrap();
+    let drained = r.sw.settle(vm_port, STALLED_READ_BOUND, 0).unwrap();
     assert!(
         drained.state.is_drained() && drained.state.connected,
-        "QEMU read the whole socket although the guest took nothing: {drained:?}"
+        "QEMU did not read its socket (the guest took nothing, QEMU must have): {drained:?}"
     );
     let probed = r.sw.settle(vm_port, Duration::from_millis(300), 2).unwrap();
     assert!(
@@ -175,3 +180,7 @@ fn a_stalled_qemu_reads_its_socket_empty_but_not_the_probes() {
         "the probe is still in the socket"
     );
 }
+
+/// How long a test waits for QEMU to read a frame: only a failing test
+/// waits it out.
+const STALLED_READ_BOUND: Duration = Duration::from_secs(120);

@@ -409,7 +409,8 @@ pub enum ImageCmd {
 
 #[derive(Debug, Subcommand)]
 pub enum AgentCmd {
-    /// Run the agent in the foreground.
+    /// Run the agent in the foreground. One agent per run directory: if
+    /// another one already serves it, exits with code 75 naming it.
     Run {
         /// Exit as soon as no cluster is up after a request.
         #[arg(long)]

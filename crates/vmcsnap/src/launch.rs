@@ -1,9 +1,11 @@
 //! Starting the agent on demand.
 
-use std::fs::OpenOptions;
-use std::os::unix::fs::DirBuilderExt;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -18,23 +20,99 @@ pub fn agent_absent(e: &anyhow::Error) -> bool {
     )
 }
 
-/// Returns the pid of the agent of `run_dir`, starting one in the
-/// background if none answers.
-pub fn ensure_agent(run_dir: &RunDir, exit_when_idle: bool) -> Result<u32> {
-    let sock = run_dir.agent_socket();
-    if let Ok(v) = call(
-        &sock,
+/// How long our own agent may take to answer its first ping.
+const START_BOUND: Duration = Duration::from_secs(10);
+/// How long, at most, after our agent lost the start to another one.
+const LOST_BOUND: Duration = Duration::from_secs(30);
+/// How long a CLI waits for another CLI that is starting the agent.
+const START_LOCK_WAIT: Duration = Duration::from_secs(60);
+/// The file CLIs lock while one of them starts the agent.
+const START_LOCK: &str = "agent-start.lock";
+
+/// The pid of the agent answering on `sock`, if one does.
+fn ping(sock: &Path) -> Option<u32> {
+    call(
+        sock,
         &Request::Ping,
         Some(Duration::from_secs(5)),
         &mut |_| {},
-    ) {
-        return Ok(v["pid"].as_u64().unwrap_or(0) as u32);
+    )
+    .ok()
+    .map(|v| v["pid"].as_u64().unwrap_or(0) as u32)
+}
+
+/// Returns the pid of the agent of `run_dir`, starting one in the
+/// background if none answers.
+///
+/// Race-free among CLI calls (issue 29: two calls that each started an
+/// agent made one of them fail): the CLIs that find no agent take turns on
+/// `<run-dir>/agent-start.lock`, and each looks again once it has the
+/// turn, so the later ones find the agent the first one started. An agent
+/// started otherwise (`vmcsnap agent run`, or one still exiting once idle)
+/// holds the run directory's agent lock: ours then exits with
+/// [`vmcsnap_agent::agent_lock::EXIT_ANOTHER_AGENT`], and we talk to that
+/// one, or start ours again once it is gone.
+pub fn ensure_agent(run_dir: &RunDir, exit_when_idle: bool) -> Result<u32> {
+    let sock = run_dir.agent_socket();
+    if let Some(pid) = ping(&sock) {
+        return Ok(pid);
     }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(run_dir.root())
         .with_context(|| format!("cannot create run directory {}", run_dir.root().display()))?;
+    let _turn = StartTurn::take(&run_dir.root().join(START_LOCK))?;
+    if let Some(pid) = ping(&sock) {
+        return Ok(pid);
+    }
+    let log_path = run_dir.agent_log();
+    let mut child = spawn(run_dir, exit_when_idle)?;
+    let t0 = Instant::now();
+    let mut deadline = t0 + START_BOUND;
+    let mut lost = false;
+    loop {
+        if let Some(pid) = ping(&sock) {
+            return Ok(pid);
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            if st.code() != Some(vmcsnap_agent::agent_lock::EXIT_ANOTHER_AGENT) {
+                let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+                bail!(
+                    "the agent exited at start ({st}); {}: {}",
+                    log_path.display(),
+                    tail.join(" | ")
+                );
+            }
+            // Another agent holds the run directory: it gets as long to
+            // answer as ours would have (within a bound), and if it was on
+            // its way out (no socket), ours starts again.
+            if !lost {
+                lost = true;
+                deadline = (Instant::now() + START_BOUND).min(t0 + LOST_BOUND);
+            }
+            if !sock.exists() {
+                std::thread::sleep(Duration::from_millis(50));
+                child = spawn(run_dir, exit_when_idle)?;
+                lost = false;
+            }
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the agent did not answer on {} within {} s; see {}",
+                sock.display(),
+                START_BOUND.as_secs(),
+                log_path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts `vmcsnap agent run` for `run_dir` in the background, its output
+/// appended to the agent log.
+fn spawn(run_dir: &RunDir, exit_when_idle: bool) -> Result<Child> {
     let log_path = run_dir.agent_log();
     let log = OpenOptions::new()
         .create(true)
@@ -49,39 +127,75 @@ pub fn ensure_agent(run_dir: &RunDir, exit_when_idle: bool) -> Result<u32> {
     if exit_when_idle {
         cmd.arg("--exit-when-idle");
     }
-    let mut child = cmd
-        .stdin(Stdio::null())
+    cmd.stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
         .process_group(0)
         .spawn()
-        .context("cannot start the agent")?;
-    let deadline = Instant::now() + Duration::from_secs(10);
+        .context("cannot start the agent")
+}
+
+/// Sends `req` to the agent of `run_dir`, starting one (that exits once
+/// idle) if none answers, and prints its progress lines. An agent that
+/// went away between answering our ping and our connecting (it exited
+/// once idle) is replaced, and the request sent again: it had never been
+/// sent (the connection failed).
+pub fn request_started(run_dir: &RunDir, req: &Request) -> Result<serde_json::Value> {
+    let sock = run_dir.agent_socket();
+    let mut attempts = 0;
     loop {
-        if let Ok(v) = call(
-            &sock,
-            &Request::Ping,
-            Some(Duration::from_secs(5)),
-            &mut |_| {},
-        ) {
-            return Ok(v["pid"].as_u64().unwrap_or(0) as u32);
+        ensure_agent(run_dir, true)?;
+        attempts += 1;
+        match call(&sock, req, None, &mut |m| eprintln!("  {m}")) {
+            Err(ControlError::NoAgent { source, .. }) if not_sent(&source) && attempts < 3 => {}
+            r => return Ok(r?),
         }
-        if let Ok(Some(st)) = child.try_wait() {
-            let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
-            let tail: Vec<&str> = tail.lines().rev().take(5).collect();
-            bail!(
-                "the agent exited at start ({st}); {}: {}",
-                log_path.display(),
-                tail.join(" | ")
-            );
+    }
+}
+
+/// Whether a failure to reach the agent means the request never left:
+/// the connection itself failed (the socket is gone, or nothing listens).
+fn not_sent(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+    )
+}
+
+/// This CLI's turn to start the agent: an exclusive `flock` on the start
+/// lock file, released when dropped (or when the CLI dies).
+struct StartTurn {
+    _file: File,
+}
+
+impl StartTurn {
+    /// Waits for the turn, at most [`START_LOCK_WAIT`].
+    fn take(path: &Path) -> Result<StartTurn> {
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        let deadline = Instant::now() + START_LOCK_WAIT;
+        loop {
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(StartTurn { _file: file });
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::WouldBlock {
+                return Err(e).with_context(|| format!("cannot lock {}", path.display()));
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "another vmcsnap command has been starting the agent for {} s (it holds {}); is it stuck?",
+                    START_LOCK_WAIT.as_secs(),
+                    path.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
-        if Instant::now() > deadline {
-            bail!(
-                "the agent did not answer on {} within 10 s; see {}",
-                sock.display(),
-                log_path.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }

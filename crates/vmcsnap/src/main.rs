@@ -32,7 +32,19 @@ fn main() {
     ));
     if let Err(e) = run(cli) {
         eprintln!("vmcsnap: error: {}", error_chain(e.chain()));
-        std::process::exit(1);
+        // An agent that lost the start to another one says so by its exit
+        // code: the CLI that started it talks to the other one.
+        let lost = e.chain().any(|c| {
+            matches!(
+                c.downcast_ref::<vmcsnap_agent::AgentError>(),
+                Some(vmcsnap_agent::AgentError::AnotherAgent { .. })
+            )
+        });
+        std::process::exit(if lost {
+            vmcsnap_agent::agent_lock::EXIT_ANOTHER_AGENT
+        } else {
+            1
+        });
     }
 }
 
@@ -234,10 +246,9 @@ fn run(cli: Cli) -> Result<()> {
             ..
         } => {
             let mode = mode.unwrap_or_else(|| "hotrestore-rl".into());
-            launch::ensure_agent(&run_dir, true)?;
             let fault = inject_fault;
-            let v = request(
-                &run_dir.agent_socket(),
+            let v = launch::request_started(
+                &run_dir,
                 &Request::ClusterRestore {
                     snapshot,
                     mode,
@@ -269,9 +280,8 @@ fn run(cli: Cli) -> Result<()> {
                         .with_context(|| format!("--wss {n:?}: give a number of pages or auto"))?,
                 ),
             };
-            launch::ensure_agent(&run_dir, true)?;
-            let v = request(
-                &run_dir.agent_socket(),
+            let v = launch::request_started(
+                &run_dir,
                 &Request::Restore {
                     snapshot,
                     mode,
@@ -485,9 +495,8 @@ fn up(run_dir: &RunDir, spec: &Path, json: bool) -> Result<()> {
     // Reject a bad spec here, before any agent or QEMU starts.
     vmcsnap_spec::ClusterSpec::from_toml_str(&text, vmcsnap_guest::MIN_MEMORY_MIB)
         .with_context(|| format!("{}", spec.display()))?;
-    launch::ensure_agent(run_dir, true)?;
-    let v = request(
-        &run_dir.agent_socket(),
+    let v = launch::request_started(
+        run_dir,
         &Request::Up {
             spec_path,
             spec_toml: text,
@@ -500,8 +509,7 @@ fn up(run_dir: &RunDir, spec: &Path, json: bool) -> Result<()> {
 /// `snapshots delete` and `snapshots prune`: through the agent (started
 /// for it if none runs), which serialises them with snapshots and restores.
 fn removal(run_dir: &RunDir, req: &Request, json: bool) -> Result<()> {
-    launch::ensure_agent(run_dir, true)?;
-    let v = request(&run_dir.agent_socket(), req)?;
+    let v = launch::request_started(run_dir, req)?;
     let r: vmcsnap_control::SnapshotsDeleteResult = serde_json::from_value(v)?;
     output_removal::removal(&r, json)
 }
@@ -609,8 +617,7 @@ fn request(sock: &Path, req: &Request) -> Result<serde_json::Value> {
                 return Err(e.into());
             }
             eprintln!("  no agent answers but {} records VMs or an unfinished restore: starting an agent to take them over", run_dir.root().display());
-            launch::ensure_agent(&run_dir, true)?;
-            Ok(call(sock, req, None, &mut |m| eprintln!("  {m}"))?)
+            launch::request_started(&run_dir, req)
         }
         r => Ok(r?),
     }

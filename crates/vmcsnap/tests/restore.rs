@@ -348,6 +348,16 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("restore of VM \"a\" failed"), "{err}");
+    // Issue 29: what explains it is kept and named, with how QEMU ended
+    // (the test's SIGKILL, not a kill of the agent's once it was dying).
+    let pm = postmortem(&err);
+    assert!(
+        pm.qmp["exit_status"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("signal: 9")),
+        "{}",
+        pm.qmp
+    );
     assert!(incoming().is_none(), "a destination QEMU is left");
     let st = env.json(&["status", "--json"]);
     assert_eq!(st["vms"].as_array().unwrap().len(), 1, "only b runs: {st}");
@@ -473,6 +483,55 @@ memtouch -m 16 -r 1500 -H 4 &
 """
 "#;
 
+/// What a failed restore kept (issue 29), from the directory its error
+/// names.
+struct Postmortem {
+    stderr: String,
+    qmp: serde_json::Value,
+}
+
+impl Postmortem {
+    /// The statuses of the MIGRATION events QEMU sent, in order.
+    fn migration_statuses(&self) -> Vec<String> {
+        self.qmp["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["event"] == "MIGRATION")
+            .filter_map(|e| e["data"]["status"].as_str().map(str::to_string))
+            .collect()
+    }
+}
+
+/// Checks that the error `err` names its post-mortem directory and that
+/// the directory holds every file it says, the error among them.
+fn postmortem(err: &str) -> Postmortem {
+    let dir = err
+        .split("kept for its post-mortem in ")
+        .nth(1)
+        .and_then(|r| r.split(':').next())
+        .unwrap_or_else(|| panic!("the error names no post-mortem: {err}"));
+    let dir = Path::new(dir);
+    assert!(
+        dir.parent().unwrap().ends_with("failed-restores"),
+        "{}",
+        dir.display()
+    );
+    let read = |f: &str| {
+        std::fs::read_to_string(dir.join(f))
+            .unwrap_or_else(|e| panic!("{}/{f}: {e}", dir.display()))
+    };
+    let error = read("error.txt");
+    assert!(err.contains(error.trim()), "{error}\nvs\n{err}");
+    read("console.log");
+    let qmp: serde_json::Value = serde_json::from_str(&read("qmp.json")).unwrap();
+    assert!(qmp["events"].is_array(), "{qmp}");
+    Postmortem {
+        stderr: read("qemu-stderr.log"),
+        qmp,
+    }
+}
+
 /// Issue 20: a failed restore's error quotes only what its own QEMU
 /// printed, not the console of the VM's earlier incarnations (the log is
 /// appended across them), and its QEMU, whose state is worthless, is
@@ -535,6 +594,21 @@ fn a_failed_restore_quotes_only_its_own_console_and_kills_its_qemu_at_once() {
     );
     quotes_no_earlier_console(&err);
     assert!(err.contains(vmcsnap_agent::vm::CONSOLE_EMPTY), "{err}");
+    // Issue 29: the post-mortem holds QEMU's own words on the broken
+    // stream, the incoming migration's status changes, and its exit.
+    let pm = postmortem(&err);
+    assert!(!pm.stderr.trim().is_empty(), "QEMU's stderr: {err}");
+    assert!(
+        err.contains(pm.stderr.trim().lines().last().unwrap()),
+        "{err}"
+    );
+    assert!(pm.qmp["exit_status"].is_string(), "{}", pm.qmp);
+    // (QEMU exits without flushing the events that follow `setup`.)
+    assert!(
+        pm.migration_statuses().iter().any(|s| s == "setup"),
+        "{}",
+        pm.qmp
+    );
 
     // After RUN (lazy, background loading held back so that the corrupt
     // page goes on the running guest's demand): the postcopy destination
@@ -550,7 +624,30 @@ fn a_failed_restore_quotes_only_its_own_console_and_kills_its_qemu_at_once() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("restore of VM \"a\" failed"), "{err}");
         quotes_no_earlier_console(&err);
+        let pm = postmortem(&err);
         if agent_log().contains(killed_at_once) {
+            // Asked before it was killed: a postcopy destination that was
+            // running the guest.
+            assert!(
+                pm.qmp["query-migrate"]["status"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("postcopy")),
+                "{}",
+                pm.qmp
+            );
+            assert!(
+                pm.migration_statuses()
+                    .iter()
+                    .any(|s| s == "postcopy-active"),
+                "{}",
+                pm.qmp
+            );
+            // QEMU's own words on why it stopped loading are quoted.
+            assert!(
+                err.contains("QEMU was still running (migration postcopy-")
+                    && err.contains("Detected IO failure for postcopy"),
+                "{err}"
+            );
             killed = true;
             break;
         }

@@ -268,7 +268,12 @@ pub(super) fn feed(
     vm.qmp()?.set_timeout(Duration::from_secs(60));
     vm.execute(
         "migrate-set-capabilities",
-        json!({ "capabilities": [ { "capability": "postcopy-ram", "state": true } ] }),
+        // `events`: QEMU sends MIGRATION status changes, which a failed
+        // restore's post-mortem shows (`super::postmortem`).
+        json!({ "capabilities": [
+            { "capability": "postcopy-ram", "state": true },
+            { "capability": "events", "state": true },
+        ] }),
     )?;
     vm.execute(
         "migrate-incoming",

@@ -38,6 +38,7 @@ mod feed;
 mod finish;
 pub mod page_source;
 pub mod pages;
+pub mod postmortem;
 mod prefetch;
 mod priority;
 mod run;

@@ -633,6 +633,10 @@ fn start_and_feed(
             Ok((member, report))
         }
         Err(e) => {
+            // What QEMU says of it, while it can (an abandoned restore is
+            // no failure of its own: nothing to explain).
+            let evidence = (!matches!(e, AgentError::Abandoned { .. }))
+                .then(|| super::postmortem::gather(&mut vm));
             // A QEMU that exited by itself says why in its log (e.g. a
             // stream it rejected) or the guest's console (e.g. a panic).
             // (Unless this restore stopped it: an abandoned one.)
@@ -665,10 +669,55 @@ fn start_and_feed(
             // source is gone does not quit on request (7 s of QMP timeout
             // and grace for nothing).
             vm.discard("its restore failed, its state is worthless");
+            let e = match evidence {
+                Some(ev) => keep_postmortem(run, &mut vm, ev, e),
+                None => e,
+            };
             let _ = switch.remove_port(port);
             config.remove_runtime_files();
             let _ = std::fs::remove_file(&overlay);
             Err(e)
+        }
+    }
+}
+
+/// Keeps what explains the failed restore of `vm` ([`super::postmortem`])
+/// and names where in the error.
+fn keep_postmortem(
+    run: &RunDir,
+    vm: &mut Vm,
+    evidence: super::postmortem::Evidence,
+    e: AgentError,
+) -> AgentError {
+    let mut detail = match &e {
+        AgentError::Restore { detail, .. } => detail.clone(),
+        e => e.to_string(),
+    };
+    // A QEMU that was still running when the restore failed (one that
+    // exited is quoted above) may have said why, e.g. a postcopy
+    // destination that paused on an error of its own.
+    if let Some(status) = evidence.migration_status() {
+        detail += &format!("; QEMU was still running (migration {status})");
+        let log = crate::vm::tail(&vm.qemu_log, 1500);
+        if !log.trim().is_empty() {
+            detail += &format!(", its log ends:\n{}\n", log.trim_end());
+        }
+    }
+    match super::postmortem::keep(run, vm, evidence, &detail) {
+        Ok(dir) => {
+            detail += &format!(
+                "; kept for its post-mortem in {}: QEMU's stderr (qemu-stderr.log), its last QMP events and migration state (qmp.json), the guest console (console.log)",
+                dir.display()
+            );
+            fail(&vm.name, detail)
+        }
+        Err(err) => {
+            log(format!(
+                "VM {}: cannot keep the failed restore's post-mortem in {}: {err}",
+                vm.name,
+                run.root().join(super::postmortem::DIR).display()
+            ));
+            e
         }
     }
 }
