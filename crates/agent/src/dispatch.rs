@@ -178,6 +178,7 @@ pub(crate) fn dispatch(
                 Some(crate::fault::Fault::PanicWhenPaused) => {
                     Box::new(crate::fault::PanicWhenPaused)
                 }
+                Some(crate::fault::Fault::HangWhenPaused) => Box::new(crate::fault::HangWhenPaused),
                 _ => Box::new(crate::snapshot::NoHooks),
             };
             let report = crate::snapshot::snapshot(m, run, opts, hooks.as_mut(), progress)?;
