@@ -10,7 +10,9 @@
 //!   committed, or one deleted), unless a running VM's disk chain still
 //!   reads from it (a VM restored from a snapshot since deleted) or the
 //!   frozen disk of a snapshot that stays does (one taken of such a VM; see
-//!   `snapshot_removal::disk_refs`).
+//!   `snapshot_removal::disk_refs`);
+//! - the disk files of a VM directory under `cluster/` that no VM of the
+//!   cluster up and no live QEMU uses ([`vm_dir_leftovers`]).
 
 use std::path::PathBuf;
 
@@ -26,6 +28,7 @@ pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, 
         removed: vec![],
         kept_in_use: vec![],
     };
+    result.removed.extend(vm_dir_leftovers(run, cluster));
     if !root.is_dir() {
         return Ok(result);
     }
@@ -57,6 +60,21 @@ pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, 
     result.removed.sort();
     result.kept_in_use.sort();
     Ok(result)
+}
+
+/// The disk files of VM directories that no member of the cluster has
+/// (a VM gone with a `down` that left them; see `vm_disks`).
+fn vm_dir_leftovers(run: &RunDir, cluster: &Option<Cluster>) -> Vec<PathBuf> {
+    let members: Vec<PathBuf> = cluster
+        .iter()
+        .flat_map(|c| &c.members)
+        .filter_map(|m| m.vm.config.console_log.parent().map(PathBuf::from))
+        .collect();
+    let removed = crate::vm_disks::remove_unused(&run.cluster_dir(), &members);
+    for f in &removed {
+        log(format!("gc: removed {}", f.display()));
+    }
+    removed
 }
 
 /// Every file a VM of the cluster reads or writes as disk: the recorded

@@ -53,6 +53,7 @@ pub mod snapshot;
 pub mod snapshot_removal;
 pub mod thread_priority;
 pub mod vm;
+pub mod vm_disks;
 
 pub use error::AgentError;
 pub use paths::RunDir;
