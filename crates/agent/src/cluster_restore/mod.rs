@@ -29,8 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vmcsnap_coord::restore::{
-    run_cohort, run_coordinator, Cohort, CohortOutcome, Coordinator, CoordinatorOutcome, Deps, Msg,
-    Policy, Timeouts,
+    run_cohort, run_coordinator, Cohort, CohortOutcome, Coordinator, CoordinatorEvent,
+    CoordinatorEventKind, CoordinatorOutcome, Deps, Msg, Policy, Timeouts,
 };
 use vmcsnap_coord::transport::InProcessNetwork;
 use vmcsnap_image::cluster::{check_cluster_committed, ClusterManifest};
@@ -470,8 +470,9 @@ fn run_protocol(
         let coord = s.spawn(move || {
             let t_start = Instant::now();
             let outcome = run_coordinator(&mut coordinator, &co_ep, &co_rx, &mut |ev| {
-                let at = ev.at.saturating_duration_since(t_start).as_secs_f64() * 1000.0;
-                let _ = ptx2.send(format!("protocol: {at:.1} ms: {:?}", ev.kind));
+                if let Some(line) = protocol_line(ev, t_start) {
+                    let _ = ptx2.send(line);
+                }
             });
             (outcome, coordinator.start_order())
         });
@@ -507,6 +508,18 @@ fn run_protocol(
         let (outcome, order) = coord.join().expect("coordinator thread panicked");
         (outcome, outcomes, order)
     })
+}
+
+/// The progress line of a protocol event, or `None` for a routine
+/// retransmission (a dozen in a restore that succeeds), which goes to the
+/// log only.
+fn protocol_line(ev: &CoordinatorEvent, t0: Instant) -> Option<String> {
+    let at = ev.at.saturating_duration_since(t0).as_secs_f64() * 1000.0;
+    if let CoordinatorEventKind::Retransmit { to, msg } = &ev.kind {
+        tracing::info!(to = %to, msg = *msg, at_ms = at, "cluster restore protocol: message sent again");
+        return None;
+    }
+    Some(format!("protocol: {at:.1} ms: {:?}", ev.kind))
 }
 
 /// The Checker's dependencies: a VM starts after the VMs it sends to; rings
@@ -648,6 +661,19 @@ mod tests {
         .unwrap();
         assert_eq!(rdg.rings(), vec![vec!["a".to_string(), "b".to_string()]]);
         assert_eq!(rdg.orphans(), vec!["c".to_string()]);
+    }
+
+    #[test]
+    fn retransmissions_are_no_progress_lines() {
+        let t0 = Instant::now();
+        let ev = |kind| CoordinatorEvent { at: t0, kind };
+        let retransmit = ev(CoordinatorEventKind::Retransmit {
+            to: "a".into(),
+            msg: "LOAD",
+        });
+        assert_eq!(protocol_line(&retransmit, t0), None);
+        let line = protocol_line(&ev(CoordinatorEventKind::AllStarted), t0).unwrap();
+        assert!(line.starts_with("protocol: 0.0 ms: AllStarted"), "{line}");
     }
 
     #[test]
