@@ -386,6 +386,7 @@ impl Cluster {
                 memory_mib: m.vm.config.memory_mib,
                 uptime_s: m.vm.started.elapsed().as_secs_f64(),
                 port: m.vm.name.clone(),
+                load: None,
             })
             .collect();
         let switch = self

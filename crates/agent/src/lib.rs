@@ -37,6 +37,7 @@ pub mod handover;
 pub mod host_port;
 pub mod image_vm;
 pub mod intent;
+pub mod loading;
 pub mod paths;
 pub mod qemu;
 pub mod qemu_exit;

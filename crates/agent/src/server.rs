@@ -25,6 +25,7 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
@@ -66,6 +67,8 @@ struct Shared {
     listener: UnixListener,
     exit_when_idle: bool,
     exe: PathBuf,
+    /// Background loads of restores that answered once their guests ran.
+    loads: crate::loading::Loads,
 }
 
 /// Binds the control socket and serves requests until told to stop.
@@ -138,6 +141,7 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         listener,
         exit_when_idle,
         exe,
+        loads: crate::loading::Loads::default(),
     });
     {
         let mut guard = lock(&shared.cluster);
@@ -233,6 +237,7 @@ fn from_view(sh: &Shared, request: &Request) -> Reply {
     match request {
         Request::Status => {
             let mut status = view.status.clone();
+            sh.loads.apply(&mut status);
             status.busy = view.busy.as_ref().map(|(what, since)| Busy {
                 request: what.clone(),
                 for_s: since.elapsed().as_secs_f64(),
@@ -298,13 +303,27 @@ fn run_locked(
         lock(&sh.view).busy = Some((what.clone(), Instant::now()));
     }
     let mut stop = false;
+    let early = ConnEarly {
+        sh,
+        stream,
+        replied: AtomicBool::new(false),
+        writing: Mutex::new(()),
+    };
     let mut progress = |m: &str| {
+        let _w = lock(&early.writing);
+        if early.replied.load(Ordering::SeqCst) {
+            return;
+        }
         let _ = write_reply(
             &mut &*stream,
             &Reply::Progress {
                 message: m.to_string(),
             },
         );
+    };
+    let ctx = crate::loading::Ctx {
+        early: &early,
+        loads: sh.loads.clone(),
     };
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         dispatch(
@@ -313,6 +332,7 @@ fn run_locked(
             &mut guard,
             &mut stop,
             &sh.info,
+            &ctx,
             &mut progress,
         )
     }));
@@ -363,14 +383,14 @@ fn run_locked(
         // cut off mid-way by the exit) but start a new one.
         let _ = std::fs::remove_file(sh.run.agent_socket());
         let _ = std::fs::remove_file(sh.run.agent_pid());
-        let _ = write_reply(&mut &*stream, &reply);
+        early.finish(&what, &reply);
         // The old QEMUs of warm restarts still exiting are ours to reap
         // (their new parent might not).
         crate::qemu_exit::wait_reaped(std::time::Duration::from_secs(10));
         log("agent exiting");
         std::process::exit(0);
     }
-    let _ = write_reply(&mut &*stream, &reply);
+    early.finish(&what, &reply);
     if restart {
         // Returns only if the exec failed; the old image goes on.
         let e = crate::handover::exec_restart(
@@ -383,6 +403,49 @@ fn run_locked(
         );
         log(format!("agent restart failed: {e}"));
         refresh_view(sh, &mut guard);
+    }
+}
+
+/// The connection of a request that may answer before it ends (see
+/// [`crate::loading`]).
+struct ConnEarly<'a> {
+    sh: &'a Shared,
+    stream: &'a UnixStream,
+    replied: AtomicBool,
+    /// Progress lines and the early answer are written by different threads.
+    writing: Mutex<()>,
+}
+
+impl crate::loading::Early for ConnEarly<'_> {
+    fn reply(&self, result: serde_json::Value) {
+        let _w = lock(&self.writing);
+        if !self.replied.swap(true, Ordering::SeqCst) {
+            let _ = write_reply(&mut &*self.stream, &Reply::Done { result });
+        }
+    }
+
+    fn show(&self, cluster: &str, accel: &str, vms: Vec<vmcsnap_control::VmStatus>) {
+        let mut view = lock(&self.sh.view);
+        crate::loading::merge(&mut view.status, cluster, accel, vms);
+    }
+}
+
+impl ConnEarly<'_> {
+    /// Sends the request's reply, unless it answered early: then only the
+    /// log has its outcome.
+    fn finish(&self, what: &str, reply: &Reply) {
+        let _w = lock(&self.writing);
+        if !self.replied.load(Ordering::SeqCst) {
+            let _ = write_reply(&mut &*self.stream, reply);
+            return;
+        }
+        match reply {
+            Reply::Failed { error } => tracing::error!(
+                request = what,
+                "failed after it had answered (its guests ran): {error}"
+            ),
+            _ => tracing::info!(request = what, "done; it had answered once its guests ran"),
+        }
     }
 }
 

@@ -234,6 +234,8 @@ mod tests {
         let mut child = sleeper();
         let pid = child.id();
         if !may_raise(pid) {
+            let _ = child.kill();
+            let _ = child.wait();
             return;
         }
         let d = tempfile::tempdir().unwrap();

@@ -230,6 +230,7 @@ fn run(cli: Cli) -> Result<()> {
             no_priorities,
             start_quiet,
             inject_fault,
+            wait,
             json,
             ..
         } => {
@@ -244,6 +245,7 @@ fn run(cli: Cli) -> Result<()> {
                     no_priorities,
                     start_quiet_ms: start_quiet,
                     fault,
+                    wait,
                 },
             )?;
             output_cluster::json_or_restore(json, &v)
@@ -258,6 +260,7 @@ fn run(cli: Cli) -> Result<()> {
             no_priorities,
             start_quiet,
             prefetch_blocks,
+            wait,
             json,
             ..
         } => {
@@ -282,6 +285,7 @@ fn run(cli: Cli) -> Result<()> {
                     no_priorities,
                     start_quiet_ms: start_quiet,
                     prefetch_blocks,
+                    wait,
                 },
             )?;
             output::json_or(json, &v, || output::restore(&v))

@@ -239,6 +239,9 @@ pub(super) fn feed(
     let source_start = Instant::now();
     let ms_since_t0 = |at: Instant| at.duration_since(t0).as_secs_f64() * 1000.0;
     let tell = |ev: RestoreEvent| {
+        if let Some(o) = &opts.observer {
+            let _ = o.send(ev.clone());
+        }
         if let Some(c) = &opts.cluster {
             let _ = c.events.send(ev);
         }
@@ -312,11 +315,12 @@ pub(super) fn feed(
                     };
                 }
                 Ok((Input::Source(SourceEvent::AllSent), _)) => tell(RestoreEvent::AllLoaded),
-                Ok((Input::Source(SourceEvent::Progress { sent, total }), _))
-                    if last_progress.elapsed() > Duration::from_millis(500) =>
-                {
-                    last_progress = Instant::now();
-                    progress(&format!("{name}: {sent} of {total} pages loaded"));
+                Ok((Input::Source(SourceEvent::Progress { sent, total }), _)) => {
+                    tell(RestoreEvent::Loading { sent, total });
+                    if last_progress.elapsed() > Duration::from_millis(500) {
+                        last_progress = Instant::now();
+                        progress(&format!("{name}: {sent} of {total} pages loaded"));
+                    }
                 }
                 Ok((Input::SourceDone { ok }, _)) => {
                     source_finished = true;

@@ -33,6 +33,7 @@
 //! needed and the restored VM is stopped: it never runs on a wrong page.
 //! `vmcsnap inspect --verify` checks a whole image beforehand.
 
+mod early;
 mod feed;
 pub mod pages;
 mod prefetch;
@@ -42,6 +43,7 @@ mod start_gate;
 pub mod traces;
 pub mod ws_inputs;
 
+pub use early::vm_status;
 pub use run::{
     hybrid_size, restore, restore_into, saved_vm, InCluster, Options, Report, RestoreEvent, Saved,
     WssChoice, CLUSTER_START_QUIET,
