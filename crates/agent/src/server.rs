@@ -13,6 +13,10 @@
 //!                            arrival order) ─► dispatch inside catch_unwind
 //! ```
 //!
+//! A restore answers its client once its guests run and goes on, holding
+//! the cluster, until every page is loaded; meanwhile `status` shows the
+//! restored VMs and their loads from the view (see [`crate::loading`]).
+//!
 //! A panic in a handler is a bug, but it must not cost the operator the
 //! management of every VM: it is caught, the VMs the operation may have left
 //! paused are put back as their intent files say (`intent::finish`, what an
