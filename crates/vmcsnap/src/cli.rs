@@ -297,6 +297,19 @@ pub enum Command {
         #[arg(long)]
         detach: bool,
     },
+    /// (internal) The page source of a restore: serves QEMU's postcopy
+    /// stream (stdin) from the plan in DIR, and survives the agent (see
+    /// docs/restore.md, "The page source").
+    #[command(hide = true)]
+    PageSource {
+        /// The restore's page-source directory (`<vm-dir>/page-source`).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Fork and let the parent exit once it has written the pid file:
+        /// the page source is then nobody's child but init's.
+        #[arg(long)]
+        detach: bool,
+    },
     /// Run CMD inside the cluster's network namespace, where the host
     /// interface 10.77.0.1/24 reaches the VMs (`vmcsnap exec -- redis-cli -h
     /// 10.77.0.2`). Stdio is inherited; exits with CMD's exit code.
