@@ -247,7 +247,7 @@ def main():
                             # Every restore a first one: nothing learned from earlier restores.
                             for rec in glob.glob(os.path.join(run_dir, "snapshots", "cut", "vms", "*", "restores")):
                                 shutil.rmtree(rec, ignore_errors=True)
-                        r = benchlib.run(exe, run_dir, "restore", "--cluster", "cut", "--mode", base, *extra, "--json")
+                        r = benchlib.run(exe, run_dir, "restore", "--wait", "--cluster", "cut", "--mode", base, *extra, "--json")
                     except benchlib.Failed as e:
                         results["runs"].append({"n": n, "mode": mode, "rep": rep, "error": str(e)[-1500:]})
                         print(f"{n} VMs {mode} rep {rep}: FAILED", file=sys.stderr)

@@ -77,7 +77,7 @@ def main():
         run(run_dir, "down")
         for name, variant, rep in names:
             try:
-                r = run(run_dir, "restore", "--cluster", name, "--mode", "eager-rl", "--json")
+                r = run(run_dir, "restore", "--wait", "--cluster", name, "--mode", "eager-rl", "--json")
             except benchlib.Failed as e:
                 results["restores"].append({"name": name, "variant": variant, "rep": rep, "error": str(e)[-1500:]})
                 subprocess.run([VMCSNAP, "--run-dir", run_dir, "down"], capture_output=True)

@@ -40,7 +40,7 @@ def spec(mem, verify_rate):
 
 def restore(run_dir, mode, vm="vm0"):
     benchlib.run(rb.VMCSNAP, run_dir, "stop", vm)
-    r = benchlib.run(rb.VMCSNAP, run_dir, "restore", "s", "--mode", mode, "--json")
+    r = benchlib.run(rb.VMCSNAP, run_dir, "restore", "--wait", "s", "--mode", mode, "--json")
     time.sleep(3)  # let the background load finish and the guest settle
     r["faults_first_10s"] = sum(r.get("demand_faults_per_100ms", []))
     return r

@@ -47,7 +47,7 @@ def main():
                         shutil.rmtree(os.path.join(run_dir, "snapshots", f"b{b}", "restores"), ignore_errors=True)
                         benchlib.drop_page_cache()
                         benchlib.run(rb.VMCSNAP, run_dir, "stop", "vm0")
-                        r = benchlib.run(rb.VMCSNAP, run_dir, "restore", f"b{b}", "--mode", mode,
+                        r = benchlib.run(rb.VMCSNAP, run_dir, "restore", "--wait", f"b{b}", "--mode", mode,
                                          "--prefetch-blocks", str(pf), "--json")
                         time.sleep(3)
                         row = {"rep": rep, "block_pages": b, "prefetch": pf, "mode": mode,

@@ -158,7 +158,7 @@ def restore_vm(run_dir, vm, snap, mode, stop=True):
     shutil.rmtree(os.path.join(run_dir, "snapshots", snap, "restores"), ignore_errors=True)
     if stop:
         run(run_dir, "stop", vm)
-    r = run(run_dir, "restore", snap, "--mode", mode, "--json")
+    r = run(run_dir, "restore", "--wait", snap, "--mode", mode, "--json")
     time.sleep(GAP_S)  # background loading finishes; the guest settles
     keys = ("restore_latency_ms", "run_sent_ms", "full_load_ms", "ws_pages", "wss", "demand_faults", "pages_total")
     return {"value_ms": r["restore_latency_ms"], **{k: r.get(k) for k in keys}}

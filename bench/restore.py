@@ -180,7 +180,7 @@ def qemu_eager(cmdline, work, frozen_disk, dump):
 
 def vmcsnap_restore(run_dir, snap, mode, wss=None):
     run(run_dir, "stop", "vm0")
-    args = ["restore", snap, "--mode", mode, "--json"]
+    args = ["restore", "--wait", snap, "--mode", mode, "--json"]
     if wss is not None:
         args += ["--wss", str(wss)]
     r = run(run_dir, *args)

@@ -53,7 +53,7 @@ def snap(run_dir, vm, name, storage, full=True):
 
 def restore(run_dir, vm, name, storage, mode):
     run(run_dir, "stop", vm)
-    r = run(run_dir, "restore", name, "--mode", mode, "--json")
+    r = run(run_dir, "restore", "--wait", name, "--mode", mode, "--json")
     per = r.get("demand_faults_per_100ms") or []
     time.sleep(rb.GAP_S)
     row = {"kind": "restore", "storage": storage, "mode": mode, "latency_ms": r["restore_latency_ms"],

@@ -48,7 +48,7 @@ latency() { python3 -c 'import json,sys; r=json.load(sys.stdin); print("%8.1f ms
 for mode in eager workingset; do
     $V stop alpha >/dev/null
     printf '%-11s guest running after ' "$mode"
-    $V restore demo-alpha --mode "$mode" --json 2>/dev/null | latency
+    $V restore demo-alpha --mode "$mode" --wait --json 2>/dev/null | latency
 done
 echo "== beta's pingpong client and the restored alpha"
 echo "   (alpha is back at its snapshot while beta kept going: their TCP connection no longer"

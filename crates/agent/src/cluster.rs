@@ -386,6 +386,7 @@ impl Cluster {
                 memory_mib: m.vm.config.memory_mib,
                 uptime_s: m.vm.started.elapsed().as_secs_f64(),
                 port: m.vm.name.clone(),
+                load: None,
             })
             .collect();
         let switch = self
@@ -527,7 +528,7 @@ impl Cluster {
     }
 
     /// Stops every QEMU, the switch, and removes sockets, RAM files and
-    /// disks. Console and QEMU logs stay in the cluster directory until the
+    /// disks (every disk file of the VMs' directories: `vm_disks`). Console and QEMU logs stay in the cluster directory until the
     /// next `up`. Never fails; problems are logged.
     pub fn teardown(&mut self) {
         for m in &mut self.members {
@@ -556,6 +557,13 @@ impl Cluster {
             let _ = std::fs::remove_file(self.run.shm_path(&self.spec.cluster.name, &v.name));
         }
         self.members.clear();
+        // Every disk the VMs wrote: the current overlays (a snapshot's
+        // `data-<ms>.qcow2`) and what they back on (see `vm_disks`), and
+        // those of VMs stopped before.
+        let removed = crate::vm_disks::remove_unused(&self.run.cluster_dir(), &[]);
+        if !removed.is_empty() {
+            log(format!("teardown: removed the VMs' disks {removed:?}"));
+        }
         crate::record::clear(&self.run);
     }
 }

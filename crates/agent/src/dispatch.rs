@@ -50,6 +50,7 @@ pub(crate) fn dispatch(
     cluster: &mut Option<Cluster>,
     stop: &mut bool,
     info: &AgentInfo,
+    ctx: &crate::loading::Ctx<'_>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<serde_json::Value, AgentError> {
     match request {
@@ -178,6 +179,7 @@ pub(crate) fn dispatch(
                 Some(crate::fault::Fault::PanicWhenPaused) => {
                     Box::new(crate::fault::PanicWhenPaused)
                 }
+                Some(crate::fault::Fault::HangWhenPaused) => Box::new(crate::fault::HangWhenPaused),
                 _ => Box::new(crate::snapshot::NoHooks),
             };
             let report = crate::snapshot::snapshot(m, run, opts, hooks.as_mut(), progress)?;
@@ -213,6 +215,7 @@ pub(crate) fn dispatch(
             no_priorities,
             start_quiet_ms,
             prefetch_blocks,
+            wait,
         } => {
             check_start_quiet(start_quiet_ms)?;
             let mode: vmcsnap_workingset::Mode = mode.parse().map_err(AgentError::BadRequest)?;
@@ -241,8 +244,10 @@ pub(crate) fn dispatch(
                 start_quiet: Duration::from_millis(start_quiet_ms.unwrap_or(0)),
                 prefetch_blocks,
                 cluster: None,
+                observer: None,
             };
-            let report = crate::restore::restore(cluster, run, opts, progress)?;
+            let early = (!wait).then_some(ctx);
+            let report = crate::restore::restore(cluster, run, opts, early, progress)?;
             Ok(to_json(&report))
         }
         Request::ClusterRestore {
@@ -251,6 +256,7 @@ pub(crate) fn dispatch(
             no_priorities,
             start_quiet_ms,
             fault,
+            wait,
         } => {
             check_start_quiet(start_quiet_ms)?;
             let mode: crate::cluster_restore::Mode =
@@ -266,7 +272,9 @@ pub(crate) fn dispatch(
                     .map_or(crate::restore::CLUSTER_START_QUIET, Duration::from_millis),
                 fault,
             };
-            let report = crate::cluster_restore::restore_cluster(cluster, run, opts, progress)?;
+            let early = (!wait).then_some(ctx);
+            let report =
+                crate::cluster_restore::restore_cluster(cluster, run, opts, early, progress)?;
             Ok(to_json(&report))
         }
         Request::Stop { vm } => {

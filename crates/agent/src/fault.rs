@@ -14,6 +14,7 @@
 //! | `commit-stall-deadline=SECONDS` | the image's commit hangs (as fsync on a hung disk) until the agent gives up on it, after SECONDS |
 //! | `panic-when-paused` | the request's handler panics right after the VM was paused, as a bug in the agent would |
 //! | `precopy-untracked-write=PAGE` | pre-copy only: in the switch-over pause, page PAGE of guest RAM is changed through the RAM file, a write QEMU's dirty tracking never sees (as TCG can miss one); the original bytes are put back before the guest resumes |
+//! | `hang-when-paused` | the request's handler stops for [`HANG_WHEN_PAUSED`] right after the VM was paused (in a hot snapshot, with QEMU's priority raised), then fails: time for a test to kill the agent there |
 //!
 //! A cluster restore may carry a [`RestoreFault`] (the CLI's hidden
 //! `vmcsnap restore --cluster SNAP --inject-fault FAULT`):
@@ -50,6 +51,27 @@ pub enum Fault {
     /// without QEMU knowing (a write its dirty tracking missed), and is put
     /// back before the guest resumes.
     PrecopyUntrackedWrite(u64),
+    /// The handler stops once the VM is paused, then fails.
+    HangWhenPaused,
+}
+
+/// How long `hang-when-paused` holds the VM paused.
+pub const HANG_WHEN_PAUSED: Duration = Duration::from_secs(60);
+
+/// Snapshot hooks that stop once the VM is paused: `hang-when-paused`.
+pub struct HangWhenPaused;
+
+impl crate::snapshot::Hooks for HangWhenPaused {
+    fn works_while_paused(&self) -> bool {
+        true
+    }
+    fn paused(&mut self) -> Result<(), crate::AgentError> {
+        crate::log("injected fault hang-when-paused: the snapshot stops with its VM paused");
+        std::thread::sleep(HANG_WHEN_PAUSED);
+        Err(crate::AgentError::BadRequest(
+            "injected fault: the snapshot hung while its VM was paused".into(),
+        ))
+    }
 }
 
 /// Snapshot hooks that panic once the VM is paused: `panic-when-paused`.
@@ -66,7 +88,7 @@ impl crate::snapshot::Hooks for PanicWhenPaused {
 
 /// A FAULT that is not one of the documented ones.
 #[derive(Debug, thiserror::Error)]
-#[error("{value:?} is not a fault vmcsnap can inject; use capture-error-after=BYTES, capture-stall-after=BYTES, commit-stall-deadline=SECONDS, precopy-untracked-write=PAGE or panic-when-paused")]
+#[error("{value:?} is not a fault vmcsnap can inject; use capture-error-after=BYTES, capture-stall-after=BYTES, commit-stall-deadline=SECONDS, precopy-untracked-write=PAGE, panic-when-paused or hang-when-paused")]
 pub struct BadFault {
     value: String,
 }
@@ -78,8 +100,10 @@ impl std::str::FromStr for Fault {
         let bad = || BadFault {
             value: s.to_string(),
         };
-        if s.trim() == "panic-when-paused" {
-            return Ok(Fault::PanicWhenPaused);
+        match s.trim() {
+            "panic-when-paused" => return Ok(Fault::PanicWhenPaused),
+            "hang-when-paused" => return Ok(Fault::HangWhenPaused),
+            _ => {}
         }
         let (kind, n) = s.split_once('=').ok_or_else(bad)?;
         let n: u64 = n.trim().parse().map_err(|_| bad())?;
@@ -201,7 +225,10 @@ impl<R: Read> Read for FaultyReader<R> {
         let limit = match self.fault {
             None
             | Some(
-                Fault::CommitStall(_) | Fault::PanicWhenPaused | Fault::PrecopyUntrackedWrite(_),
+                Fault::CommitStall(_)
+                | Fault::PanicWhenPaused
+                | Fault::HangWhenPaused
+                | Fault::PrecopyUntrackedWrite(_),
             ) => return self.inner.read(buf),
             Some(Fault::CaptureErrorAfter(n) | Fault::CaptureStallAfter(n)) => n,
         };
@@ -243,6 +270,10 @@ mod tests {
         assert_eq!(
             "precopy-untracked-write=0".parse::<Fault>().unwrap(),
             Fault::PrecopyUntrackedWrite(0)
+        );
+        assert_eq!(
+            "hang-when-paused".parse::<Fault>().unwrap(),
+            Fault::HangWhenPaused
         );
         for bad in [
             "capture-error-after",

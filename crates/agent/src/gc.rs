@@ -11,6 +11,8 @@
 //!   reads from it (a VM restored from a snapshot since deleted) or the
 //!   frozen disk of a snapshot that stays does (one taken of such a VM; see
 //!   `snapshot_removal::disk_refs`);
+//! - the disk files of a VM directory under `cluster/` that no VM of the
+//!   cluster up and no live QEMU uses ([`vm_dir_leftovers`]);
 //! - a cached disk index (`<run>/disk-index/`) of a file that no snapshot
 //!   and no VM has any more ([`disk_index`]).
 
@@ -31,9 +33,10 @@ pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, 
         kept_in_use: vec![],
     };
     let cache = run.root().join("disk-index");
+    result.removed.extend(vm_dir_leftovers(run, cluster));
     if !root.is_dir() {
         let in_use = crate::snapshot_removal::InUse::gather(&root, cluster, &Default::default());
-        result.removed = disk_index::clean(&cache, &root.join(".disks"), in_use.files());
+        result.removed.extend(disk_index::clean(&cache, &root.join(".disks"), in_use.files()));
         return Ok(result);
     }
     let me = std::process::id();
@@ -66,6 +69,21 @@ pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, 
     result.removed.sort();
     result.kept_in_use.sort();
     Ok(result)
+}
+
+/// The disk files of VM directories that no member of the cluster has
+/// (a VM gone with a `down` that left them; see `vm_disks`).
+fn vm_dir_leftovers(run: &RunDir, cluster: &Option<Cluster>) -> Vec<PathBuf> {
+    let members: Vec<PathBuf> = cluster
+        .iter()
+        .flat_map(|c| &c.members)
+        .filter_map(|m| m.vm.config.console_log.parent().map(PathBuf::from))
+        .collect();
+    let removed = crate::vm_disks::remove_unused(&run.cluster_dir(), &members);
+    for f in &removed {
+        log(format!("gc: removed {}", f.display()));
+    }
+    removed
 }
 
 /// Every file a VM of the cluster reads or writes as disk: the recorded

@@ -38,6 +38,7 @@ pub mod handover;
 pub mod host_port;
 pub mod image_vm;
 pub mod intent;
+pub mod loading;
 pub mod paths;
 pub mod qemu;
 pub mod qemu_exit;
@@ -54,6 +55,7 @@ pub mod snapshot;
 pub mod snapshot_removal;
 pub mod thread_priority;
 pub mod vm;
+pub mod vm_disks;
 
 pub use error::AgentError;
 pub use paths::RunDir;

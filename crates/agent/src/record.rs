@@ -21,7 +21,8 @@
 //! pid was never written is found too) and becomes a member again; its
 //! NIC is plugged into the new switch (QEMU listens on its NIC socket, the
 //! switch dials it); work a killed agent left half-done on it is finished
-//! ([`crate::intent`]). A VM whose QEMU is gone is kept in the cluster as
+//! ([`crate::intent`]), and priorities it raised are put back
+//! ([`crate::thread_priority`]). A VM whose QEMU is gone is kept in the cluster as
 //! `exited` (its disk overlay is the user's data; `down` removes it), and
 //! its runtime files (RAM file, sockets) are removed.
 
@@ -273,7 +274,11 @@ pub fn adopt(run: &RunDir) -> Result<Option<Cluster>, AgentError> {
         let name = v.config.name.clone();
         let started_at = UNIX_EPOCH + Duration::from_millis(v.started_unix_ms);
         let port = crate::cluster::plug(&cluster.switch, &name, &v.config.port_socket, &v.address)?;
-        let vm = match find_qemu(v.pid, &v.config.qmp_socket) {
+        let qemu = find_qemu(v.pid, &v.config.qmp_socket);
+        // A snapshot's raised priorities, if its agent died in the pause
+        // (see `thread_priority`).
+        crate::thread_priority::undo_left(&crate::thread_priority::record_path(&v.config), qemu);
+        let vm = match qemu {
             Some(pid) => {
                 log(format!("VM {name}: adopting QEMU pid {pid}"));
                 let mut vm = Vm::adopt(v.config, pid, started_at, v.boot_ms, v.qemu_log);

@@ -140,8 +140,9 @@ fn redo(run: &RunDir, cluster: &mut Option<Cluster>, r: &Restoring) -> Result<()
                 start_quiet: std::time::Duration::ZERO,
                 prefetch_blocks: crate::restore::pages::PREFETCH_BLOCKS,
                 cluster: None,
+                observer: None,
             };
-            crate::restore::restore(cluster, run, opts, &mut progress).map(|_| ())
+            crate::restore::restore(cluster, run, opts, None, &mut progress).map(|_| ())
         }
         Restoring::Cluster { snapshot, vms } => {
             for vm in vms {
@@ -157,7 +158,8 @@ fn redo(run: &RunDir, cluster: &mut Option<Cluster>, r: &Restoring) -> Result<()
                 start_quiet: crate::restore::CLUSTER_START_QUIET,
                 fault: None,
             };
-            crate::cluster_restore::restore_cluster(cluster, run, opts, &mut progress).map(|_| ())
+            crate::cluster_restore::restore_cluster(cluster, run, opts, None, &mut progress)
+                .map(|_| ())
         }
     }
 }

@@ -13,6 +13,10 @@
 //!                            arrival order) ─► dispatch inside catch_unwind
 //! ```
 //!
+//! A restore answers its client once its guests run and goes on, holding
+//! the cluster, until every page is loaded; meanwhile `status` shows the
+//! restored VMs and their loads from the view (see [`crate::loading`]).
+//!
 //! A panic in a handler is a bug, but it must not cost the operator the
 //! management of every VM: it is caught, the VMs the operation may have left
 //! paused are put back as their intent files say (`intent::finish`, what an
@@ -74,6 +78,8 @@ struct Shared {
     exit_due: AtomicBool,
     exit_when_idle: bool,
     exe: PathBuf,
+    /// Background loads of restores that answered once their guests ran.
+    loads: crate::loading::Loads,
 }
 
 /// Binds the control socket and serves requests until told to stop.
@@ -145,6 +151,7 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         exit_due: AtomicBool::new(false),
         exit_when_idle,
         exe,
+        loads: crate::loading::Loads::default(),
     });
     {
         let mut guard = lock(&shared.cluster);
@@ -334,6 +341,7 @@ fn from_view(sh: &Shared, request: &Request) -> Reply {
     match request {
         Request::Status => {
             let mut status = view.status.clone();
+            sh.loads.apply(&mut status);
             status.busy = view.busy.as_ref().map(|(what, since)| Busy {
                 request: what.clone(),
                 for_s: since.elapsed().as_secs_f64(),
@@ -399,13 +407,27 @@ fn run_locked(
         lock(&sh.view).busy = Some((what.clone(), Instant::now()));
     }
     let mut stop = false;
+    let early = ConnEarly {
+        sh,
+        stream,
+        replied: AtomicBool::new(false),
+        writing: Mutex::new(()),
+    };
     let mut progress = |m: &str| {
+        let _w = lock(&early.writing);
+        if early.replied.load(Ordering::SeqCst) {
+            return;
+        }
         let _ = write_reply(
             &mut &*stream,
             &Reply::Progress {
                 message: m.to_string(),
             },
         );
+    };
+    let ctx = crate::loading::Ctx {
+        early: &early,
+        loads: sh.loads.clone(),
     };
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         dispatch(
@@ -414,6 +436,7 @@ fn run_locked(
             &mut guard,
             &mut stop,
             &sh.info,
+            &ctx,
             &mut progress,
         )
     }));
@@ -470,10 +493,10 @@ fn run_locked(
         // once it has the reply, must not reach this agent (it would be
         // cut off mid-way by the exit) but start a new one.
         let _ = std::fs::remove_file(sh.run.agent_socket());
-        let _ = write_reply(&mut &*stream, &reply);
+        early.finish(&what, &reply);
         exit_idle(sh);
     }
-    let _ = write_reply(&mut &*stream, &reply);
+    early.finish(&what, &reply);
     if restart {
         // Returns only if the exec failed; the old image goes on.
         let e = crate::handover::exec_restart(
@@ -487,6 +510,49 @@ fn run_locked(
         );
         log(format!("agent restart failed: {e}"));
         refresh_view(sh, &mut guard);
+    }
+}
+
+/// The connection of a request that may answer before it ends (see
+/// [`crate::loading`]).
+struct ConnEarly<'a> {
+    sh: &'a Shared,
+    stream: &'a UnixStream,
+    replied: AtomicBool,
+    /// Progress lines and the early answer are written by different threads.
+    writing: Mutex<()>,
+}
+
+impl crate::loading::Early for ConnEarly<'_> {
+    fn reply(&self, result: serde_json::Value) {
+        let _w = lock(&self.writing);
+        if !self.replied.swap(true, Ordering::SeqCst) {
+            let _ = write_reply(&mut &*self.stream, &Reply::Done { result });
+        }
+    }
+
+    fn show(&self, cluster: &str, accel: &str, vms: Vec<vmcsnap_control::VmStatus>) {
+        let mut view = lock(&self.sh.view);
+        crate::loading::merge(&mut view.status, cluster, accel, vms);
+    }
+}
+
+impl ConnEarly<'_> {
+    /// Sends the request's reply, unless it answered early: then only the
+    /// log has its outcome.
+    fn finish(&self, what: &str, reply: &Reply) {
+        let _w = lock(&self.writing);
+        if !self.replied.load(Ordering::SeqCst) {
+            let _ = write_reply(&mut &*self.stream, reply);
+            return;
+        }
+        match reply {
+            Reply::Failed { error } => tracing::error!(
+                request = what,
+                "failed after it had answered (its guests ran): {error}"
+            ),
+            _ => tracing::info!(request = what, "done; it had answered once its guests ran"),
+        }
     }
 }
 

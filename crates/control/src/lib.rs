@@ -21,7 +21,7 @@ mod wire;
 
 pub use messages::{
     Busy, ConsoleResult, GcResult, Recover, RemovedSnapshot, Reply, Request, SnapshotKind,
-    SnapshotsDeleteResult, StatusResult, UpResult, VmStatus, VmUp,
+    SnapshotsDeleteResult, StatusResult, UpResult, VmLoad, VmStatus, VmUp,
 };
 pub use wire::{call, read_request, write_reply, ControlError, MAX_LINE};
 

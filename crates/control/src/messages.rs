@@ -126,6 +126,10 @@ pub enum Request {
         /// `cohort-fail-when-peers-loaded=VM` (see the agent's `fault` module).
         #[serde(default)]
         fault: Option<String>,
+        /// Answer once every page is loaded (the full report); otherwise
+        /// once every guest runs, while the rest loads in the background.
+        #[serde(default)]
+        wait: bool,
     },
     /// Restore a VM from a snapshot (joining the running cluster, or a
     /// cluster of its own). Result: the restore report
@@ -158,6 +162,10 @@ pub enum Request {
         /// `None`: 1.
         #[serde(default)]
         prefetch_blocks: Option<u32>,
+        /// Answer once every page is loaded (the full report); otherwise
+        /// once the guest runs, while the rest loads in the background.
+        #[serde(default)]
+        wait: bool,
     },
     /// Stop one VM of the cluster (its QEMU, RAM and port go; the rest
     /// runs on). Result: `{"vm": NAME}`.
@@ -273,6 +281,19 @@ pub struct VmStatus {
     pub uptime_s: f64,
     /// The switch port of its NIC.
     pub port: String,
+    /// A restored VM whose pages still load in the background (the
+    /// restore answered once its guest ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<VmLoad>,
+}
+
+/// How far a restored VM's background load is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmLoad {
+    /// Pages in its guest's RAM now.
+    pub pages_loaded: u64,
+    /// Pages of its guest's RAM.
+    pub pages_total: u64,
 }
 
 /// Result of `status`.

@@ -61,6 +61,7 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
             no_priorities: false,
             start_quiet_ms: Some(250),
             fault: Some("kill-cohort".into()),
+            wait: true,
         },
         Request::Restore {
             snapshot: "s1".into(),
@@ -72,6 +73,7 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
             no_priorities: false,
             start_quiet_ms: None,
             prefetch_blocks: Some(4),
+            wait: false,
         },
         Request::Stop { vm: "beta".into() },
         Request::Down,

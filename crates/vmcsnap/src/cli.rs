@@ -160,6 +160,8 @@ pub enum Command {
     /// the pages the mode loads up front and fetches the rest on demand and
     /// in the background. Joins the running cluster (or starts one). With
     /// --cluster, every VM of a cluster snapshot into a new cluster.
+    /// Returns once every guest runs (`vmcsnap status` shows the background
+    /// load; other commands wait for it), or with --wait once every page is in.
     Restore {
         /// The snapshot's name (see `vmcsnap snapshots`).
         snapshot: String,
@@ -204,6 +206,10 @@ pub enum Command {
         /// has loaded (cohort-fail-when-peers-loaded=VM), to check what an abandoned restore leaves.
         #[arg(long, hide = true, value_name = "FAULT", requires = "cluster")]
         inject_fault: Option<String>,
+        /// Return once every page is loaded, with the full report (full load time, demand
+        /// faults, hit rate, TCP counters), instead of once every guest runs.
+        #[arg(long)]
+        wait: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,

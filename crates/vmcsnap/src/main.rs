@@ -242,6 +242,7 @@ fn run(cli: Cli) -> Result<()> {
             no_priorities,
             start_quiet,
             inject_fault,
+            wait,
             json,
             ..
         } => {
@@ -255,6 +256,7 @@ fn run(cli: Cli) -> Result<()> {
                     no_priorities,
                     start_quiet_ms: start_quiet,
                     fault,
+                    wait,
                 },
             )?;
             output_cluster::json_or_restore(json, &v)
@@ -269,6 +271,7 @@ fn run(cli: Cli) -> Result<()> {
             no_priorities,
             start_quiet,
             prefetch_blocks,
+            wait,
             json,
             ..
         } => {
@@ -292,6 +295,7 @@ fn run(cli: Cli) -> Result<()> {
                     no_priorities,
                     start_quiet_ms: start_quiet,
                     prefetch_blocks,
+                    wait,
                 },
             )?;
             output::json_or(json, &v, || output::restore(&v))

@@ -57,20 +57,36 @@ pub fn status(s: &StatusResult, json: bool) -> Result<()> {
         s.accel.as_deref().unwrap_or("?"),
         s.agent_pid
     );
+    let loading = s.vms.iter().any(|v| v.load.is_some());
     if let Some(b) = &s.busy {
-        println!(
-            "busy: {} for {:.1} s (VM states below are from before it began)",
-            b.request, b.for_s
-        );
+        if loading {
+            println!(
+                "busy: {} for {:.1} s: the restored guests run, the rest of their pages loads (other commands wait for it)",
+                b.request, b.for_s
+            );
+        } else {
+            println!(
+                "busy: {} for {:.1} s (VM states below are from before it began)",
+                b.request, b.for_s
+            );
+        }
     }
     println!(
-        "{:<12} {:>8} {:<10} {:<16} {:>7} {:>9}",
-        "VM", "PID", "STATE", "IP", "MEM_MIB", "UPTIME_S"
+        "{:<12} {:>8} {:<10} {:<16} {:>7} {:>9} {:>21}",
+        "VM", "PID", "STATE", "IP", "MEM_MIB", "UPTIME_S", "PAGES_LOADED"
     );
     for v in &s.vms {
+        let load = v.load.map_or("-".to_string(), |l| {
+            format!(
+                "{}/{} ({} left)",
+                l.pages_loaded,
+                l.pages_total,
+                l.pages_total - l.pages_loaded
+            )
+        });
         println!(
-            "{:<12} {:>8} {:<10} {:<16} {:>7} {:>9.1}",
-            v.name, v.pid, v.state, v.ip, v.memory_mib, v.uptime_s
+            "{:<12} {:>8} {:<10} {:<16} {:>7} {:>9.1} {:>21}",
+            v.name, v.pid, v.state, v.ip, v.memory_mib, v.uptime_s, load
         );
     }
     if let Ok(sw) = serde_json::from_value::<SwitchStats>(s.switch.clone()) {
@@ -434,6 +450,13 @@ pub fn restore(v: &Value) {
         if v["paused"] == true { ", paused" } else { "" },
         f("restore_latency_ms"),
     );
+    if v["full_load_ms"].is_null() {
+        println!(
+            "  {} of {} pages loaded at the start; the rest loads in the background (`vmcsnap status` shows how far; --wait returns once every page is in)",
+            v["pages_loaded"], v["pages_total"]
+        );
+        return;
+    }
     let first_10s: u64 = v["demand_faults_per_100ms"]
         .as_array()
         .map_or(0, |a| a.iter().filter_map(Value::as_u64).sum());

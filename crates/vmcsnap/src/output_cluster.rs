@@ -239,6 +239,21 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
         .filter_map(Value::as_str)
         .collect();
     println!("restore line (planned): {}", line.join(" < "));
+    let running = v["running_ms"].as_f64().unwrap_or(0.0);
+    if v["loading"] == true {
+        println!("{:<10} {:>10}", "VM", "LATENCY_MS");
+        for r in v["vms"].as_array().into_iter().flatten() {
+            println!(
+                "{:<10} {:>10.1}",
+                r["vm"].as_str().unwrap_or("?"),
+                r["latency_ms"].as_f64().unwrap_or(0.0)
+            );
+        }
+        println!(
+            "every guest runs after {running:.1} ms; the rest of the pages loads in the background (`vmcsnap status` shows how far; --wait returns once every page is in, with the full report)"
+        );
+        return Ok(());
+    }
     println!(
         "{:<10} {:>10} {:>10} {:>13} {:>8} {:>11} {:>7} {:>8} {:>8} {:>5} {:>11}",
         "VM",
@@ -290,6 +305,10 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
         v["backoff_max_ms"].as_f64().unwrap_or(0.0),
         v["disruption_avg_ms"].as_f64().unwrap_or(0.0),
         v["starts_follow_dependencies"]
+    );
+    println!(
+        "every guest running after {running:.1} ms, every page loaded after {:.1} ms",
+        v["full_load_ms"].as_f64().unwrap_or(0.0)
     );
     Ok(())
 }

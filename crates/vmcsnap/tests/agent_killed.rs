@@ -283,7 +283,11 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
     for (round, mode) in ["workingset", "eager", "lazy"].iter().enumerate() {
         env.ok(&["stop", "cli"]);
         let delay = rng.below_ms([300, 700, 1500][round]);
-        let killed = kill_agent_during(&env, &["restore", "cli-snap", "--mode", mode], delay);
+        let killed = kill_agent_during(
+            &env,
+            &["restore", "--wait", "cli-snap", "--mode", mode],
+            delay,
+        );
         let what = format!(
             "restore {mode} killed after {delay:?} ({})",
             if killed { "mid-way" } else { "already done" }
@@ -298,7 +302,7 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
     env.ok(&["snapshot", "--cluster", "--name", "all"]);
     env.ok(&["down"]);
     let delay = rng.below_ms(2500);
-    let killed = kill_agent_during(&env, &["restore", "--cluster", "all"], delay);
+    let killed = kill_agent_during(&env, &["restore", "--wait", "--cluster", "all"], delay);
     let what = format!(
         "cluster restore killed after {delay:?} ({})",
         if killed { "mid-way" } else { "already done" }

@@ -111,7 +111,15 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
         } else {
             vmcsnap_agent::restore::CLUSTER_START_QUIET.as_millis() as u64
         };
-        let mut args = vec!["restore", "--cluster", "cut", "--mode", mode, "--json"];
+        let mut args = vec![
+            "restore",
+            "--wait",
+            "--cluster",
+            "cut",
+            "--mode",
+            mode,
+            "--json",
+        ];
         if mode == "eager-rl" {
             args.extend(["--start-quiet", "0"]);
         }
@@ -280,6 +288,7 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
         .vmcsnap_within(
             &[
                 "restore",
+                "--wait",
                 "--cluster",
                 "cut",
                 "--inject-fault",
@@ -296,6 +305,7 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
     env.assert_clean();
     let fault = [
         "restore",
+        "--wait",
         "--cluster",
         "cut",
         "--mode",
@@ -342,6 +352,7 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
     // by then, so no page write can notice it first.
     let kill = [
         "restore",
+        "--wait",
         "--cluster",
         "cut",
         "--mode",
@@ -383,7 +394,14 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
     std::fs::write(&mem, &bytes).unwrap();
     let out = env
         .vmcsnap_within(
-            &["restore", "--cluster", "cut", "--mode", "eager-rl"],
+            &[
+                "restore",
+                "--wait",
+                "--cluster",
+                "cut",
+                "--mode",
+                "eager-rl",
+            ],
             Duration::from_secs(300),
         )
         .expect("the failed restore returns");

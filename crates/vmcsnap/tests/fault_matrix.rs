@@ -254,7 +254,7 @@ impl Matrix {
         assert_eq!(state, "exited", "VM {vm} whose QEMU was killed");
         self.ok(&["stop", vm]);
         let base = &self.base.iter().find(|b| b.0 == vm).unwrap().1;
-        self.ok(&["restore", base, "--mode", "lazy"]);
+        self.ok(&["restore", "--wait", base, "--mode", "lazy"]);
     }
 
     /// Restores `vm` from its base snapshot if a failed operation left it
@@ -268,7 +268,7 @@ impl Matrix {
             None => {}
         }
         let base = &self.base.iter().find(|b| b.0 == vm).unwrap().1;
-        self.ok(&["restore", base, "--mode", "lazy"]);
+        self.ok(&["restore", "--wait", base, "--mode", "lazy"]);
         true
     }
 
@@ -560,7 +560,7 @@ fn restore_qemu_killed(m: &mut Matrix, mode: &str) -> Outcome {
     let base = m.base[0].1.clone();
     let (ok, text, killed) = m.kill_new_qemu_during(
         "srv",
-        &["restore", &base, "--mode", mode],
+        &["restore", "--wait", &base, "--mode", mode],
         Duration::from_millis(300),
     );
     assert!(killed, "no new QEMU appeared for the restore:\n{text}");
@@ -581,7 +581,7 @@ fn restore_disk_full(m: &mut Matrix) -> Outcome {
     m.ok(&["stop", "srv"]);
     let base = m.base[0].1.clone();
     let filler = m.fill();
-    let (ok, text) = m.run(&["restore", &base, "--mode", "lazy"]);
+    let (ok, text) = m.run(&["restore", "--wait", &base, "--mode", "lazy"]);
     std::fs::remove_file(&filler).unwrap();
     assert!(!ok, "a restore onto a full disk succeeded:\n{text}");
     assert!(text.contains("disk space"), "{text}");
@@ -612,7 +612,7 @@ fn cluster_restore_peer_killed(m: &mut Matrix) -> Outcome {
     m.ok(&["down"]);
     let (ok, text, killed) = m.kill_new_qemu_during(
         "cli",
-        &["restore", "--cluster", &name],
+        &["restore", "--wait", "--cluster", &name],
         Duration::from_millis(300),
     );
     assert!(killed, "no QEMU appeared for the cluster restore:\n{text}");
@@ -627,7 +627,7 @@ fn cluster_restore_peer_killed(m: &mut Matrix) -> Outcome {
         let left = m.processes_left();
         assert!(left.is_empty(), "left running: {left:?}");
         assert!(m.env.shm_files().is_empty(), "{:?}", m.env.shm_files());
-        m.ok(&["restore", "--cluster", &name]);
+        m.ok(&["restore", "--wait", "--cluster", &name]);
     } else {
         // Finished, then the kill took cli's QEMU: bring it back.
         m.restore_if_gone("cli");

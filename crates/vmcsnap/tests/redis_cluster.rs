@@ -194,7 +194,7 @@ fn redis_on_debian_images_survives_rejuvenation_snapshots_and_restores() {
     }
     let at_cut = load(&env).unwrap();
     env.ok(&["down"]);
-    let restored = env.json(&["restore", "--cluster", "rc", "--json"]);
+    let restored = env.json(&["restore", "--wait", "--cluster", "rc", "--json"]);
     assert_eq!(
         restored["vms"].as_array().map(Vec::len),
         Some(3),
@@ -241,7 +241,7 @@ fn redis_on_debian_images_survives_rejuvenation_snapshots_and_restores() {
     env.ok(&["snapshot", "replica", "--mode", "hot", "--name", "r1"]);
     for mode in ["workingset", "eager"] {
         env.ok(&["stop", "replica"]);
-        env.ok(&["restore", "r1", "--mode", mode]);
+        env.ok(&["restore", "--wait", "r1", "--mode", mode]);
         wait_until(
             &format!("the replica's link after a {mode} restore"),
             Duration::from_secs(120),
@@ -258,7 +258,7 @@ fn redis_on_debian_images_survives_rejuvenation_snapshots_and_restores() {
     // A stopped and restored primary is found by its replica again.
     env.ok(&["snapshot", "primary", "--mode", "hot", "--name", "p1"]);
     env.ok(&["stop", "primary"]);
-    env.ok(&["restore", "p1", "--mode", "workingset"]);
+    env.ok(&["restore", "--wait", "p1", "--mode", "workingset"]);
     wait_until(
         "the replica finding the restored primary",
         Duration::from_secs(180),

@@ -143,14 +143,14 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     );
 
     // Refused while a runs; unknown snapshot named.
-    let out = env.vmcsnap(&["restore", "s-hot"]);
+    let out = env.vmcsnap(&["restore", "--wait", "s-hot"]);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("is running"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = env.vmcsnap(&["restore", "nope"]);
+    let out = env.vmcsnap(&["restore", "--wait", "nope"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("no snapshot named \"nope\""));
 
     for (mode, snap) in [
@@ -165,9 +165,17 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
         // One restore opts out of the CPU priorities.
         let opt_out = mode == "sampling-ws";
         let r = if opt_out {
-            env.json(&["restore", snap, "--mode", mode, "--no-priorities", "--json"])
+            env.json(&[
+                "restore",
+                "--wait",
+                snap,
+                "--mode",
+                mode,
+                "--no-priorities",
+                "--json",
+            ])
         } else {
-            env.json(&["restore", snap, "--mode", mode, "--json"])
+            env.json(&["restore", "--wait", snap, "--mode", mode, "--json"])
         };
         let total = r["pages_total"].as_u64().unwrap();
         eprintln!(
@@ -213,6 +221,7 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     env.ok(&["stop", "a"]);
     let r = env.json(&[
         "restore",
+        "--wait",
         "s-hot",
         "--mode",
         "lazy",
@@ -236,7 +245,14 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     eprintln!("analyze-ws: {a}");
     // The next restore learns from the faults just recorded.
     env.ok(&["stop", "a"]);
-    let r = env.json(&["restore", "s-hot", "--mode", "workingset", "--json"]);
+    let r = env.json(&[
+        "restore",
+        "--wait",
+        "s-hot",
+        "--mode",
+        "workingset",
+        "--json",
+    ]);
     assert_eq!(r["learned"], true, "{r}");
 
     // A restored VM snapshots again, in every mode. Regression: the restore
@@ -319,7 +335,14 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_vmcsnap"))
         .arg("--run-dir")
         .arg(env.run_dir())
-        .args(["restore", "s-pre", "--mode", "lazy", "--no-background"])
+        .args([
+            "restore",
+            "--wait",
+            "s-pre",
+            "--mode",
+            "lazy",
+            "--no-background",
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -364,7 +387,9 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
 
     // --paused: once loaded, the destination's RAM is the image (a is not
     // running: the killed restore left nothing).
-    env.json(&["restore", "s-hot", "--mode", "lazy", "--paused", "--json"]);
+    env.json(&[
+        "restore", "--wait", "s-hot", "--mode", "lazy", "--paused", "--json",
+    ]);
     let st = env.json(&["status", "--json"]);
     let a = st["vms"]
         .as_array()
@@ -391,7 +416,9 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     assert!(hot["stats"]["blocks_hot"].as_u64().unwrap() > 0, "{hot}");
     // An incremental snapshot restores exactly, reading through its parent.
     env.ok(&["stop", "a"]);
-    env.json(&["restore", "s-sc", "--mode", "lazy", "--paused", "--json"]);
+    env.json(&[
+        "restore", "--wait", "s-sc", "--mode", "lazy", "--paused", "--json",
+    ]);
     let ram = env
         .shm_files()
         .into_iter()
@@ -400,7 +427,9 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     assert_ram_equals_image(&env.run_dir().join("snapshots/s-sc"), &ram);
     // A pre-copy snapshot too (full, format 2).
     env.ok(&["stop", "a"]);
-    env.json(&["restore", "s-pre", "--mode", "eager", "--paused", "--json"]);
+    env.json(&[
+        "restore", "--wait", "s-pre", "--mode", "eager", "--paused", "--json",
+    ]);
     let ram = env
         .shm_files()
         .into_iter()
@@ -409,7 +438,9 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     assert_ram_equals_image(&env.run_dir().join("snapshots/s-pre"), &ram);
     // And a format 1.0 image restores exactly too.
     env.ok(&["stop", "a"]);
-    env.json(&["restore", "s-v1", "--mode", "lazy", "--paused", "--json"]);
+    env.json(&[
+        "restore", "--wait", "s-v1", "--mode", "lazy", "--paused", "--json",
+    ]);
     let ram = env
         .shm_files()
         .into_iter()
@@ -424,7 +455,7 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     let at = bytes.len() / 2;
     bytes[at] ^= 0x40;
     std::fs::write(&mem, &bytes).unwrap();
-    let out = env.vmcsnap(&["restore", "s-sc", "--mode", "eager"]);
+    let out = env.vmcsnap(&["restore", "--wait", "s-sc", "--mode", "eager"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -441,7 +472,14 @@ fn every_mode_restores_a_working_vm_from_every_snapshot_kind() {
     // the restore starts the agent and a cluster of its own. s-pre is the
     // third snapshot, so its frozen disk is a chain of three files
     // (regression: the chain used to point into the removed directory).
-    let r = env.json(&["restore", "s-pre", "--mode", "workingset", "--json"]);
+    let r = env.json(&[
+        "restore",
+        "--wait",
+        "s-pre",
+        "--mode",
+        "workingset",
+        "--json",
+    ]);
     assert_eq!(r["vm"], "a");
     let st = env.json(&["status", "--json"]);
     assert_eq!(st["cluster"], "rs", "{st}");
@@ -557,7 +595,7 @@ fn a_failed_restore_quotes_only_its_own_console_and_kills_its_qemu_at_once() {
     // after the first boot's lines (the ready marker among them).
     let from = env.console("a").len();
     env.ok(&["stop", "a"]);
-    env.json(&["restore", "s", "--mode", "lazy", "--json"]);
+    env.json(&["restore", "--wait", "s", "--mode", "lazy", "--json"]);
     let before = env.wait_console(
         "a",
         "memtouch after the good restore",
@@ -585,7 +623,7 @@ fn a_failed_restore_quotes_only_its_own_console_and_kills_its_qemu_at_once() {
 
     // Before RUN (eager): QEMU gets a broken stream and exits by itself;
     // the error quotes its log and the console, of which it printed nothing.
-    let out = env.vmcsnap(&["restore", "s", "--mode", "eager"]);
+    let out = env.vmcsnap(&["restore", "--wait", "s", "--mode", "eager"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -619,7 +657,15 @@ fn a_failed_restore_quotes_only_its_own_console_and_kills_its_qemu_at_once() {
     let killed_at_once = "at once, without a quit: its restore failed";
     let mut killed = false;
     for attempt in 1..=5 {
-        let out = env.vmcsnap(&["restore", "s", "--mode", "lazy", "--start-quiet", "2000"]);
+        let out = env.vmcsnap(&[
+            "restore",
+            "--wait",
+            "s",
+            "--mode",
+            "lazy",
+            "--start-quiet",
+            "2000",
+        ]);
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("restore of VM \"a\" failed"), "{err}");
@@ -693,7 +739,7 @@ fn lazy_restores_in_a_row_never_crash_qemu() {
     env.json(&["snapshot", "a", "--mode", "hot", "--name", "s", "--json"]);
     for i in 0..16 {
         env.ok(&["stop", "a"]);
-        let out = env.vmcsnap(&["restore", "s", "--mode", "lazy", "--json"]);
+        let out = env.vmcsnap(&["restore", "--wait", "s", "--mode", "lazy", "--json"]);
         assert!(
             out.status.success(),
             "lazy restore {i} failed: {}",
@@ -718,7 +764,7 @@ fn access_data_fallback(env: &Env) {
     let access = env.run_dir().join("snapshots/acc/access");
     let restore = |what: &str| {
         env.ok(&["stop", "a"]);
-        let r = env.json(&["restore", "acc", "--mode", "workingset", "--json"]);
+        let r = env.json(&["restore", "--wait", "acc", "--mode", "workingset", "--json"]);
         let st = env.json(&["status", "--json"]);
         assert_eq!(st["vms"][0]["state"], "running", "{what}: {st}");
         r["access_data"].as_str().unwrap_or_default().to_string()
@@ -768,7 +814,14 @@ fn learning_stays_bounded(env: &Env) {
     let (mut sizes, mut most_touched) = (vec![], 0u64);
     for i in 0..10 {
         env.ok(&["stop", "a"]);
-        let r = env.json(&["restore", "learn", "--mode", "workingset", "--json"]);
+        let r = env.json(&[
+            "restore",
+            "--wait",
+            "learn",
+            "--mode",
+            "workingset",
+            "--json",
+        ]);
         let wss = r["wss"].as_u64().unwrap();
         let next = r["next_wss"].as_u64().expect("a workingset restore learns");
         assert_eq!(r["learned"], i > 0, "restore {i}: {r}");
@@ -818,7 +871,7 @@ fn snapshot_lifecycle(env: &Env) {
         env.json(&["snapshot", "a", "--mode", "hot", "--name", name, "--json"]);
     }
     env.ok(&["stop", "a"]);
-    env.json(&["restore", "p2", "--mode", "eager", "--json"]);
+    env.json(&["restore", "--wait", "p2", "--mode", "eager", "--json"]);
 
     // a runs restored from p2, on its own links of p2's disk: p2 goes
     // whole (its child p3 rewritten without it), and a runs on.
@@ -887,7 +940,9 @@ fn snapshot_lifecycle(env: &Env) {
         removed.iter().all(|p| Path::new(p).starts_with(&index)),
         "{g}"
     );
-    env.json(&["restore", "p3", "--mode", "eager", "--paused", "--json"]);
+    env.json(&[
+        "restore", "--wait", "p3", "--mode", "eager", "--paused", "--json",
+    ]);
     let st = env.json(&["status", "--json"]);
     assert_eq!(st["vms"][0]["state"], "paused", "{st}");
     assert!(disks("p3").is_dir() && snaps.join("p3").is_dir());

@@ -481,7 +481,9 @@ fn snapshot_modes_are_exact_and_harmless() {
     // A paused restore of the hot snapshot: the restored RAM is the image,
     // disk-reference pages included.
     env.ok(&["stop", "a"]);
-    env.json(&["restore", "s-hot", "--mode", "lazy", "--paused", "--json"]);
+    env.json(&[
+        "restore", "--wait", "s-hot", "--mode", "lazy", "--paused", "--json",
+    ]);
     let ram = env
         .shm_files()
         .into_iter()

@@ -68,6 +68,8 @@ pub struct Job {
     pub replay: Vec<Vec<u8>>,
     /// Progress lines.
     pub progress: Sender<String>,
+    /// Where `status` reads the VM's load from, if anywhere.
+    pub loads: Option<crate::loading::Loads>,
     /// The VMs of the restore that have loaded.
     pub loaded: Arc<LoadedCount>,
     /// The injected fault for this VM (`crate::fault`): what it does in
@@ -148,6 +150,7 @@ pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
     );
     let progress = job.progress.clone();
     let (loaded, fault, gate) = (job.loaded.clone(), job.when_peers_loaded, job.gate.clone());
+    let loads = job.loads.clone();
     let (result, (started, replayed)) = std::thread::scope(|s| {
         // Restore events → Cohort inputs; the replay once the guest runs.
         let fwd = s.spawn(move || {
@@ -191,7 +194,15 @@ pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
                         let _ = inbox.send(CohortInput::Started { unix_us: us });
                     }
                     RestoreEvent::AllLoaded => {
+                        if let Some(l) = &loads {
+                            l.done(&vm);
+                        }
                         let _ = inbox.send(CohortInput::Restored);
+                    }
+                    RestoreEvent::Loading { sent, total } => {
+                        if let Some(l) = &loads {
+                            l.set(&vm, sent, total);
+                        }
                     }
                 }
             }

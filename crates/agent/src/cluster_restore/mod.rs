@@ -29,8 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vmcsnap_coord::restore::{
-    run_cohort, run_coordinator, Cohort, CohortOutcome, Coordinator, CoordinatorOutcome, Deps, Msg,
-    Policy, Timeouts,
+    run_cohort, run_coordinator, Cohort, CohortOutcome, Coordinator, CoordinatorEvent,
+    CoordinatorEventKind, CoordinatorOutcome, Deps, Msg, Policy, Timeouts,
 };
 use vmcsnap_coord::transport::InProcessNetwork;
 use vmcsnap_image::cluster::{check_cluster_committed, ClusterManifest};
@@ -38,7 +38,7 @@ use vmcsnap_restoreline::{revise_wss_scaled, Edge, Rdg};
 use vmcsnap_spec::ClusterSpec;
 use vmcsnap_workingset as ws;
 
-pub use report::{ClusterRestoreReport, VmRestoreReport};
+pub use report::{ClusterRestoreReport, ClusterRunning, VmRestoreReport, VmRunning};
 
 use crate::cluster::Cluster;
 use crate::fault::RestoreFault;
@@ -103,23 +103,40 @@ pub struct Options {
 }
 
 /// Restores every VM of a cluster snapshot into a new cluster.
+///
+/// With `early`, the request answers once every guest runs (see
+/// [`crate::loading`]; the answer is a [`ClusterRunning`]) and this goes on
+/// until every page is loaded.
 pub fn restore_cluster(
     cluster: &mut Option<Cluster>,
     run: &RunDir,
     opts: Options,
+    early: Option<&crate::loading::Ctx<'_>>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ClusterRestoreReport, AgentError> {
     // The journal (see `restore_journal`) is begun once the plan is known,
     // and ended here whatever happened.
-    let r = restore_cluster_journaled(cluster, run, opts, progress);
+    let r = restore_cluster_journaled(cluster, run, opts, early, progress);
     crate::restore_journal::end(run);
+    if let Some(ctx) = early {
+        ctx.loads.clear();
+    }
     r
+}
+
+/// What the protocol's driver does for a restore that answers early.
+struct Early<'a> {
+    /// Where the VMs' loads are shown.
+    loads: crate::loading::Loads,
+    /// Called once every guest runs, with their start times (unix µs).
+    on_running: &'a mut dyn FnMut(&BTreeMap<String, u64>),
 }
 
 fn restore_cluster_journaled(
     cluster: &mut Option<Cluster>,
     run: &RunDir,
     opts: Options,
+    early: Option<&crate::loading::Ctx<'_>>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ClusterRestoreReport, AgentError> {
     let t0 = Instant::now();
@@ -196,7 +213,28 @@ fn restore_cluster_journaled(
         progress(&format!("restore line: {}", plan.line.join(" < ")));
     }
     let replay = replay_frames(&dir, &m)?;
-    let (outcome, outcomes, start_order) = run_protocol(&c, run, &plan, &opts, replay, progress);
+    let (cname, accel) = (c.spec.cluster.name.clone(), c.accel.name().to_string());
+    let mut on_running = |starts: &BTreeMap<String, u64>| {
+        let Some(ctx) = early else { return };
+        let vms = saved
+            .iter()
+            .map(|s| {
+                let n = &s.qemu.name;
+                let started = starts.get(n).copied().unwrap_or(start_unix_us);
+                let qmp = run.vm_dir(n).join("qmp.sock");
+                restore::vm_status(n, &s.address, s.qemu.memory_mib, &qmp, started)
+            })
+            .collect();
+        ctx.early.show(&cname, &accel, vms);
+        let r = report::running(&m, &plan, &opts, starts, start_unix_us);
+        ctx.early.reply(crate::dispatch::to_json(&r));
+    };
+    let early = early.map(|ctx| Early {
+        loads: ctx.loads.clone(),
+        on_running: &mut on_running,
+    });
+    let (outcome, outcomes, start_order) =
+        run_protocol(&c, run, &plan, &opts, replay, early, progress);
     let mut errors = Vec::new();
     let mut restored = Vec::new();
     for o in outcomes {
@@ -371,6 +409,7 @@ fn run_protocol(
     plan: &Plan,
     opts: &Options,
     mut replay: HashMap<String, Vec<Vec<u8>>>,
+    mut early: Option<Early<'_>>,
     progress: &mut dyn FnMut(&str),
 ) -> (CoordinatorOutcome, Vec<cohort::Outcome>, Vec<(String, u64)>) {
     let mode = opts.mode;
@@ -412,6 +451,10 @@ fn run_protocol(
         }
     };
     let loaded = Arc::new(cohort::LoadedCount::default());
+    // Every guest runs (the Coordinator's AllStarted), and since when each.
+    let starts: Mutex<BTreeMap<String, u64>> = Mutex::default();
+    let all_started = std::sync::atomic::AtomicBool::new(false);
+    let loads = early.as_ref().map(|e| e.loads.clone());
     std::thread::scope(|s| {
         let mut restores = Vec::new();
         let mut cohorts = Vec::new();
@@ -443,6 +486,7 @@ fn run_protocol(
                     start_quiet: opts.start_quiet,
                     prefetch_blocks: restore::pages::PREFETCH_BLOCKS,
                     cluster: None,
+                    observer: None,
                 },
                 gate: gate.clone(),
                 cmds: cmd_rx,
@@ -451,6 +495,7 @@ fn run_protocol(
                 cluster: c.spec.cluster.name.clone(),
                 replay: replay.remove(&v.name).unwrap_or_default(),
                 progress: ptx.clone(),
+                loads: loads.clone(),
                 loaded: loaded.clone(),
                 when_peers_loaded: match &opts.fault {
                     Some(f) if f.vm == v.name => Some((f.kind, plan.vms.len())),
@@ -467,11 +512,26 @@ fn run_protocol(
             }));
         }
         let ptx2 = ptx.clone();
+        let (starts, all_started) = (&starts, &all_started);
         let coord = s.spawn(move || {
             let t_start = Instant::now();
             let outcome = run_coordinator(&mut coordinator, &co_ep, &co_rx, &mut |ev| {
-                let at = ev.at.saturating_duration_since(t_start).as_secs_f64() * 1000.0;
-                let _ = ptx2.send(format!("protocol: {at:.1} ms: {:?}", ev.kind));
+                match &ev.kind {
+                    CoordinatorEventKind::StartFin {
+                        cohort,
+                        started_unix_us,
+                    } => {
+                        let mut st = starts.lock().unwrap_or_else(|p| p.into_inner());
+                        st.insert(cohort.clone(), *started_unix_us);
+                    }
+                    CoordinatorEventKind::AllStarted => {
+                        all_started.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    _ => {}
+                }
+                if let Some(line) = protocol_line(ev, t_start) {
+                    let _ = ptx2.send(line);
+                }
             });
             (outcome, coordinator.start_order())
         });
@@ -481,6 +541,13 @@ fn run_protocol(
                 Ok(line) => progress(&line),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
+            }
+            if all_started.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Some(e) = early.take() {
+                    let st = starts.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    progress("every guest runs; the rest of the pages load in the background");
+                    (e.on_running)(&st);
+                }
             }
             if cohorts.iter().all(|h| h.is_finished()) && restores.iter().all(|h| h.is_finished()) {
                 co_inbox.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -507,6 +574,18 @@ fn run_protocol(
         let (outcome, order) = coord.join().expect("coordinator thread panicked");
         (outcome, outcomes, order)
     })
+}
+
+/// The progress line of a protocol event, or `None` for a routine
+/// retransmission (a dozen in a restore that succeeds), which goes to the
+/// log only.
+fn protocol_line(ev: &CoordinatorEvent, t0: Instant) -> Option<String> {
+    let at = ev.at.saturating_duration_since(t0).as_secs_f64() * 1000.0;
+    if let CoordinatorEventKind::Retransmit { to, msg } = &ev.kind {
+        tracing::info!(to = %to, msg = *msg, at_ms = at, "cluster restore protocol: message sent again");
+        return None;
+    }
+    Some(format!("protocol: {at:.1} ms: {:?}", ev.kind))
 }
 
 /// The Checker's dependencies: a VM starts after the VMs it sends to; rings
@@ -648,6 +727,19 @@ mod tests {
         .unwrap();
         assert_eq!(rdg.rings(), vec![vec!["a".to_string(), "b".to_string()]]);
         assert_eq!(rdg.orphans(), vec!["c".to_string()]);
+    }
+
+    #[test]
+    fn retransmissions_are_no_progress_lines() {
+        let t0 = Instant::now();
+        let ev = |kind| CoordinatorEvent { at: t0, kind };
+        let retransmit = ev(CoordinatorEventKind::Retransmit {
+            to: "a".into(),
+            msg: "LOAD",
+        });
+        assert_eq!(protocol_line(&retransmit, t0), None);
+        let line = protocol_line(&ev(CoordinatorEventKind::AllStarted), t0).unwrap();
+        assert!(line.starts_with("protocol: 0.0 ms: AllStarted"), "{line}");
     }
 
     #[test]

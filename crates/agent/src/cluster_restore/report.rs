@@ -134,8 +134,88 @@ pub struct ClusterRestoreReport {
     pub latency_avg_ms: f64,
     /// Average disruption, ms.
     pub disruption_avg_ms: f64,
+    /// Request to every guest running (the last start), ms.
+    pub running_ms: f64,
+    /// Request to every page of every VM loaded, ms.
+    pub full_load_ms: Option<f64>,
+    /// Pages still loading in the background (never, in this report).
+    pub loading: bool,
     /// Request to report, ms.
     pub duration_ms: f64,
+}
+
+/// One VM of a [`ClusterRunning`].
+#[derive(Debug, Clone, Serialize)]
+pub struct VmRunning {
+    /// The VM.
+    pub vm: String,
+    /// Request to guest running, ms.
+    pub latency_ms: f64,
+    /// When the guest started (its RESUME event), unix µs.
+    pub started_unix_us: u64,
+}
+
+/// What `vmcsnap restore --cluster` answers once every guest runs (without
+/// `--wait`): the latencies; the rest of the pages load in the background
+/// (`vmcsnap status` shows how far), and the full report goes to the
+/// agent's log.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterRunning {
+    /// The cluster snapshot.
+    pub snapshot: String,
+    /// The cluster.
+    pub cluster: String,
+    /// The mode.
+    pub mode: Mode,
+    /// How long after each start only demand faults are served.
+    pub start_quiet_ms: u64,
+    /// Per VM, in start order.
+    pub vms: Vec<VmRunning>,
+    /// VMs in the order their guests started.
+    pub start_order: Vec<String>,
+    /// The restore line the plan asked for.
+    pub restore_line: Vec<String>,
+    /// Average restore latency, ms.
+    pub latency_avg_ms: f64,
+    /// Request to every guest running (the last start), ms.
+    pub running_ms: f64,
+    /// Not known yet: `None`.
+    pub full_load_ms: Option<f64>,
+    /// Pages still loading in the background.
+    pub loading: bool,
+}
+
+/// The answer once every guest runs, from their start times (unix µs).
+pub fn running(
+    m: &ClusterManifest,
+    plan: &Plan,
+    opts: &super::Options,
+    starts: &std::collections::BTreeMap<String, u64>,
+    start_unix_us: u64,
+) -> ClusterRunning {
+    let mut vms: Vec<VmRunning> = starts
+        .iter()
+        .map(|(vm, &us)| VmRunning {
+            vm: vm.clone(),
+            latency_ms: us.saturating_sub(start_unix_us) as f64 / 1000.0,
+            started_unix_us: us,
+        })
+        .collect();
+    vms.sort_by(|a, b| a.latency_ms.total_cmp(&b.latency_ms));
+    let n = vms.len().max(1) as f64;
+    ClusterRunning {
+        snapshot: m.name.clone(),
+        cluster: m.cluster.clone(),
+        mode: opts.mode,
+        start_quiet_ms: opts.start_quiet.as_millis() as u64,
+        start_order: vms.iter().map(|v| v.vm.clone()).collect(),
+        restore_line: plan.line.clone(),
+        latency_avg_ms: vms.iter().map(|v| v.latency_ms).sum::<f64>() / n,
+        running_ms: vms.iter().map(|v| v.latency_ms).fold(0.0, f64::max),
+        full_load_ms: None,
+        loading: true,
+        vms,
+    }
 }
 
 /// Builds the report from the restored VMs (member, restore report, guest
@@ -202,6 +282,7 @@ pub fn build(
         }
     }
     let mut vms: Vec<VmRestoreReport> = Vec::new();
+    let mut full_load_ms = 0.0f64;
     for ((member, rep, started, replayed), view) in restored.iter().zip(views) {
         let name = member.vm.name.clone();
         let tcp_at_cut = m
@@ -221,6 +302,7 @@ pub fn build(
         let pv = plan.vms.iter().find(|v| v.name == name);
         // The VM's own clock (its restore request) put on the cluster's.
         let offset = rep.request_unix_us.saturating_sub(start_unix_us) as f64 / 1000.0;
+        full_load_ms = full_load_ms.max(rep.full_load_ms + offset);
         vms.push(VmRestoreReport {
             vm: name,
             latency_ms: start,
@@ -277,6 +359,9 @@ pub fn build(
         backoff_max_ms: backoffs.last().copied().unwrap_or(0.0),
         latency_avg_ms: vms.iter().map(|v| v.latency_ms).sum::<f64>() / n,
         disruption_avg_ms: vms.iter().map(|v| v.disruption_ms).sum::<f64>() / n,
+        running_ms: vms.iter().map(|v| v.latency_ms).fold(0.0, f64::max),
+        full_load_ms: Some(full_load_ms),
+        loading: false,
         vms,
         start_order,
         restore_line: plan.line.clone(),

@@ -364,6 +364,9 @@ pub(super) fn feed(
     let (tx, rx) = mpsc::channel::<(Input, Instant)>();
     let ms_since_t0 = |at: Instant| at.duration_since(t0).as_secs_f64() * 1000.0;
     let tell = |ev: RestoreEvent| {
+        if let Some(o) = &opts.observer {
+            let _ = o.send(ev.clone());
+        }
         if let Some(c) = &opts.cluster {
             let _ = c.events.send(ev);
         }
@@ -424,11 +427,12 @@ pub(super) fn feed(
                     observe(&st.obs);
                 }
                 Ok((Input::Source(SourceEvent::AllSent), _)) => tell(RestoreEvent::AllLoaded),
-                Ok((Input::Source(SourceEvent::Progress { sent, total }), _))
-                    if last_progress.elapsed() > Duration::from_millis(500) =>
-                {
-                    last_progress = Instant::now();
-                    progress(&format!("{name}: {sent} of {total} pages loaded"));
+                Ok((Input::Source(SourceEvent::Progress { sent, total }), _)) => {
+                    tell(RestoreEvent::Loading { sent, total });
+                    if last_progress.elapsed() > Duration::from_millis(500) {
+                        last_progress = Instant::now();
+                        progress(&format!("{name}: {sent} of {total} pages loaded"));
+                    }
                 }
                 Ok((Input::SourceDone { ok }, _)) => {
                     source_finished = true;

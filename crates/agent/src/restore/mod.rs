@@ -34,6 +34,7 @@
 //! `vmcsnap inspect --verify` checks a whole image beforehand.
 
 pub mod adopt;
+mod early;
 mod feed;
 mod finish;
 pub mod page_source;
@@ -46,6 +47,7 @@ mod start_gate;
 pub mod traces;
 pub mod ws_inputs;
 
+pub use early::vm_status;
 pub use run::{
     hybrid_size, restore, restore_into, saved_vm, InCluster, Options, Report, RestoreEvent, Saved,
     WssChoice, CLUSTER_START_QUIET,

@@ -72,6 +72,9 @@ pub struct Options {
     /// the snapshots root), the gate that holds the start, and where to
     /// report progress. `None` for a restore of one VM.
     pub cluster: Option<InCluster>,
+    /// Told what a cluster restore's `events` are (a restore of one VM that
+    /// answers once its guest runs watches its load with it).
+    pub observer: Option<mpsc::Sender<RestoreEvent>>,
 }
 
 /// How a restore takes part in a cluster restore (HotRestore's Cohort).
@@ -97,6 +100,9 @@ pub enum RestoreEvent {
     Loaded { qemu_pid: u32 },
     /// The guest started (QEMU's RESUME event), unix µs.
     Started(u64),
+    /// `sent` of the VM's `total` pages are loaded (before and after the
+    /// start).
+    Loading { sent: u64, total: u64 },
     /// Every page is loaded.
     AllLoaded,
 }
@@ -281,12 +287,17 @@ fn parse_address(cidr: &str, mac: &str) -> Option<VmAddress> {
 
 /// Restores `opts.snapshot` into `cluster` (creating a cluster of its own
 /// if none is up).
+///
+/// With `early`, the request answers once the guest runs (see
+/// [`crate::loading`]) and this goes on until every page is loaded.
 pub fn restore(
     cluster: &mut Option<Cluster>,
     run: &RunDir,
     opts: Options,
+    early: Option<&crate::loading::Ctx<'_>>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report, AgentError> {
+    let request_us = unix_us(SystemTime::now());
     let root = run.snapshots_dir();
     let dir = root.join(&opts.snapshot);
     if !vmcsnap_image::manifest::is_plain_name(&opts.snapshot) || !dir.join("manifest").is_file() {
@@ -340,14 +351,29 @@ pub fn restore(
         }
         return Err(e);
     }
-    let result = restore_into(
-        &c.switch.clone(),
-        &c.spec.cluster.name.clone(),
-        run,
-        &opts,
-        &dir,
-        progress,
-    );
+    let result = match early {
+        None => restore_into(
+            &c.switch.clone(),
+            &c.spec.cluster.name.clone(),
+            run,
+            &opts,
+            &dir,
+            progress,
+        ),
+        Some(ctx) => {
+            let shown = super::early::Shown::of(c, run, &saved, request_us);
+            super::early::answering(ctx, shown, opts.clone(), |opts| {
+                restore_into(
+                    &c.switch.clone(),
+                    &c.spec.cluster.name.clone(),
+                    run,
+                    opts,
+                    &dir,
+                    progress,
+                )
+            })
+        }
+    };
     crate::restore_journal::end(run);
     // Only now: should this agent die before the journal's end, the next
     // one finishes the restore from the page source's files.

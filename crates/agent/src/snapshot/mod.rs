@@ -274,6 +274,12 @@ pub fn snapshot(
             w.undo();
         }
     }
+    // Whatever happened, no raised priority outlives the snapshot (the
+    // pause's boost ends with `run_mode`; this finds one nobody ended).
+    crate::thread_priority::undo_left(
+        &crate::thread_priority::record_path(&vm.config),
+        Some(vm.pid),
+    );
     // Whatever happened: the VM must run on, with rejuvenation's settings
     // back to what they were.
     let mut cap = Some(cap);
@@ -518,7 +524,10 @@ fn run_mode(
             // the pauses of a cluster snapshot do not queue for the CPU.
             // The background copy after it runs at the VM's own priority.
             let boost = (mode == Mode::Hot)
-                .then(|| crate::thread_priority::Boost::start(vm.pid, PAUSE_NICE))
+                .then(|| {
+                    let file = crate::thread_priority::record_path(&vm.config);
+                    crate::thread_priority::Boost::start(vm.pid, PAUSE_NICE, &file)
+                })
                 .flatten();
             // Nothing to do between `stop` and the disk snapshot: send the
             // three commands at once (no round trip inside the pause).
