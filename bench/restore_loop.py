@@ -74,7 +74,7 @@ def main():
             modes = a.modes.split(",")
             mode = modes[i % len(modes)]
             t = time.monotonic()
-            p = subprocess.run([a.vmcsnap, "--run-dir", run_dir, "restore", "s", "--mode", mode, "--json"],
+            p = subprocess.run([a.vmcsnap, "--run-dir", run_dir, "restore", "--wait", "s", "--mode", mode, "--json"],
                                capture_output=True, text=True)
             row = {"i": i, "mode": mode, "mem_mib": a.mem, "cold": a.cold, "ok": p.returncode == 0,
                    "wall_s": round(time.monotonic() - t, 2), "unix_s": int(time.time())}
