@@ -36,7 +36,11 @@ pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, 
     result.removed.extend(vm_dir_leftovers(run, cluster));
     if !root.is_dir() {
         let in_use = crate::snapshot_removal::InUse::gather(&root, cluster, &Default::default());
-        result.removed.extend(disk_index::clean(&cache, &root.join(".disks"), in_use.files()));
+        result.removed.extend(disk_index::clean(
+            &cache,
+            &root.join(".disks"),
+            in_use.files(),
+        ));
         return Ok(result);
     }
     let me = std::process::id();

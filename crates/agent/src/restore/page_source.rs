@@ -545,7 +545,9 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
         let _ = priority::set_current_thread(p.fault_path);
     }
     let mut out = Some(events);
-    let mut last_progress = Instant::now();
+    // The first report always goes (the agent's `status` shows the load
+    // from it), later ones at most every 200 ms.
+    let mut last_progress: Option<Instant> = None;
     let started = SystemTime::now();
     let r = postcopy::run_source(&scfg, &mut pages, stream, &mut |ev| {
         if let (SourceEvent::Work(w), Some(p)) = (&ev, prio) {
@@ -555,9 +557,10 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
             SourceEvent::RunSent => Wire::RunSent,
             SourceEvent::AllSent => Wire::AllSent,
             SourceEvent::Progress { sent, total }
-                if last_progress.elapsed() > Duration::from_millis(200) || sent == total =>
+                if last_progress.is_none_or(|t| t.elapsed() > Duration::from_millis(200))
+                    || sent == total =>
             {
-                last_progress = Instant::now();
+                last_progress = Some(Instant::now());
                 Wire::Progress { sent, total }
             }
             _ => return,
