@@ -138,6 +138,16 @@ fn to_io(e: vmcsnap_image::ReadError) -> io::Error {
     io::Error::other(e.to_string())
 }
 
+/// A page read from a parent snapshot is not the page the child recorded.
+fn parent_crc_mismatch(id: PageId, holder: &Image) -> io::Error {
+    io::Error::other(format!(
+        "page {}:{} read from the parent snapshot {} has another CRC",
+        id.block,
+        id.page,
+        holder.dir().display()
+    ))
+}
+
 impl PageSource for ImagePages<'_> {
     fn read_page(&mut self, id: PageId, buf: &mut [u8]) -> io::Result<bool> {
         let key = PageKey::new(id.block, id.page);
@@ -165,18 +175,24 @@ impl PageSource for ImagePages<'_> {
                     if !std::ptr::eq(holder, img) {
                         if let PageState::InParent { crc } = img.locate(key).map_err(to_io)? {
                             if loc.crc != crc {
-                                return Err(io::Error::other(format!(
-                                    "page {}:{} read from the parent snapshot {} has another CRC",
-                                    id.block,
-                                    id.page,
-                                    holder.dir().display()
-                                )));
+                                return Err(parent_crc_mismatch(id, holder));
                             }
                         }
                     }
                     Ok(true)
                 }
-                (_, PageState::Zero) => Ok(false),
+                (holder, PageState::Zero) => {
+                    // A parent's zero page must be what the child recorded.
+                    if !std::ptr::eq(holder, img) {
+                        if let PageState::InParent { crc } = img.locate(key).map_err(to_io)? {
+                            buf.fill(0);
+                            if crc32c::crc32c(buf) != crc {
+                                return Err(parent_crc_mismatch(id, holder));
+                            }
+                        }
+                    }
+                    Ok(false)
+                }
                 (_, PageState::Absent) => Err(absent(id)),
                 (_, PageState::OnDisk { .. } | PageState::InParent { .. }) => {
                     img.read_page(key, buf).map_err(to_io)?;
@@ -264,3 +280,7 @@ pub fn image_order(img: &Image) -> Result<Vec<PageKey>, vmcsnap_image::ReadError
     stored.sort_unstable_by_key(|&(r, _)| r);
     Ok(stored.into_iter().map(|(_, k)| k).chain(zero).collect())
 }
+
+#[cfg(test)]
+#[path = "pages_tests.rs"]
+mod tests;
