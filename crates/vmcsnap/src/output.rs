@@ -309,15 +309,26 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
     // Pages stored as references to the frozen disk: read through the
     // disk reader, each checked against its CRC.
     let disk_check = verify.then(|| verify_disk_pages(&img));
+    // Every disk of the VM frozen, each a file of this snapshot.
+    let own_disks: Vec<String> = if verify {
+        vmcsnap_agent::disk_set::own_disk_problems(dir, img.manifest())
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    } else {
+        vec![]
+    };
     let bad: Vec<Value> = report
         .iter()
         .flat_map(|r| r.bad_blocks.iter())
         .map(|b| serde_json::json!({ "block": b.index, "offset": b.offset, "error": b.error.to_string() }))
         .chain(report.iter().flat_map(|r| r.other.iter()).map(|e| serde_json::json!({ "error": e.to_string() })))
         .chain(disk_check.iter().flat_map(|(_, e)| e.iter()).map(|e| serde_json::json!({ "error": e })))
+        .chain(own_disks.iter().map(|e| serde_json::json!({ "error": e })))
         .collect();
     let verify_ok = report.as_ref().is_some_and(|r| r.is_ok())
-        && disk_check.as_ref().is_some_and(|(_, e)| e.is_empty());
+        && disk_check.as_ref().is_some_and(|(_, e)| e.is_empty())
+        && own_disks.is_empty();
     let v = serde_json::json!({
         "path": dir,
         "manifest": serde_json::to_value(img.manifest())?,
@@ -409,6 +420,12 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
                 e.len()
             );
         }
+    }
+    if let Some(first) = own_disks.first() {
+        anyhow::bail!(
+            "snapshot {} failed verification: its disks are not all its own: {first}",
+            dir.display()
+        );
     }
     if let Some((_, e)) = &disk_check {
         if let Some(first) = e.first() {
@@ -520,6 +537,28 @@ pub fn restore(v: &Value) {
     }
     if let Some(n) = v["next_wss"].as_u64() {
         println!("  next workingset restore loads {n} pages first (learned, bounded)");
+    }
+    if v["clock"].is_object() {
+        println!("  guest clock: {}", clock_line(&v["clock"]));
+    }
+}
+
+/// A restored guest's clock (`guest_clock::ClockSync` as JSON), in words.
+pub fn clock_line(c: &Value) -> String {
+    let ms = |k: &str| {
+        c[k].as_f64()
+            .map_or("?".to_string(), |v| format!("{v:+.0} ms"))
+    };
+    match c["outcome"].as_str().unwrap_or("?") {
+        "set" => format!(
+            "set to the host's by {} (it was {} off, now {})",
+            c["method"].as_str().unwrap_or("?"),
+            ms("offset_before_ms"),
+            ms("offset_after_ms")
+        ),
+        "no-agent" => "not set: no guest agent (it keeps the snapshot's time)".into(),
+        "paused" => "not set: the VM is paused".into(),
+        _ => format!("not set: {}", c["error"].as_str().unwrap_or("?")),
     }
 }
 

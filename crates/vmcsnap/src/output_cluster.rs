@@ -115,6 +115,9 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
                     if !r.is_ok() {
                         problems.push(format!("VM {}: {r}", vm.name));
                     }
+                    for e in vmcsnap_agent::disk_set::own_disk_problems(&vdir, img.manifest()) {
+                        problems.push(format!("VM {}: {e}", vm.name));
+                    }
                     checked.push(
                         json!({ "vm": vm.name, "ok": r.is_ok(), "pages_checked": r.pages_checked }),
                     );
@@ -291,6 +294,13 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
         v["disruption_avg_ms"].as_f64().unwrap_or(0.0),
         v["starts_follow_dependencies"]
     );
+    for c in v["guest_clocks"].as_array().into_iter().flatten() {
+        println!(
+            "  {} guest clock: {}",
+            c["vm"].as_str().unwrap_or("?"),
+            crate::output::clock_line(c)
+        );
+    }
     Ok(())
 }
 

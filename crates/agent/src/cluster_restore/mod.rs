@@ -242,7 +242,10 @@ fn restore_cluster_journaled(
             "cluster restore failed: {detail}; nothing was left running"
         )));
     }
-    let report = report::build(&m, &plan, &opts, &restored, &start_order, t0, start_unix_us);
+    // Every guest runs: their clocks go to the host's (`guest_clock`).
+    let clocks = crate::guest_clock::sync_all(restored.iter().map(|r| &r.0.vm.config));
+    let mut report = report::build(&m, &plan, &opts, &restored, &start_order, t0, start_unix_us);
+    report.guest_clocks = clocks;
     for (member, ..) in restored {
         c.members.push(member);
     }

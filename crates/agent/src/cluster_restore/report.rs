@@ -136,6 +136,9 @@ pub struct ClusterRestoreReport {
     pub disruption_avg_ms: f64,
     /// Request to report, ms.
     pub duration_ms: f64,
+    /// Each guest's clock, set to the host's once every guest ran
+    /// (`crate::guest_clock`).
+    pub guest_clocks: Vec<crate::guest_clock::ClockSync>,
 }
 
 /// Builds the report from the restored VMs (member, restore report, guest
@@ -290,6 +293,7 @@ pub fn build(
             .collect(),
         lp_objective: plan.lp_objective,
         duration_ms: t0.elapsed().as_secs_f64() * 1000.0,
+        guest_clocks: Vec::new(),
     }
 }
 

@@ -574,6 +574,7 @@ pub(super) fn feed(
         qemu_threads_raised,
         overlay: PathBuf::new(),
         record: record_path,
+        clock: None,
     })
 }
 
