@@ -85,7 +85,7 @@ fn strip_options(line: &str) -> &str {
 /// whose fuzz target builds on its own lock file.)
 fn decode_base64(text: &str) -> Option<Vec<u8>> {
     let bytes = text.as_bytes();
-    if bytes.is_empty() || bytes.len() % 4 != 0 {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(4) {
         return None;
     }
     let pad = bytes.iter().rev().take_while(|&&b| b == b'=').count();

@@ -76,6 +76,16 @@ fn read_block(env: &Env) -> Vec<u8> {
     out.stdout
 }
 
+/// The guest fills block [`BLOCK`] of the extra disk with `c`.
+fn write_block(env: &Env, c: char) {
+    let fill = format!(
+        "head -c 4096 /dev/zero | tr '\\0' {c} | dd of={DEV} bs=4096 seek={BLOCK} oflag=direct conv=fsync status=none"
+    );
+    let out = agent(env).exec("/bin/sh", &["-c", &fill]).unwrap();
+    assert!(out.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(read_block(env), vec![c as u8; 4096]);
+}
+
 fn host_ns() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -144,14 +154,7 @@ workload = {workload:?}
 
     // The guest changes the bytes after the snapshot; the restore must not
     // see that.
-    let out = agent(&env)
-        .exec(
-            "/bin/sh",
-            &["-c", &format!("head -c 4096 /dev/zero | tr '\\0' Q | dd of={DEV} bs=4096 seek={BLOCK} oflag=direct conv=fsync status=none")],
-        )
-        .unwrap();
-    assert!(out.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(read_block(&env), vec![b'Q'; 4096]);
+    write_block(&env, 'Q');
     env.ok(&["down"]);
     // Give the snapshot an age the guest's clock would lag by.
     std::thread::sleep(Duration::from_secs(5));
@@ -187,6 +190,22 @@ workload = {workload:?}
         "guest clock {off_ms:+.0} ms off the host's"
     );
     drop(ga);
+
+    // A snapshot of the VM alone freezes every disk too, and its restore
+    // sets the clock as well.
+    write_block(&env, 'R');
+    env.ok(&["snapshot", "w", "--name", "s1"]);
+    write_block(&env, 'S');
+    env.ok(&["stop", "w"]);
+    std::thread::sleep(Duration::from_secs(5));
+    let one = env.json(&["restore", "s1", "--mode", "eager", "--json"]);
+    eprintln!("guest clock after the VM's restore: {}", one["clock"]);
+    assert_eq!(one["clock"]["outcome"], "set", "{one}");
+    assert!(
+        one["clock"]["offset_before_ms"].as_f64().unwrap() < -4000.0,
+        "{one}"
+    );
+    assert_eq!(read_block(&env), vec![b'R'; 4096]);
     env.ok(&["down"]);
     env.assert_clean();
 }
