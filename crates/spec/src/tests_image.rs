@@ -322,10 +322,10 @@ fn sized_disks(n: usize) -> String {
 
 #[test]
 fn microvm_slots_are_counted() {
-    // 24 virtio-mmio transports: NIC, virtio-serial, root, seed and 20 disks.
+    // NIC, virtio-serial, root, seed and 4 disks.
     let e = vm(&format!(
         "image='/i'\nkernel='/k'\nmachine='microvm'\ndisks={}",
-        sized_disks(21)
+        sized_disks(5)
     ))
     .unwrap_err();
     assert_eq!(
@@ -333,20 +333,20 @@ fn microvm_slots_are_counted() {
         SpecError::TooManyDevices {
             vm: "a".into(),
             machine: Machine::Microvm,
-            got: 25,
-            max: 24,
-            max_disks: 20,
+            got: 9,
+            max: 8,
+            max_disks: 4,
         }
     );
-    assert!(e.to_string().contains("at most 20 disks"), "{e}");
+    assert!(e.to_string().contains("at most 4 disks"), "{e}");
     vm(&format!(
         "image='/i'\nkernel='/k'\nmachine='microvm'\ncloud_init=false\ndisks={}",
-        sized_disks(21)
+        sized_disks(5)
     ))
     .unwrap();
     vm(&format!(
         "image='/i'\nkernel='/k'\nmachine='microvm'\ndisks={}",
-        sized_disks(20)
+        sized_disks(4)
     ))
     .unwrap();
 }
