@@ -44,7 +44,7 @@ pub enum AccessedError {
 }
 
 /// The guest-RAM mapping's counters, in 4 KiB pages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct RamUse {
     /// Pages present.
     pub rss: u64,

@@ -13,6 +13,7 @@
 //! | `capture-stall-after=BYTES` | reads BYTES, then stops reading without closing, as a hung disk would |
 //! | `commit-stall-deadline=SECONDS` | the image's commit hangs (as fsync on a hung disk) until the agent gives up on it, after SECONDS |
 //! | `panic-when-paused` | the request's handler panics right after the VM was paused, as a bug in the agent would |
+//! | `precopy-untracked-write=PAGE` | pre-copy only: in the switch-over pause, page PAGE of guest RAM is changed through the RAM file, a write QEMU's dirty tracking never sees (as TCG can miss one); the original bytes are put back before the guest resumes |
 //!
 //! A cluster restore may carry a [`RestoreFault`] (the CLI's hidden
 //! `vmcsnap restore --cluster SNAP --inject-fault FAULT`):
@@ -45,6 +46,10 @@ pub enum Fault {
     CommitStall(u64),
     /// The handler panics once the VM is paused (a bug in the agent).
     PanicWhenPaused,
+    /// Pre-copy: this page of guest RAM changes in the switch-over pause
+    /// without QEMU knowing (a write its dirty tracking missed), and is put
+    /// back before the guest resumes.
+    PrecopyUntrackedWrite(u64),
 }
 
 /// Snapshot hooks that panic once the VM is paused: `panic-when-paused`.
@@ -61,7 +66,7 @@ impl crate::snapshot::Hooks for PanicWhenPaused {
 
 /// A FAULT that is not one of the documented ones.
 #[derive(Debug, thiserror::Error)]
-#[error("{value:?} is not a fault vmcsnap can inject; use capture-error-after=BYTES, capture-stall-after=BYTES, commit-stall-deadline=SECONDS or panic-when-paused")]
+#[error("{value:?} is not a fault vmcsnap can inject; use capture-error-after=BYTES, capture-stall-after=BYTES, commit-stall-deadline=SECONDS, precopy-untracked-write=PAGE or panic-when-paused")]
 pub struct BadFault {
     value: String,
 }
@@ -82,6 +87,7 @@ impl std::str::FromStr for Fault {
             "capture-error-after" => Ok(Fault::CaptureErrorAfter(n)),
             "capture-stall-after" => Ok(Fault::CaptureStallAfter(n)),
             "commit-stall-deadline" => Ok(Fault::CommitStall(n)),
+            "precopy-untracked-write" => Ok(Fault::PrecopyUntrackedWrite(n)),
             _ => Err(bad()),
         }
     }
@@ -193,9 +199,10 @@ impl<R: Read> FaultyReader<R> {
 impl<R: Read> Read for FaultyReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let limit = match self.fault {
-            None | Some(Fault::CommitStall(_) | Fault::PanicWhenPaused) => {
-                return self.inner.read(buf)
-            }
+            None
+            | Some(
+                Fault::CommitStall(_) | Fault::PanicWhenPaused | Fault::PrecopyUntrackedWrite(_),
+            ) => return self.inner.read(buf),
             Some(Fault::CaptureErrorAfter(n) | Fault::CaptureStallAfter(n)) => n,
         };
         if self.read >= limit {
@@ -232,6 +239,10 @@ mod tests {
         assert_eq!(
             "commit-stall-deadline=3".parse::<Fault>().unwrap(),
             Fault::CommitStall(3)
+        );
+        assert_eq!(
+            "precopy-untracked-write=0".parse::<Fault>().unwrap(),
+            Fault::PrecopyUntrackedWrite(0)
         );
         for bad in [
             "capture-error-after",

@@ -10,7 +10,11 @@
 //!   committed, or one deleted), unless a running VM's disk chain still
 //!   reads from it (a VM restored from a snapshot since deleted) or the
 //!   frozen disk of a snapshot that stays does (one taken of such a VM; see
-//!   `snapshot_removal::disk_refs`).
+//!   `snapshot_removal::disk_refs`);
+//! - a cached disk index (`<run>/disk-index/`) of a file that no snapshot
+//!   and no VM has any more ([`disk_index`]).
+
+mod disk_index;
 
 use std::path::PathBuf;
 
@@ -26,7 +30,10 @@ pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, 
         removed: vec![],
         kept_in_use: vec![],
     };
+    let cache = run.root().join("disk-index");
     if !root.is_dir() {
+        let in_use = crate::snapshot_removal::InUse::gather(&root, cluster, &Default::default());
+        result.removed = disk_index::clean(&cache, &root.join(".disks"), in_use.files());
         return Ok(result);
     }
     let me = std::process::id();
@@ -37,9 +44,7 @@ pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, 
     result.removed.extend(temps);
     let in_use = crate::snapshot_removal::InUse::gather(&root, cluster, &Default::default());
     let disks = root.join(".disks");
-    let Ok(entries) = std::fs::read_dir(&disks) else {
-        return Ok(result);
-    };
+    let entries = std::fs::read_dir(&disks).into_iter().flatten();
     for ent in entries.flatten() {
         let dir = ent.path();
         let name = ent.file_name();
@@ -54,6 +59,10 @@ pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, 
         log(format!("gc: removed {}", dir.display()));
         result.removed.push(dir);
     }
+    // After the frozen disks above: what is left under `.disks` is in use.
+    result
+        .removed
+        .extend(disk_index::clean(&cache, &disks, in_use.files()));
     result.removed.sort();
     result.kept_in_use.sort();
     Ok(result)

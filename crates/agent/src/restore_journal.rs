@@ -1,26 +1,28 @@
-//! Restores an agent did not finish, redone by the next one.
+//! Restores an agent did not finish, finished or redone by the next one.
 //!
-//! A restore's guest depends on the agent until every page is loaded: the
-//! agent is its QEMU's postcopy source. Before a restore starts a QEMU the
-//! agent writes `<run-dir>/restoring.json` (atomically); when the restore
-//! has ended, successfully or not, it removes the file. An agent that
-//! starts and finds the file (its predecessor died mid-restore, e.g. by
-//! `kill -9`) redoes the restore before serving anyone:
+//! Before a restore starts a QEMU the agent writes
+//! `<run-dir>/restoring.json` (atomically); when the restore has ended,
+//! successfully or not, it removes the file. An agent that starts and finds
+//! the file (its predecessor died mid-restore, e.g. by `kill -9`) serves at
+//! once and, in the background, holding the cluster ([`recover`]):
 //!
-//! 1. every QEMU of the VMs being restored is killed: one still waiting for
-//!    its state exits by itself when its source dies, but one already
-//!    running in postcopy would wait forever for its missing pages;
-//! 2. those VMs leave the adopted cluster (a cluster restore: the whole
-//!    cluster, which the restore had created);
-//! 3. the restore runs again, `eager` (`eager-rl` for a cluster: every page
-//!    loaded before any guest starts, so the agent is needed only briefly),
-//!    from the same snapshot.
+//! - **adopts** a restore of one VM whose page source (a process of its
+//!   own: [`crate::restore::page_source`]) still serves, or has finished,
+//!   while its QEMU lives: the guest ran on throughout; the VM joins the
+//!   cluster and the restore is finished from the page source's files
+//!   ([`crate::restore::adopt`]);
+//! - otherwise **redoes** it: every QEMU of the VMs being restored is killed
+//!   (one already running in postcopy would wait forever for its missing
+//!   pages), those VMs leave the adopted cluster (a cluster restore: the
+//!   whole cluster, which the restore had created), and the restore runs
+//!   again, `eager` (`eager-rl` for a cluster: every page loaded before any
+//!   guest starts), from the same snapshot. That is a restore whose page
+//!   source had not started (its guest had not run), or had died too, and
+//!   every cluster restore (whose sources run inside the agent): a guest
+//!   that had started loses what it did since.
 //!
-//! The guests come back at the snapshot's point, as the interrupted restore
-//! would have brought them; a guest that had started before the crash
-//! loses what it did since (at most the restore's own duration). QEMU 7.2's
-//! postcopy recovery (`migrate-recover`) would let a new agent resume the
-//! page feed instead; vmcsnap does not implement it yet.
+//! QEMU 7.2's postcopy recovery (`migrate-recover`) would let a new agent
+//! resume a dead source's feed; vmcsnap does not use it.
 
 use serde::{Deserialize, Serialize};
 
@@ -96,17 +98,37 @@ fn kill_qemu(run: &RunDir, cluster: &mut Option<Cluster>, vm: &str) {
     }
 }
 
+/// The restore the previous agent did not finish, if any.
+pub fn pending(run: &RunDir) -> Option<Restoring> {
+    read(run)
+}
+
+impl std::fmt::Display for Restoring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Restoring::Vm { snapshot, vm } => {
+                write!(f, "the restore of VM {vm} from snapshot {snapshot}")
+            }
+            Restoring::Cluster { snapshot, vms } => write!(
+                f,
+                "the cluster restore of snapshot {snapshot} (VMs {})",
+                vms.join(", ")
+            ),
+        }
+    }
+}
+
 /// Redoes a restore the previous agent did not finish (see the module
-/// documentation). Errors are logged: the agent serves on regardless.
-pub fn redo(run: &RunDir, cluster: &mut Option<Cluster>) {
-    let Some(r) = read(run) else { return };
+/// documentation).
+fn redo(run: &RunDir, cluster: &mut Option<Cluster>, r: &Restoring) -> Result<(), AgentError> {
     log(format!(
         "redoing a restore the previous agent did not finish: {r:?}"
     ));
     let mut progress = |m: &str| log(format!("redo: {m}"));
-    let result = match &r {
+    match r {
         Restoring::Vm { snapshot, vm } => {
             kill_qemu(run, cluster, vm);
+            crate::restore::adopt::stop_page_source(run, vm);
             let opts = crate::restore::Options {
                 snapshot: snapshot.clone(),
                 mode: vmcsnap_workingset::Mode::Eager,
@@ -137,12 +159,50 @@ pub fn redo(run: &RunDir, cluster: &mut Option<Cluster>) {
             };
             crate::cluster_restore::restore_cluster(cluster, run, opts, &mut progress).map(|_| ())
         }
+    }
+}
+
+/// Finishes the restore `r` the previous agent did not (see the module
+/// documentation): adopts a VM whose page source serves on, else redoes
+/// the restore. `note` is told what happens, with the cluster as it is
+/// then. Errors are logged: the agent serves on regardless.
+pub fn recover(
+    run: &RunDir,
+    cluster: &mut Option<Cluster>,
+    r: &Restoring,
+    note: &mut dyn FnMut(&mut Option<Cluster>, &str),
+) {
+    let adoptable = match r {
+        Restoring::Vm { vm, .. } => crate::restore::adopt::adoptable(run, vm),
+        Restoring::Cluster { .. } => None,
+    };
+    let result = match adoptable {
+        Some((job, pid)) => {
+            log(format!(
+                "adopting {r}: its guest runs on its page source (QEMU pid {pid})"
+            ));
+            match crate::restore::adopt::adopt(run, cluster, &job, pid, note) {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    log(format!("adopting {r} failed ({e}); redoing it"));
+                    note(cluster, &format!("adopting failed ({e}); redoing it"));
+                    redo(run, cluster, r)
+                }
+            }
+        }
+        None => {
+            note(cluster, "redoing it (eager) from its snapshot");
+            redo(run, cluster, r)
+        }
     };
     match result {
-        Ok(()) => log(format!("redone: {r:?}")),
-        Err(e) => log(format!("redoing {r:?} failed: {e}")),
+        Ok(()) => log(format!("recovered: {r}")),
+        Err(e) => log(format!("recovering {r} failed: {e}")),
     }
     end(run);
+    if let Restoring::Vm { vm, .. } = r {
+        let _ = std::fs::remove_dir_all(crate::restore::page_source::dir_of(&run.vm_dir(vm)));
+    }
     match cluster {
         Some(c) => {
             if let Err(e) = c.persist() {

@@ -93,23 +93,10 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         }
         None => {
             let listener = bind_control(run)?;
-            // VMs of an agent that died: adopt them before serving anyone.
-            let mut cluster = crate::record::adopt(run)?;
-            // ... and finish a restore it left half-done.
-            crate::restore_journal::redo(run, &mut cluster);
-            // ... and remove what its interrupted operations left (a
-            // snapshot killed mid-way left its frozen disks behind forever).
-            match crate::gc::collect(run, &mut cluster) {
-                Ok(r) if !r.removed.is_empty() => log(format!(
-                    "removed {} leftovers of interrupted operations: {:?}",
-                    r.removed.len(),
-                    r.removed
-                )),
-                Ok(_) => {}
-                Err(e) => log(format!(
-                    "cannot remove leftovers of interrupted operations: {e}"
-                )),
-            }
+            // VMs of an agent that died: adopt them before serving anyone
+            // (what it left half-done is finished in the background: see
+            // `recover`).
+            let cluster = crate::record::adopt(run)?;
             (listener, cluster, opts.exit_when_idle, 0)
         }
     };
@@ -144,6 +131,21 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         *guard = cluster;
         refresh_view(&shared, &mut guard);
     }
+    if opts.resume.is_none() {
+        // Requests are served from now on; operations wait for the
+        // recovery, `status` says what it is doing.
+        let (held, holding) = std::sync::mpsc::channel();
+        let sh = Arc::clone(&shared);
+        let spawned = std::thread::Builder::new()
+            .name("recovery".into())
+            .spawn(move || recover(&sh, &held));
+        match spawned {
+            Ok(_) => {
+                let _ = holding.recv();
+            }
+            Err(e) => log(format!("cannot start the recovery thread: {e}")),
+        }
+    }
 
     for conn in shared.listener.incoming() {
         let stream = match conn {
@@ -162,6 +164,55 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         }
     }
     Ok(())
+}
+
+/// With this variable naming a file, an agent's recovery waits until the
+/// file exists (at most [`HOLD_LIMIT`]) before it does anything: tests use
+/// it to see the agent answer while it recovers.
+pub const HOLD_RECOVERY_ENV: &str = "VMCSNAP_TEST_HOLD_RECOVERY";
+const HOLD_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// What a new agent finishes of its predecessor's work, in the background
+/// and holding the cluster (operations wait; `status` answers from the
+/// view, `busy` naming the recovery): a restore it left half-done
+/// ([`crate::restore_journal`]), then what its interrupted operations
+/// left (a snapshot killed mid-way left its frozen disks behind forever).
+/// `held` is told once the cluster is held.
+fn recover(sh: &Shared, held: &std::sync::mpsc::Sender<()>) {
+    let mut guard = lock(&sh.cluster);
+    let pending = crate::restore_journal::pending(&sh.run);
+    let what = match &pending {
+        Some(r) => format!("recovering {r}"),
+        None => "recovering: removing leftovers of interrupted operations".into(),
+    };
+    lock(&sh.view).busy = Some((what.clone(), Instant::now()));
+    let _ = held.send(());
+    if let Some(r) = pending {
+        if let Some(path) = std::env::var_os(HOLD_RECOVERY_ENV) {
+            let t = Instant::now();
+            while !std::path::Path::new(&path).exists() && t.elapsed() < HOLD_LIMIT {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+        let since = Instant::now();
+        crate::restore_journal::recover(&sh.run, &mut guard, &r, &mut |c, msg| {
+            log(format!("recovery: {msg}"));
+            refresh_view(sh, c);
+            lock(&sh.view).busy = Some((format!("{what}: {msg}"), since));
+        });
+    }
+    match crate::gc::collect(&sh.run, &mut guard) {
+        Ok(r) if !r.removed.is_empty() => log(format!(
+            "removed {} leftovers of interrupted operations: {:?}",
+            r.removed.len(),
+            r.removed
+        )),
+        Ok(_) => {}
+        Err(e) => log(format!(
+            "cannot remove leftovers of interrupted operations: {e}"
+        )),
+    }
+    refresh_view(sh, &mut guard);
 }
 
 /// Locks the cluster, whether or not a thread panicked while holding it

@@ -25,6 +25,13 @@ pub mod metric {
     pub const CAPTURE_MS: &str = "capture_ms";
     /// Page records of pages already sent (precopy rounds after the first).
     pub const PAGES_RESENT: &str = "pages_resent";
+    /// Pre-copy with [`CaptureOptions::final_ram`](crate::CaptureOptions::final_ram):
+    /// pages of the RAM block compared with the paused guest's RAM.
+    pub const PRECOPY_PAGES_CHECKED: &str = "precopy_pages_checked";
+    /// Pre-copy: pages whose last copy in the stream differed from the
+    /// paused guest's RAM and were replaced by its bytes (writes QEMU's
+    /// dirty tracking missed).
+    pub const PRECOPY_PAGES_PATCHED: &str = "precopy_pages_patched";
 }
 
 /// A complete, uncommitted snapshot image; see the module docs.

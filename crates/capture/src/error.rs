@@ -84,4 +84,31 @@ pub enum CaptureError {
         /// The error.
         source: io::Error,
     },
+
+    /// Pre-copy: the staged pages could not be checked against the guest's
+    /// RAM at the switch-over ([`crate::ram_check`]).
+    #[error(
+        "the pre-copy snapshot could not be checked against the paused guest's RAM: {detail}; \
+         no snapshot was written (a pre-copy image is committed only once each of its pages \
+         is known to equal the guest's memory at the pause; take a hot or stop-copy snapshot \
+         instead if this persists)"
+    )]
+    RamCheck {
+        /// What went wrong.
+        detail: String,
+    },
+
+    /// Pre-copy: a page of guest RAM changed while the VM was supposed to
+    /// be paused for the switch-over.
+    #[error(
+        "page {page} of RAM block {block:?} changed while the VM was paused for the pre-copy \
+         switch-over (was it resumed by someone else, or is another process writing its RAM \
+         file?); no snapshot was written"
+    )]
+    RamChanged {
+        /// The RAM block's name.
+        block: String,
+        /// The page number in the block.
+        page: u64,
+    },
 }

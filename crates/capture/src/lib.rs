@@ -48,6 +48,16 @@
 //! arrival order and only rewriting re-sent pages would have needed the
 //! image format to allow a page twice.
 //!
+//! # Pre-copy: checked against the paused guest's RAM
+//!
+//! The last copy of each page is only the right one if QEMU's dirty
+//! tracking saw every write; under TCG, QEMU 7.2 can miss one. With
+//! [`CaptureOptions::final_ram`], once the stream has ended and before the
+//! staged pages go into the image, every staged page of the guest's RAM
+//! block is compared by hash with the RAM of the guest (still paused), and
+//! a page that differs is replaced by RAM's bytes (metrics
+//! `precopy_pages_patched`, `precopy_pages_checked`); see [`ram_check`].
+//!
 //! # Failure
 //!
 //! A stream that ends early (QEMU killed, migration cancelled, socket shut
@@ -65,7 +75,8 @@
 //! writer's block buffer and index (12 bytes and 1 bit per guest page), the
 //! FAFL trace (8 bytes per entry), the device state (held whole by the
 //! reader, at most [`ReaderOptions::max_device_state_bytes`](vmcsnap_migstream::ReaderOptions)),
-//! and in precopy mode one byte per guest page plus a 1 MiB write run.
+//! and in precopy mode 17 bytes per guest page (state and content hash)
+//! plus a 1 MiB write run.
 //!
 //! # Example
 //!
@@ -96,6 +107,7 @@ mod captured;
 mod error;
 mod options;
 mod progress;
+pub mod ram_check;
 mod run;
 pub mod stage;
 
@@ -103,6 +115,7 @@ pub use captured::{metric, Captured, CommittedInfo};
 pub use error::CaptureError;
 pub use options::{CaptureMode, CaptureOptions, DiskMatcherInit, DEVICE_STATE_FORMAT};
 pub use progress::{CaptureProgress, CaptureStats, Phase};
+pub use ram_check::{FinalRam, FinalRamCheck, FinalRamSource, RamCheckReport};
 pub use run::capture;
 pub use stage::SCRATCH_NAME;
 

@@ -8,6 +8,8 @@ use serde_json::Value;
 use vmcsnap_image::{DiskMatcher, DiskRef, ParentInfo, WorkerInit, WriterOptions};
 use vmcsnap_migstream::ReaderOptions;
 
+use crate::ram_check::FinalRamCheck;
+
 /// What `device.bin` holds in an image written by this crate (the
 /// manifest's `device_state_format`, unless
 /// [`CaptureOptions::device_state_format`] says otherwise).
@@ -109,6 +111,12 @@ pub struct CaptureOptions {
     /// on one of [`disks`](Self::disks) (the detection layer; see
     /// [`DiskMatcher`]). Called once, when the writer is created.
     pub disk_matcher: Option<DiskMatcherInit>,
+    /// Precopy only: the guest's RAM at the switch-over, to check the
+    /// staged pages against (and replace the ones QEMU's stream got wrong)
+    /// before the image is written; see [`crate::ram_check`]. Without it
+    /// the image holds what the stream said. Ignored in the other modes
+    /// (each page is sent once, from the paused or write-protected guest).
+    pub final_ram: Option<FinalRamCheck>,
     /// Stream reader settings (page size, device-state limit, vmdesc policy).
     pub reader: ReaderOptions,
     /// The progress callback runs each time this many more stream bytes
@@ -134,6 +142,7 @@ impl CaptureOptions {
             compress_worker_init: None,
             parent: None,
             disk_matcher: None,
+            final_ram: None,
             reader: ReaderOptions::default(),
             progress_interval_bytes: 64 << 20,
         }

@@ -13,6 +13,7 @@ use crate::captured::{metric, Captured};
 use crate::error::CaptureError;
 use crate::options::{CaptureMode, CaptureOptions};
 use crate::progress::{CaptureProgress, CaptureStats, Phase};
+use crate::ram_check::{FinalRamSource, RamCheckReport};
 use crate::stage::PageStage;
 
 /// Reads QEMU's whole migration stream from `input` and writes it as a
@@ -126,6 +127,27 @@ fn check_target(final_dir: &Path) -> Result<(), CaptureError> {
     }
 }
 
+/// Checks the staged pages against the final RAM `source` gives.
+fn check_final_ram(
+    stage: &mut PageStage,
+    block_names: &[String],
+    source: &dyn FinalRamSource,
+) -> Result<RamCheckReport, CaptureError> {
+    let ram = source
+        .final_ram()
+        .map_err(|detail| CaptureError::RamCheck { detail })?;
+    let block = block_names
+        .iter()
+        .position(|n| *n == ram.block)
+        .ok_or_else(|| CaptureError::RamCheck {
+            detail: format!(
+                "the stream has no RAM block {:?} (it has {block_names:?})",
+                ram.block
+            ),
+        })?;
+    stage.check_against(block as u32, &ram)
+}
+
 /// A reader that notes when the first byte arrived.
 struct FirstByte<R> {
     inner: R,
@@ -207,8 +229,13 @@ impl Run<'_> {
         }
         if let Some(parent) = self.opts.parent.take() {
             // Another RAM layout (the VM's memory was resized): a full
-            // image, never a wrong one.
-            let _ = writer.set_parent(parent);
+            // image, never a wrong one, and the manifest says why.
+            if let Err(e) = writer.set_parent(parent) {
+                writer
+                    .metrics_mut()
+                    .other
+                    .insert("parent".into(), Value::String(format!("none: {e}")));
+            }
         }
         if let Some(m) = &self.opts.disk_matcher {
             writer.set_disk_matcher((m.0)());
@@ -313,6 +340,20 @@ impl Run<'_> {
         // The reader always yields DeviceState before End; the writer
         // would refuse to commit without one anyway.
         let device_state_bytes = self.device_state_bytes.unwrap_or(0);
+        if let (Some(stage), Some(source)) = (self.stage.as_mut(), &self.opts.final_ram) {
+            let outcome = check_final_ram(stage, &self.block_names, source.0.as_ref());
+            source.0.checked(outcome.as_ref());
+            let report = outcome?;
+            let m = writer.metrics_mut();
+            m.other.insert(
+                metric::PRECOPY_PAGES_CHECKED.into(),
+                Value::from(report.pages_checked),
+            );
+            m.other.insert(
+                metric::PRECOPY_PAGES_PATCHED.into(),
+                Value::from(report.pages_patched),
+            );
+        }
         if let Some(stage) = self.stage.take() {
             let interval = self.opts.progress_interval_bytes;
             let (started, page_records) = (self.started, self.page_records);

@@ -19,15 +19,22 @@
 //! is sparse) until the image is written, one byte of memory per guest
 //! page, and writing the stream's pages twice. If the capture fails, the
 //! scratch file goes with the writer's temporary directory.
+//!
+//! Each slot's content hash is kept too (16 bytes per guest page), so that
+//! the staged pages can be checked against the guest's RAM at the
+//! switch-over in one pass over memory ([`PageStage::check_against`]; see
+//! [`crate::ram_check`]).
 
 use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use vmcsnap_image::hashes::page_hash;
 use vmcsnap_image::ImageWriter;
 
 use crate::error::CaptureError;
+use crate::ram_check::{read_page, FinalRam, RamCheckReport};
 
 /// Name of the scratch file inside the writer's temporary directory.
 pub const SCRATCH_NAME: &str = "precopy-pages.scratch";
@@ -48,6 +55,11 @@ pub(crate) struct PageStage {
     /// Global page number of each RAM block's first page, then the total.
     block_starts: Vec<u64>,
     state: Vec<u8>,
+    /// [`page_hash`] of each page's staged copy (of a zero page for ZERO,
+    /// 0 while UNSEEN).
+    hashes: Vec<u128>,
+    /// [`page_hash`] of a zero page.
+    zero_hash: u128,
     /// Global page number of `run[0]` (meaningful while `run` is not empty).
     run_start: u64,
     /// Consecutive pages not yet written to the file.
@@ -79,6 +91,11 @@ impl PageStage {
             .try_reserve_exact(pages)
             .map_err(|_| scratch(io::ErrorKind::OutOfMemory.into()))?;
         state.resize(pages, UNSEEN);
+        let mut hashes = Vec::new();
+        hashes
+            .try_reserve_exact(pages)
+            .map_err(|_| scratch(io::ErrorKind::OutOfMemory.into()))?;
+        hashes.resize(pages, 0);
         let file = File::options()
             .read(true)
             .write(true)
@@ -91,6 +108,8 @@ impl PageStage {
             page_size,
             block_starts,
             state,
+            hashes,
+            zero_hash: page_hash(&vec![0u8; page_size]),
             run_start: 0,
             run: Vec::with_capacity(RUN_PAGES * page_size),
             path,
@@ -123,6 +142,7 @@ impl PageStage {
         }
         self.run.extend_from_slice(data);
         self.state[g as usize] = DATA;
+        self.hashes[g as usize] = page_hash(data);
         Ok(())
     }
 
@@ -133,6 +153,52 @@ impl PageStage {
         // overwritten by the run later: the state says ZERO, and the slot's
         // content is then never read.
         self.state[g as usize] = ZERO;
+        self.hashes[g as usize] = self.zero_hash;
+    }
+
+    /// Compares every staged page of RAM block `block` with `ram` by hash
+    /// and replaces each one that differs with RAM's bytes (see
+    /// [`crate::ram_check`]).
+    pub(crate) fn check_against(
+        &mut self,
+        block: u32,
+        ram: &FinalRam,
+    ) -> Result<RamCheckReport, CaptureError> {
+        let start = self.block_starts[block as usize];
+        let pages = self.block_starts[block as usize + 1] - start;
+        if ram.hashes.len() as u64 != pages {
+            return Err(CaptureError::RamCheck {
+                detail: format!(
+                    "RAM block {:?} has {pages} pages in the stream but {} in the RAM given to \
+                     check it against",
+                    ram.block,
+                    ram.hashes.len()
+                ),
+            });
+        }
+        self.flush()?;
+        let mut report = RamCheckReport {
+            pages_checked: pages,
+            ..RamCheckReport::default()
+        };
+        let mut buf = vec![0u8; self.page_size];
+        for (p, &want) in ram.hashes.iter().enumerate() {
+            let g = start + p as u64;
+            if self.state[g as usize] != UNSEEN && self.hashes[g as usize] == want {
+                continue;
+            }
+            read_page(ram, p as u64, &mut buf)?;
+            self.file
+                .write_all_at(&buf, g * self.page_size as u64)
+                .map_err(|e| self.scratch_err(e))?;
+            self.state[g as usize] = DATA;
+            self.hashes[g as usize] = want;
+            report.pages_patched += 1;
+            if report.first_patched.len() < 16 {
+                report.first_patched.push(p as u64);
+            }
+        }
+        Ok(report)
     }
 
     /// Writes the pending run to the file.

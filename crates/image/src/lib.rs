@@ -112,7 +112,7 @@ pub use manifest::{
 pub use plan::{ReadExtent, ReadPlan};
 pub use reader::{Block, DiskPages, Image, ImageStats, PageLocation, PageState};
 pub use trace::{TraceSection, TRACE_FAFL};
-pub use verify::{BadBlock, VerifyReport};
+pub use verify::{BadBlock, BadPage, VerifyReport};
 pub use writer::pipeline::WorkerInit;
 pub use writer::{
     Committed, DiskMatcher, ImageMeta, ImageWriter, ParentInfo, WriteError, WriterOptions,

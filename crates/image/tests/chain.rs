@@ -234,4 +234,16 @@ fn pages_found_on_the_frozen_disk_are_references_checked_by_crc() {
     let img = Image::open_with(&dir, Some(Arc::new(changed))).unwrap();
     let e = img.read_page(PageKey::new(0, 101), &mut buf).unwrap_err();
     assert!(matches!(e, ReadError::BadCrc { .. }), "{e}");
+    // Verify reads every page on the disk, as a restore does.
+    let r = img.verify();
+    assert_eq!(
+        (r.bad_pages_total, r.bad_pages[0].key),
+        (1, PageKey::new(0, 101)),
+        "{r}"
+    );
+    let r = Image::open_with(&dir, Some(disk)).unwrap().verify();
+    assert!(r.is_ok() && r.disk_pages_checked == 64, "{r}");
+    // Without a disk reader they cannot be checked: not OK.
+    let r = plain.verify();
+    assert_eq!(r.bad_pages_total, 64, "{r}");
 }

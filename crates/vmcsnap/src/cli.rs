@@ -50,7 +50,8 @@ pub enum Command {
     },
     /// Remove what interrupted or failed operations left behind: snapshot
     /// temporary directories and frozen disks of snapshots never committed
-    /// (kept while a VM's disk still uses them).
+    /// (kept while a VM's disk still uses them), and cached disk indexes
+    /// (<run-dir>/disk-index) of files no snapshot and no VM has any more.
     Gc {
         /// Print JSON.
         #[arg(long)]
@@ -109,7 +110,9 @@ pub enum Command {
         reference: Option<PathBuf>,
         /// Testing: make this snapshot's capture fail (capture-error-after=BYTES) or stop
         /// reading (capture-stall-after=BYTES) part-way, or its commit hang until given up on
-        /// after SECONDS (commit-stall-deadline=SECONDS), to check what a failure leaves.
+        /// after SECONDS (commit-stall-deadline=SECONDS), to check what a failure leaves; or,
+        /// pre-copy, change page PAGE of guest RAM behind QEMU's back in the switch-over pause
+        /// (precopy-untracked-write=PAGE, put back before the guest resumes).
         #[arg(long, hide = true, value_name = "FAULT", conflicts_with = "cluster")]
         inject_fault: Option<String>,
         /// How the memory image is stored: zstd (default: compressed locality blocks, equal
@@ -232,7 +235,7 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show a snapshot's manifest and page statistics; --verify checks every CRC.
+    /// Show a snapshot's manifest and page statistics; --verify checks what a restore checks.
     /// A cluster snapshot shows its VMs, timeline, W(i,j) edges and counters.
     Inspect {
         /// A snapshot name (under <run-dir>/snapshots) or a snapshot directory.
@@ -247,7 +250,9 @@ pub enum Command {
         /// With --rdg: write the graph as Graphviz DOT to FILE (and FILE.png if `dot` is installed).
         #[arg(long, value_name = "FILE", requires = "rdg")]
         dot: Option<PathBuf>,
-        /// Read every block and check every CRC; exit non-zero naming each bad block.
+        /// Check everything a restore checks: every block and CRC, every page through the
+        /// parent snapshots and frozen disks (no absent page), the page hashes; exit
+        /// non-zero naming each bad block and page.
         #[arg(long)]
         verify: bool,
         /// Print JSON.
@@ -288,6 +293,19 @@ pub enum Command {
         /// Fork and let the parent exit at once: the relay is then nobody's
         /// child but init's (or the nearest subreaper's), so it is reaped
         /// even if the agent that started it re-executes or dies.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// (internal) The page source of a restore: serves QEMU's postcopy
+    /// stream (stdin) from the plan in DIR, and survives the agent (see
+    /// docs/restore.md, "The page source").
+    #[command(hide = true)]
+    PageSource {
+        /// The restore's page-source directory (`<vm-dir>/page-source`).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Fork and let the parent exit once it has written the pid file:
+        /// the page source is then nobody's child but init's.
         #[arg(long)]
         detach: bool,
     },

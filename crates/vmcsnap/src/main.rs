@@ -348,6 +348,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::PageSource { dir, detach } => page_source(&dir, detach),
         Command::Exec { argv } => exec(&run_dir, &argv),
         Command::Agent { cmd } => match cmd {
             AgentCmd::Run {
@@ -612,5 +613,30 @@ fn request(sock: &Path, req: &Request) -> Result<serde_json::Value> {
             Ok(call(sock, req, None, &mut |m| eprintln!("  {m}"))?)
         }
         r => Ok(r?),
+    }
+}
+
+/// `vmcsnap page-source`: QEMU's incoming stream is stdin, the agent reads
+/// the events from stdout.
+fn page_source(dir: &std::path::Path, detach: bool) -> Result<()> {
+    use std::os::fd::AsFd;
+    use vmcsnap_agent::restore::page_source;
+    // Its agent may go away (the event pipe breaks) and so may QEMU (the
+    // stream does): both are errors it handles, not a reason to die
+    // without a result, as SIGPIPE's default (set for the CLI) would.
+    // SAFETY: signal(2) with SIG_IGN, before this command starts a thread.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    if detach {
+        page_source::detach(dir).context("page source: detaching")?;
+    }
+    let fd = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .context("page source: its stream (stdin)")?;
+    let stream = std::os::unix::net::UnixStream::from(fd);
+    let ended = page_source::serve(dir, stream, std::io::stdout().lock())?;
+    match ended {
+        page_source::Ended::Done(_) => Ok(()),
+        page_source::Ended::Failed { detail, .. } => anyhow::bail!("page source: {detail}"),
     }
 }

@@ -172,6 +172,11 @@ pub fn snapshot(v: &Value) {
     if let Some(line) = pause_parts(&v["pause"]) {
         println!("  pause: {line}");
     }
+    match v["parent"].as_str().map(|p| (p, p.strip_prefix("none: "))) {
+        Some((_, Some(why))) => println!("  full: {why}"),
+        Some((p, None)) => println!("  incremental to {p}"),
+        None => {}
+    }
     println!("  {}", v["path"].as_str().unwrap_or("?"));
 }
 
@@ -305,10 +310,9 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         .other
         .get("stream_bytes")
         .and_then(Value::as_u64);
+    // Everything a restore checks: every block, every page through the
+    // chain of parents and the frozen disks, the page hashes.
     let report = verify.then(|| img.verify());
-    // Pages stored as references to the frozen disk: read through the
-    // disk reader, each checked against its CRC.
-    let disk_check = verify.then(|| verify_disk_pages(&img));
     // Every disk of the VM frozen, each a file of this snapshot.
     let own_disks: Vec<String> = if verify {
         vmcsnap_agent::disk_set::own_disk_problems(dir, img.manifest())
@@ -321,14 +325,12 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
     let bad: Vec<Value> = report
         .iter()
         .flat_map(|r| r.bad_blocks.iter())
-        .map(|b| serde_json::json!({ "block": b.index, "offset": b.offset, "error": b.error.to_string() }))
+        .map(|b| serde_json::json!({ "image": b.image, "block": b.index, "offset": b.offset, "error": b.error.to_string() }))
+        .chain(report.iter().flat_map(|r| r.bad_pages.iter()).map(|p| serde_json::json!({ "page": format!("{}:{}", p.key.ram_block, p.key.page), "error": p.error.to_string() })))
         .chain(report.iter().flat_map(|r| r.other.iter()).map(|e| serde_json::json!({ "error": e.to_string() })))
-        .chain(disk_check.iter().flat_map(|(_, e)| e.iter()).map(|e| serde_json::json!({ "error": e })))
         .chain(own_disks.iter().map(|e| serde_json::json!({ "error": e })))
         .collect();
-    let verify_ok = report.as_ref().is_some_and(|r| r.is_ok())
-        && disk_check.as_ref().is_some_and(|(_, e)| e.is_empty())
-        && own_disks.is_empty();
+    let verify_ok = report.as_ref().is_some_and(|r| r.is_ok()) && own_disks.is_empty();
     let v = serde_json::json!({
         "path": dir,
         "manifest": serde_json::to_value(img.manifest())?,
@@ -348,7 +350,8 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         "fafl_len": img.fafl().len(),
         "verify": report.as_ref().map(|r| serde_json::json!({
             "ok": verify_ok, "blocks_checked": r.blocks_checked, "pages_checked": r.pages_checked,
-            "disk_pages_checked": disk_check.as_ref().map_or(0, |(n, _)| *n),
+            "parent_pages_checked": r.parent_pages_checked, "disk_pages_checked": r.disk_pages_checked,
+            "hashes_checked": r.hashes_checked, "bad_pages": r.bad_pages_total,
             "bytes_read": r.bytes_read, "problems": bad,
         })),
     });
@@ -414,12 +417,6 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         if let Some(r) = &report {
             println!("  verify     {r}");
         }
-        if let Some((n, e)) = &disk_check {
-            println!(
-                "  verify     {n} pages read from the frozen disk, {} bad",
-                e.len()
-            );
-        }
     }
     if let Some(first) = own_disks.first() {
         anyhow::bail!(
@@ -427,58 +424,19 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
             dir.display()
         );
     }
-    if let Some((_, e)) = &disk_check {
-        if let Some(first) = e.first() {
-            anyhow::bail!(
-                "snapshot {} failed verification: {} pages on the frozen disk do not match; first: {first}",
-                dir.display(),
-                e.len()
-            );
-        }
-    }
     if let Some(r) = report {
         if !r.is_ok() {
-            let first = r
-                .bad_blocks
-                .first()
-                .map(|b| format!("block {} at offset {}: {}", b.index, b.offset, b.error))
-                .or_else(|| r.other.first().map(|e| e.to_string()))
-                .unwrap_or_default();
+            let first = r.first_problem().unwrap_or_default();
             anyhow::bail!(
-                "snapshot {} failed verification: {} bad blocks, {} other problems; first: {first}",
+                "snapshot {} failed verification: {} bad blocks, {} bad pages, {} other problems; first: {first}",
                 dir.display(),
                 r.bad_blocks.len(),
+                r.bad_pages_total,
                 r.other.len()
             );
         }
     }
     Ok(())
-}
-
-/// Reads every page stored as a reference to a frozen disk (each read
-/// checks the page's CRC): how many, and the problems (at most 20).
-fn verify_disk_pages(img: &vmcsnap_agent::image::Image) -> (u64, Vec<String>) {
-    use vmcsnap_agent::image::{PageKey, PageState};
-    let mut buf = vec![0u8; img.page_size()];
-    let (mut n, mut bad) = (0u64, Vec::new());
-    for rb in 0..img.ram_blocks().len() as u32 {
-        for page in 0..img.ram_block_pages(rb) {
-            let key = PageKey {
-                ram_block: rb,
-                page,
-            };
-            if !matches!(img.locate(key), Ok(PageState::OnDisk { .. })) {
-                continue;
-            }
-            n += 1;
-            if let Err(e) = img.read_page(key, &mut buf) {
-                if bad.len() < 20 {
-                    bad.push(format!("page {rb}:{page} on the frozen disk: {e}"));
-                }
-            }
-        }
-    }
-    (n, bad)
 }
 
 /// `restore`: the restore report.

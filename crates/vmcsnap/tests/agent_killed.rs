@@ -94,7 +94,29 @@ fn kill_agent_during(env: &Env, args: &[&str], delay: Duration) -> bool {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+    if killed {
+        wait_recovered(env);
+    }
     killed
+}
+
+/// Starts the next agent (through `status`) and waits until it has
+/// finished what its predecessor left (it answers at once and recovers in
+/// the background, `busy` naming the recovery).
+fn wait_recovered(env: &Env) {
+    let t = Instant::now();
+    loop {
+        let st = env.json(&["status", "--json"]);
+        let busy = st["busy"]["request"].as_str().unwrap_or("");
+        if !busy.starts_with("recovering") {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "the recovery did not end: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn vm_states(env: &Env) -> Vec<(String, String, u64)> {

@@ -126,7 +126,7 @@ fn check_breakdown(mode: &str, r: &serde_json::Value) {
             "device_state",
         ],
         "stop-copy" => &["stop", "disk_snapshot", "copy", "resume"],
-        _ => &["switchover", "disk_snapshot", "copy", "resume"],
+        _ => &["switchover", "disk_snapshot", "copy", "ram_check", "resume"],
     };
     let without_agent: Vec<&str> = names.iter().copied().filter(|n| *n != "agent").collect();
     assert_eq!(without_agent, expected, "{b}");
@@ -196,7 +196,12 @@ fn snapshot_modes_are_exact_and_harmless() {
     let mut first_hot: Option<serde_json::Value> = None;
     // Pre-copy three times: QEMU 7.2 under TCG lost writes in about one
     // pre-copy in four until vmcsnap padded guest RAM (regression test for
-    // `qemu::TCG_DIRTY_TRACKING_PAD_KIB`).
+    // `qemu::TCG_DIRTY_TRACKING_PAD_KIB`), and still one page in about 30
+    // after it, until every pre-copy was checked against the paused guest's
+    // RAM. The third pre-copy changes page 0 of guest RAM behind QEMU's
+    // back in its pause (`precopy-untracked-write`, a write QEMU's dirty
+    // tracking missed, put back before the guest resumes): the image must
+    // hold the changed page all the same.
     for (mode, name) in [
         ("hot", "s-hot"),
         ("stop-copy", "s-stop-copy"),
@@ -228,6 +233,10 @@ fn snapshot_modes_are_exact_and_harmless() {
         ];
         if let Some(s) = storage {
             args.extend(["--storage", s]);
+        }
+        let untracked = name == "s-precopy3";
+        if untracked {
+            args.extend(["--inject-fault", "precopy-untracked-write=0"]);
         }
         let r = env.json(&args);
         assert_eq!(r["name"], name.as_str());
@@ -262,6 +271,17 @@ fn snapshot_modes_are_exact_and_harmless() {
             );
         }
         check_breakdown(mode, &r);
+        if mode == "precopy" {
+            let m = &inspect["manifest"]["metrics"];
+            let pages = (224 * 1024 + 8) / 4;
+            assert!(
+                [pages, 224 * 256].contains(&m["precopy_pages_checked"].as_u64().unwrap()),
+                "{m}"
+            );
+            let patched = m["precopy_pages_patched"].as_u64().unwrap();
+            eprintln!("{name}: {patched} pages patched from the paused guest's RAM");
+            assert!(!untracked || patched >= 1, "{m}");
+        }
         let (stored, zero) = compare_with_reference(&dir, &reference);
         let _ = std::fs::remove_file(&reference);
         if mode == "hot" {
@@ -286,8 +306,10 @@ fn snapshot_modes_are_exact_and_harmless() {
             } else {
                 assert!(on_disk + in_parent > 2048, "{inspect}");
             }
+            // Verify read each of them, and those its parents keep on
+            // their disks for it.
             assert!(
-                inspect["verify"]["disk_pages_checked"].as_u64() == Some(on_disk),
+                inspect["verify"]["disk_pages_checked"].as_u64() >= Some(on_disk),
                 "{inspect}"
             );
         }

@@ -1,9 +1,12 @@
 //! Driving one restore's postcopy source: QEMU is told to listen, the
-//! source thread ([`postcopy::run_source`]) feeds it from the image while
-//! this thread watches for the guest's start (QMP RESUME), reports progress
+//! source ([`postcopy::run_source`]) feeds it from the image while this
+//! thread watches for the guest's start (QMP RESUME), reports progress
 //! (and, in a cluster restore, the Cohort's events), gives the fault path its
 //! CPU priorities ([`super::priority`]), and finally records what the
-//! restore learned ([`super::traces`]).
+//! restore learned ([`super::finish`]). The source of a restore of one VM is
+//! a process of its own that outlives the agent ([`super::page_source`],
+//! followed through its event pipe); a cluster restore's runs in a thread
+//! here, where START holds its background push.
 //!
 //! The guest's way to running ([`Phase`]):
 //!
@@ -26,22 +29,23 @@
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 use vmcsnap_image::PageKey;
 use vmcsnap_migstream::postcopy::{
-    self, BackgroundHold, DestBlock, PageId, PostcopyError, SourceConfig, SourceEvent,
+    self, BackgroundHold, DestBlock, PageId, SourceConfig, SourceEvent,
 };
-use vmcsnap_workingset::{self as ws, Mode};
 
+use super::finish;
+use super::page_source::{self, Ended, FinishJob, Observed, SourceJob, SourcePlan};
 use super::pages::ImagePages;
 use super::priority::{self, Priorities};
-use super::run::{fail, unix_us, Job, Quality, Report, RestoreEvent, RAM_SECTION_ID, TRACE_WINDOW};
-use super::traces::{self, Learned, Record};
+use super::run::{fail, unix_us, Job, Report, RestoreEvent, RAM_SECTION_ID, TRACE_WINDOW};
 use crate::accessed::{self, RamUse};
+use crate::record::VmRecord;
 use crate::vm::Vm;
 use crate::AgentError;
 
@@ -119,24 +123,17 @@ impl Phase {
 /// What the feeding thread saw on the way.
 #[derive(Default)]
 struct Started {
-    latency_ms: Option<f64>,
-    run_sent_ms: Option<f64>,
-    start_received_ms: Option<f64>,
-    bytes_before: u64,
-    pages_before: u64,
+    /// What goes to `observed.json` (see [`page_source`]).
+    obs: Observed,
     failure: Option<AgentError>,
-    /// The guest-RAM counters when the accessed bits were cleared at the
-    /// start, and when all pages were sent.
-    at_start: Option<(Instant, RamUse)>,
-    at_full_load: Option<(Instant, RamUse)>,
+    at_full_load: Option<(u64, RamUse)>,
 }
 
 /// Clears QEMU's accessed bits as the guest starts and reads the RAM
 /// counters (see [`crate::accessed`]); `None` where /proc says no.
-fn clear_accessed(vm: &Vm) -> Option<(Instant, RamUse)> {
+fn clear_accessed(vm: &Vm) -> Option<(u64, RamUse)> {
     accessed::clear(vm.pid).ok()?;
-    let u = accessed::ram_use(vm.pid, &vm.config.ram_file).ok()?;
-    Some((Instant::now(), u))
+    finish::ram_use_now(vm.pid, &vm.config.ram_file)
 }
 
 /// Whether a QEMU started with -S has loaded the device state after RUN
@@ -148,20 +145,111 @@ fn device_state_loaded(vm: &mut Vm) -> Result<bool, AgentError> {
 
 /// The fault path's priorities, if this process may raise them (checked
 /// once).
-fn priorities() -> Option<Priorities> {
+pub(super) fn priorities() -> Option<Priorities> {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     (*AVAILABLE.get_or_init(Priorities::available)).then_some(Priorities::DEFAULT)
+}
+
+/// The page source's plan and what finishing the restore takes, from the
+/// job (see [`page_source`]).
+fn source_job(job: &Job, background_after: Option<Duration>, member: VmRecord) -> SourceJob {
+    let Job {
+        opts,
+        snap_dir,
+        planned,
+        t0_wall,
+        ..
+    } = job;
+    let pairs =
+        |v: &[PageKey]| -> Vec<(u32, u32)> { v.iter().map(|k| (k.ram_block, k.page)).collect() };
+    SourceJob {
+        plan: SourcePlan {
+            snap_dir: snap_dir.to_path_buf(),
+            before_run: pairs(&planned.plan.before_run),
+            background: pairs(&planned.plan.background),
+            demand_cluster: planned.plan.demand_cluster,
+            background_after_ms: background_after.map(|d| d.as_millis() as u64),
+            prefetch_blocks: opts.prefetch_blocks,
+            priorities: opts.priorities,
+        },
+        finish: FinishJob {
+            snapshot: opts.snapshot.clone(),
+            snap_dir: snap_dir.to_path_buf(),
+            mode: opts.mode,
+            paused: opts.paused,
+            trace: opts.trace,
+            prepared: opts.cluster.is_some(),
+            t0_unix_us: unix_us(*t0_wall),
+            before_run: pairs(&planned.plan.before_run),
+            queue: pairs(&planned.queue),
+            wss: planned.wss,
+            hybrid: planned.hybrid,
+            wss_sample: planned.wss_sample,
+            wss_snapshot: planned.wss_snapshot,
+            learned: planned.learned,
+            access_data: planned.access.to_string(),
+        },
+        member,
+    }
+}
+
+/// Where the pages come from: this process (a cluster restore, whose
+/// START holds the background push), or a page-source process of its own
+/// reached through its event pipe (see [`page_source`]).
+enum Source<'a> {
+    InProcess {
+        scfg: Box<SourceConfig>,
+        pages: Box<ImagePages<'a>>,
+        stream: UnixStream,
+    },
+    Process {
+        dir: PathBuf,
+        events: std::fs::File,
+    },
+}
+
+impl Source<'_> {
+    /// Runs (or follows) the source to its end, sending its events to `tx`.
+    fn run(self, prio: Option<Priorities>, tx: &mpsc::Sender<(Input, Instant)>) -> Ended {
+        let ended = match self {
+            Source::InProcess {
+                scfg,
+                mut pages,
+                stream,
+            } => {
+                // The return-path reader (started first) inherits the fault
+                // path's priority; the sender follows its work.
+                if let Some(p) = prio {
+                    let _ = priority::set_current_thread(p.fault_path);
+                }
+                let started = SystemTime::now();
+                let r = postcopy::run_source(&scfg, &mut *pages, stream, &mut |ev| {
+                    if let (SourceEvent::Work(w), Some(p)) = (&ev, prio) {
+                        let _ = priority::set_current_thread(p.for_work(*w));
+                    }
+                    let _ = tx.send((Input::Source(ev), Instant::now()));
+                });
+                Ended::of(&r, started)
+            }
+            Source::Process { dir, events } => page_source::follow(&dir, events, &mut |ev| {
+                let _ = tx.send((Input::Source(ev), Instant::now()));
+            }),
+        };
+        let ok = matches!(ended, Ended::Done(_));
+        let _ = tx.send((Input::SourceDone { ok }, Instant::now()));
+        ended
+    }
 }
 
 pub(super) fn feed(
     vm: &mut Vm,
     job: &Job,
+    member: VmRecord,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report, AgentError> {
     let Job {
         opts,
         img,
-        snap_dir,
         planned,
         t0,
         t0_wall,
@@ -196,13 +284,6 @@ pub(super) fn feed(
     // In a cluster restore QEMU runs with -S: RUN loads the device state
     // while the VM waits for START, and START is a `cont`.
     let prepared = opts.cluster.is_some();
-    let to_id = |k: &PageKey| PageId {
-        block: k.ram_block,
-        page: k.page,
-    };
-    let device_state = img
-        .device_state()
-        .map_err(|e| fail(&name, format!("device state: {e}")))?;
     let hold = BackgroundHold::default();
     // Only demand faults for `start_quiet` once the guest starts: from RUN
     // where RUN starts it, from `cont` in a cluster restore (`hold`).
@@ -212,31 +293,70 @@ pub(super) fn feed(
         (false, false) => Some(quiet),
         (false, true) => None,
     };
-    let scfg = SourceConfig {
-        machine: img.manifest().qemu.machine.clone(),
-        blocks: img
-            .ram_blocks()
-            .iter()
-            .map(|b| DestBlock {
-                name: b.name.clone(),
-                used_length: b.used_length,
-            })
-            .collect(),
-        page_size: img.page_size(),
-        ram_section_id: RAM_SECTION_ID,
-        device_state,
-        before_run: planned.plan.before_run.iter().map(to_id).collect(),
-        demand_cluster: planned.plan.demand_cluster,
-        background: planned.plan.background.iter().map(to_id).collect(),
-        background_after,
-        hold: hold.clone(),
-        shut_timeout: Duration::from_secs(60),
+    let sjob = source_job(job, background_after, member);
+    let ps_dir = page_source::dir_of(&vm_dir);
+    let mut counters = None;
+    let source = if prepared {
+        let to_id = |k: &PageKey| PageId {
+            block: k.ram_block,
+            page: k.page,
+        };
+        let device_state = img
+            .device_state()
+            .map_err(|e| fail(&name, format!("device state: {e}")))?;
+        let scfg = SourceConfig {
+            machine: img.manifest().qemu.machine.clone(),
+            blocks: img
+                .ram_blocks()
+                .iter()
+                .map(|b| DestBlock {
+                    name: b.name.clone(),
+                    used_length: b.used_length,
+                })
+                .collect(),
+            page_size: img.page_size(),
+            ram_section_id: RAM_SECTION_ID,
+            device_state,
+            before_run: planned.plan.before_run.iter().map(to_id).collect(),
+            demand_cluster: planned.plan.demand_cluster,
+            background: planned.plan.background.iter().map(to_id).collect(),
+            background_after,
+            hold: hold.clone(),
+            shut_timeout: Duration::from_secs(60),
+        };
+        let pages = ImagePages::new(img, &planned.plan.before_run, opts.prefetch_blocks)
+            .map_err(|e| fail(&name, e))?;
+        counters = Some((pages.bytes_read.clone(), pages.pages_read.clone()));
+        Source::InProcess {
+            scfg: Box::new(scfg),
+            pages: Box::new(pages),
+            stream,
+        }
+    } else {
+        page_source::write_job(&ps_dir, &sjob).map_err(|e| fail(&name, e))?;
+        // The agent's own image, by its /proc link (as for the stream relay).
+        let exe = PathBuf::from(format!("/proc/{}/exe", std::process::id()));
+        let events = page_source::spawn(&exe, &ps_dir, stream).map_err(|e| fail(&name, e))?;
+        Source::Process {
+            dir: ps_dir.clone(),
+            events,
+        }
     };
-    let mut pages = ImagePages::new(img, &planned.plan.before_run, opts.prefetch_blocks)
-        .map_err(|e| fail(&name, e))?;
-    let (bytes_read, pages_read) = (pages.bytes_read.clone(), pages.pages_read.clone());
+    let read_now = |i: usize| {
+        counters
+            .as_ref()
+            .map_or(0, |(b, p): &(Arc<AtomicU64>, Arc<AtomicU64>)| {
+                [b, p][i].load(Ordering::Relaxed)
+            })
+    };
+    // What the next agent needs should this one die (a page source of its
+    // own only).
+    let observe = |obs: &Observed| {
+        if !prepared {
+            page_source::write_observed(&ps_dir, obs);
+        }
+    };
     let (tx, rx) = mpsc::channel::<(Input, Instant)>();
-    let source_start = Instant::now();
     let ms_since_t0 = |at: Instant| at.duration_since(t0).as_secs_f64() * 1000.0;
     let tell = |ev: RestoreEvent| {
         if let Some(c) = &opts.cluster {
@@ -255,21 +375,7 @@ pub(super) fn feed(
     });
     let mut st = Started::default();
     let outcome = std::thread::scope(|s| {
-        let h = s.spawn(move || {
-            // The return-path reader (started first) inherits the fault
-            // path's priority; the sender follows its work.
-            if let Some(p) = prio {
-                let _ = priority::set_current_thread(p.fault_path);
-            }
-            let r = postcopy::run_source(&scfg, &mut pages, stream, &mut |ev| {
-                if let (SourceEvent::Work(w), Some(p)) = (&ev, prio) {
-                    let _ = priority::set_current_thread(p.for_work(*w));
-                }
-                let _ = tx.send((Input::Source(ev), Instant::now()));
-            });
-            let _ = tx.send((Input::SourceDone { ok: r.is_ok() }, Instant::now()));
-            r
-        });
+        let h = s.spawn(move || source.run(prio, &tx));
         let mut last_progress = Instant::now();
         let mut raiser = None;
         let (mut phase, mut since) = (Phase::Loading, Instant::now());
@@ -284,7 +390,7 @@ pub(super) fn feed(
             };
             match rx.recv_timeout(wait) {
                 Ok((Input::Source(SourceEvent::RunSent), at)) => {
-                    st.run_sent_ms = Some(ms_since_t0(at));
+                    st.obs.run_sent_ms = Some(ms_since_t0(at));
                     if let Some(p) = prio {
                         let pid = vm.pid;
                         let done = &source_done;
@@ -292,7 +398,7 @@ pub(super) fn feed(
                             priority::raise_qemu_fault_path(pid, p.fault_path, RAISE_WITHIN, done)
                         }));
                     }
-                    st.bytes_before = bytes_read.load(Ordering::Relaxed);
+                    st.obs.bytes_before = read_now(0);
                     let next = if prepared {
                         "QEMU loads the device state, the guest waits for START"
                     } else {
@@ -304,12 +410,13 @@ pub(super) fn feed(
                     ));
                     (phase, since) = match (opts.paused, prepared) {
                         (true, _) => {
-                            st.latency_ms = st.run_sent_ms;
+                            st.obs.latency_ms = st.obs.run_sent_ms;
                             (Phase::Running, at)
                         }
                         (false, true) => (Phase::Preparing, at),
                         (false, false) => (Phase::Starting, at),
                     };
+                    observe(&st.obs);
                 }
                 Ok((Input::Source(SourceEvent::AllSent), _)) => tell(RestoreEvent::AllLoaded),
                 Ok((Input::Source(SourceEvent::Progress { sent, total }), _))
@@ -320,10 +427,8 @@ pub(super) fn feed(
                 }
                 Ok((Input::SourceDone { ok }, _)) => {
                     source_finished = true;
-                    if ok && st.at_start.is_some() {
-                        st.at_full_load = accessed::ram_use(vm.pid, &vm.config.ram_file)
-                            .ok()
-                            .map(|u| (Instant::now(), u));
+                    if ok && st.obs.at_start.is_some() {
+                        st.at_full_load = finish::ram_use_now(vm.pid, &vm.config.ram_file);
                     }
                     if !ok {
                         // Its error says why, unless QEMU died first (see
@@ -335,7 +440,7 @@ pub(super) fn feed(
                     }
                 }
                 Ok((Input::Gate { opened: true }, at)) => {
-                    st.start_received_ms = Some(ms_since_t0(at));
+                    st.obs.start_received_ms = Some(ms_since_t0(at));
                     start_requested = true;
                 }
                 Ok((Input::Gate { opened: false }, _)) => {
@@ -359,7 +464,7 @@ pub(super) fn feed(
             match phase {
                 Phase::Preparing => match device_state_loaded(vm) {
                     Ok(true) => {
-                        let n = pages_read.load(Ordering::Relaxed);
+                        let n = read_now(1);
                         progress(&format!(
                             "{name}: device state and {n} pages loaded, waiting for START"
                         ));
@@ -402,17 +507,18 @@ pub(super) fn feed(
                         Ok(Ok(e)) => {
                             // Every page loaded before the start is in
                             // place now (QEMU read them before RUN).
-                            st.at_start = clear_accessed(vm);
-                            st.latency_ms = Some(
+                            st.obs.at_start = clear_accessed(vm);
+                            st.obs.latency_ms = Some(
                                 e.timestamp_us.saturating_sub(unix_us(t0_wall)) as f64 / 1000.0,
                             );
                             if prepared {
                                 // Pages pushed while it waited count as loaded before its start.
-                                st.bytes_before = bytes_read.load(Ordering::Relaxed);
-                                st.pages_before = pages_read.load(Ordering::Relaxed);
+                                st.obs.bytes_before = read_now(0);
+                                st.obs.pages_before = read_now(1);
                                 vm.config.paused = false;
                             }
                             phase = Phase::Running;
+                            observe(&st.obs);
                             tell(RestoreEvent::Started(e.timestamp_us));
                         }
                         _ if limit > Duration::from_millis(20) => {
@@ -442,7 +548,7 @@ pub(super) fn feed(
             qemu_died,
         )
     });
-    let (outcome, qemu_threads_raised, qemu_died) = outcome;
+    let (ended, qemu_threads_raised, qemu_died) = outcome;
     if let Some(e) = st.failure {
         return Err(e);
     }
@@ -451,130 +557,22 @@ pub(super) fn feed(
         // broken stream, which QEMU then dies of: its error is the cause.
         // Otherwise the dead QEMU is, and the source's socket error only
         // follows from it.
-        if !matches!(
-            &outcome,
-            Err(PostcopyError::PageSource { .. } | PostcopyError::InvalidConfig { .. })
-        ) {
+        if !matches!(&ended, Ended::Failed { own: true, .. }) {
             return Err(fail(&name, format!("its QEMU died {}", phase.during())));
         }
     }
-    let rep = outcome.map_err(|e| fail(&name, e))?;
-    let full_load_ms =
-        (source_start.duration_since(t0) + rep.all_sent_after).as_secs_f64() * 1000.0;
+    let out = match ended {
+        Ended::Done(out) => out,
+        Ended::Failed { detail, .. } => return Err(fail(&name, detail)),
+    };
     wait_completed(vm)?;
-    let restore_latency_ms = st
-        .latency_ms
-        .ok_or_else(|| fail(&name, "the guest did not start (no RESUME event)"))?;
-    let run_sent_ms = st.run_sent_ms.unwrap_or(restore_latency_ms);
-    let start_after_run =
-        Duration::from_secs_f64((restore_latency_ms - run_sent_ms).max(0.0) / 1000.0);
-    let faults_before_start = rep
-        .demand
-        .iter()
-        .filter(|(d, _)| *d < start_after_run)
-        .count() as u64;
-    let mut per_100ms = vec![0u64; 100];
-    for (d, _) in &rep.demand {
-        let i = (d.as_millis() / 100) as usize;
-        if i < per_100ms.len() {
-            per_100ms[i] += 1;
-        }
-    }
-    let ws_loaded = if prepared {
-        st.pages_before
-    } else {
-        rep.pages_before_run
-    };
-    let faults: Vec<(PageKey, f64)> = rep
-        .demand
-        .iter()
-        .map(|(d, id)| (PageKey::new(id.block, id.page), d.as_secs_f64() * 1000.0))
-        .collect();
-    let quality = match (st.at_start, st.at_full_load) {
-        (Some((t_start, start)), Some((t_full, full))) if opts.mode != Mode::Eager => {
-            let missed = faults
-                .iter()
-                .map(|(k, _)| *k)
-                .collect::<std::collections::HashSet<_>>()
-                .len() as u64;
-            Some(Quality::new(
-                t_full.duration_since(t_start).as_secs_f64() * 1000.0,
-                ws_loaded,
-                full.working_set_used(&start),
-                missed,
-            ))
-        }
-        _ => None,
-    };
-    // Eager and paused restores see no first accesses: nothing to learn.
-    let learned = (opts.mode != Mode::Eager && !opts.paused).then(|| {
-        let l = ws::learn::learn(&ws::learn::Observation {
-            queue: &planned.queue,
-            size: planned.wss,
-            ws_size: ws_loaded,
-            ws_used: quality.map(|q| q.used),
-            faults: &faults,
-            window_ms: LEARN_WINDOW.as_secs_f64() * 1000.0,
-            floor: planned.hybrid,
-            cap: planned.hybrid.saturating_mul(2).max(planned.wss),
-        });
-        Learned {
-            size: l.size,
-            touched: l.touched,
-            queue: l.queue.iter().map(|k| (k.ram_block, k.page)).collect(),
-        }
-    });
-    let record = Record {
-        unix_ms: crate::handover::unix_ms(SystemTime::now()),
-        mode: opts.mode.name().to_string(),
-        trace: opts.trace,
-        preloaded: planned
-            .plan
-            .before_run
-            .iter()
-            .map(|k| (k.ram_block, k.page))
-            .collect(),
-        faults: faults
-            .iter()
-            .map(|(k, ms)| (k.ram_block, k.page, *ms))
-            .collect(),
-        size: planned.wss,
-        ws_used: quality.map(|q| q.used),
-        learned: learned.clone(),
-    };
-    let record_path = traces::save(snap_dir, &record)
-        .map_err(AgentError::io("writing the restore record in", snap_dir))?;
-    Ok(Report {
-        vm: name,
-        snapshot: opts.snapshot.clone(),
-        mode: opts.mode,
-        paused: opts.paused,
-        restore_latency_ms,
-        run_sent_ms,
-        start_received_ms: st.start_received_ms,
-        request_unix_us: unix_us(t0_wall),
-        // Exact from the source up to RUN; in a cluster restore, what had
-        // been read by the start (pages pushed while it waited count).
-        ws_pages: ws_loaded,
-        wss: planned.wss,
-        wss_sample: planned.wss_sample,
-        wss_snapshot: planned.wss_snapshot,
-        learned: planned.learned,
-        access_data: planned.access.to_string(),
-        quality,
-        next_wss: learned.map(|l| l.size),
-        bytes_read_before_start: st.bytes_before,
-        demand_faults: rep.demand.len() as u64,
-        demand_faults_before_start: faults_before_start,
-        demand_faults_per_100ms: per_100ms,
-        full_load_ms,
-        pages_total: rep.pages_total,
-        pages_on_demand: rep.pages_on_demand,
-        pages_background: rep.pages_background,
-        qemu_threads_raised,
-        overlay: PathBuf::new(),
-        record: record_path,
-        clock: None,
+    st.obs.qemu_threads_raised = qemu_threads_raised;
+    finish::report(&finish::Finishing {
+        vm: &name,
+        job: &sjob.finish,
+        obs: &st.obs,
+        out: &out,
+        at_full_load: st.at_full_load,
     })
 }
 
@@ -607,7 +605,7 @@ fn connect(vm: &mut Vm, path: &Path) -> Result<UnixStream, AgentError> {
 }
 
 /// Waits until the destination reports the migration completed.
-fn wait_completed(vm: &mut Vm) -> Result<(), AgentError> {
+pub(super) fn wait_completed(vm: &mut Vm) -> Result<(), AgentError> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let st = vm.execute("query-migrate", Value::Null)?;

@@ -33,8 +33,11 @@
 //! needed and the restored VM is stopped: it never runs on a wrong page.
 //! `vmcsnap inspect --verify` checks a whole image beforehand.
 
+pub mod adopt;
 mod disks;
 mod feed;
+mod finish;
+pub mod page_source;
 pub mod pages;
 mod prefetch;
 mod priority;

@@ -352,6 +352,9 @@ pub fn restore(
         progress,
     );
     crate::restore_journal::end(run);
+    // Only now: should this agent die before the journal's end, the next
+    // one finishes the restore from the page source's files.
+    let _ = std::fs::remove_dir_all(super::page_source::dir_of(&run.vm_dir(&name)));
     match result {
         Ok((member, mut report)) => {
             report.clock = Some(crate::guest_clock::sync(&member.vm.config, opts.paused));
@@ -611,7 +614,10 @@ fn start_and_feed(
     if let Err(e) = vm.wait_nic_accepted() {
         log(format!("VM {name}: asking QEMU about its NIC: {e}"));
     }
-    match feed(&mut vm, job, progress) {
+    let mut record =
+        crate::record::VmRecord::pending(&vm.config, &vm.qemu_log, saved.address, &overlay);
+    record.pid = Some(vm.pid);
+    match feed(&mut vm, job, record, progress) {
         Ok(mut report) => {
             report.overlay = overlay.clone();
             let member = Member {

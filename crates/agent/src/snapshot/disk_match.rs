@@ -308,10 +308,15 @@ fn file_index(
 }
 
 fn cache_path(cache: &Path, id: &FileIdentity) -> PathBuf {
-    cache.join(format!(
+    cache.join(cache_name(id))
+}
+
+/// The name of the cached index of the file `id` in `<run>/disk-index/`.
+pub(crate) fn cache_name(id: &FileIdentity) -> String {
+    format!(
         "{:x}-{:x}-{:x}-{:x}.idx",
         id.dev, id.ino, id.len, id.mtime_ns
-    ))
+    )
 }
 
 fn encode(idx: &FileIndex) -> Vec<u8> {

@@ -14,7 +14,9 @@
 //! - **precopy**: live `migrate` with `pause-before-switchover`: QEMU stops
 //!   the VM for the switch-over and waits in `pre-switchover`; the disk is
 //!   snapshotted then, in that same pause, `migrate-continue` sends the
-//!   last dirty pages and device state, then `cont`.
+//!   last dirty pages and device state; the captured pages are checked
+//!   against the paused guest's RAM (`final_ram`: QEMU 7.2 under TCG can
+//!   miss a write), then `cont`.
 //!
 //! The agent accepts QEMU's connection in a thread and runs
 //! [`vmcsnap_capture::capture`] on it; the image is committed only once
@@ -38,8 +40,9 @@ use vmcsnap_capture::{capture, CaptureOptions, Captured, Phase};
 pub mod access;
 mod capture_thread;
 mod commit_watch;
-mod disk_match;
+pub(crate) mod disk_match;
 mod disks;
+mod final_ram;
 pub mod limit;
 pub mod parent;
 mod pause;
@@ -157,16 +160,15 @@ pub fn snapshot(
     copts.progress_interval_bytes = 32 << 20;
     copts.writer = opts.writer;
     // An incremental snapshot of a single VM (not of a cluster snapshot's
-    // VM: each cluster snapshot stands alone).
-    if opts.target.is_none() && !opts.full && opts.writer.format_major >= 2 {
-        copts.parent = parent::choose(&root, &vm.name);
-        if let Some(p) = &copts.parent {
-            progress(&format!(
-                "incremental to {} (chain depth {})",
-                p.reference.name, p.reference.depth
-            ));
+    // VM: each cluster snapshot stands alone), or why it is full.
+    let parent_metric = match parent::decide(&root, &vm.name, &opts, progress) {
+        Ok(p) => {
+            let metric = parent::metric_of(&p);
+            copts.parent = Some(p);
+            metric
         }
-    }
+        Err(e) => e.metric(),
+    };
     copts.compress_worker_init = Some(vmcsnap_capture::WorkerInit(std::sync::Arc::new(
         background_priority,
     )));
@@ -178,6 +180,13 @@ pub fn snapshot(
         .disk_layer
         .then(|| disk_match::start(&frozen, &run.root().join("disk-index")));
     copts.disk_matcher = disk_layer.as_ref().map(disk_match::DiskLayer::matcher);
+    // Pre-copy: the pages QEMU sent are checked against the paused guest's
+    // RAM before the guest resumes (QEMU 7.2 under TCG can miss a write).
+    let ram_check = (opts.mode == Mode::Precopy).then(|| {
+        let (check, source) = final_ram::RamCheck::new();
+        copts.final_ram = Some(source);
+        check
+    });
 
     let saved_params = vm.execute("query-migrate-parameters", Value::Null)?;
     // A stop-copy snapshot completes with QEMU's main loop locked: QMP
@@ -202,6 +211,9 @@ pub fn snapshot(
         on_disk_frozen: disk_layer
             .as_mut()
             .and_then(disk_match::DiskLayer::frozen_signal),
+        ram_check,
+        fault: opts.fault,
+        untracked_write: None,
     };
     if let Some(d) = &disk_layer {
         // Outside the pause: the backing files' index (cached after the
@@ -233,6 +245,17 @@ pub fn snapshot(
         )
     });
     access.set_point_unix_us(ctx.t.resume_us);
+    if result.is_err() {
+        // A capture waiting for the paused guest's RAM stops waiting, and
+        // a page an injected fault changed is put back before the guest
+        // resumes.
+        if let Some(check) = &ctx.ram_check {
+            check.give_up("the snapshot failed");
+        }
+        if let Some(w) = ctx.untracked_write.take() {
+            w.undo();
+        }
+    }
     // Whatever happened: the VM must run on, with rejuvenation's settings
     // back to what they were.
     let mut cap = Some(cap);
@@ -328,6 +351,28 @@ pub fn snapshot(
             d.record(m);
         }
         m.other.insert("access_data".into(), json!(access.note()));
+        // The capture's own note wins (a parent of another RAM layout).
+        m.other
+            .entry(parent::METRIC.to_string())
+            .or_insert_with(|| json!(parent_metric));
+        if let Some(ms) = ctx
+            .ram_check
+            .as_ref()
+            .and_then(final_ram::RamCheck::hash_ms)
+        {
+            m.other.insert("precopy_ram_hash_ms".into(), json!(ms));
+        }
+    }
+    let decided = parent_metric;
+    let parent_metric = captured
+        .metrics_mut()
+        .other
+        .get(parent::METRIC)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    if parent_metric != decided {
+        tracing::warn!(vm = %vm.name, parent = %parent_metric, "snapshot is full: the capture could not use its parent");
     }
     let deadline = commit_watch::deadline_for(stats.stream_bytes);
     let vm_name = vm.name.clone();
@@ -355,6 +400,7 @@ pub fn snapshot(
         pages_stored: stats.pages_stored,
         pages_zero: stats.pages_zero,
         pages_guest_written: stats.pages_guest_written,
+        parent: parent_metric,
         stream_mb_per_s: stats.stream_mb_per_s(),
         frozen_disk: frozen,
         frozen_disks: ctx.disks.iter().map(|d| d.frozen.clone()).collect(),
@@ -404,6 +450,13 @@ struct Ctx {
     /// Called once the disk snapshot froze the disk (the detection layer
     /// indexes its top file then).
     on_disk_frozen: Option<Box<dyn FnOnce() + Send>>,
+    /// Pre-copy: the check of the captured pages against the paused
+    /// guest's RAM (`final_ram`).
+    ram_check: Option<final_ram::RamCheck>,
+    /// Testing: the request's fault.
+    fault: Option<crate::fault::Fault>,
+    /// `precopy-untracked-write`: the page to put back before resuming.
+    untracked_write: Option<final_ram::UntrackedWrite>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -534,6 +587,14 @@ fn run_mode(
             ctx.t.stop_us = event_ts(vm, "STOP")?;
             ctx.t.pause.start(ctx.t.stop_us);
             ctx.t.pause.mark("switchover", seen);
+            if let Some(crate::fault::Fault::PrecopyUntrackedWrite(page)) = ctx.fault {
+                ctx.untracked_write =
+                    Some(final_ram::UntrackedWrite::make(&vm.config.ram_file, page)?);
+            }
+            // Guest RAM stays as it is now until `cont`: hash it meanwhile.
+            if let Some(check) = &ctx.ram_check {
+                check.start(&vm.config.ram_file);
+            }
             hooks.paused()?;
             copy_reference(vm, ctx)?;
             ctx.t.pause.mark("agent", unix_us());
@@ -545,6 +606,26 @@ fn run_mode(
             wait_migration(vm, &["completed"], cap, hooks, progress)?;
             if let Some(done) = migration_event_ts(vm, "completed") {
                 ctx.t.pause.mark("copy", done);
+            }
+            if let Some(check) = &ctx.ram_check {
+                let found = check
+                    .wait_checked(cap)
+                    .map_err(|detail| AgentError::Snapshot {
+                        vm: vm.name.clone(),
+                        detail,
+                    })?;
+                ctx.t.pause.mark("ram_check", unix_us());
+                if found.pages_patched > 0 {
+                    tracing::warn!(
+                        vm = %vm.name,
+                        pages_patched = found.pages_patched,
+                        first_pages = ?found.first_patched,
+                        "pre-copy: QEMU's stream missed guest writes; those pages were taken from the paused guest's RAM"
+                    );
+                }
+            }
+            if let Some(w) = ctx.untracked_write.take() {
+                w.undo();
             }
             cont_when_finalized(vm)?;
             ctx.t.resume_us = event_ts(vm, "RESUME")?;

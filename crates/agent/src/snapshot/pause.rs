@@ -23,6 +23,8 @@
 //!   device state (pre-copy);
 //! - `switchover`: pre-copy only, QEMU stopped for the switch-over until
 //!   the agent saw it;
+//! - `ram_check`: pre-copy only, after `copy`, the rest of the check of the
+//!   captured pages against the paused guest's RAM (`final_ram`);
 //! - `resume`: from the end of the copy to QEMU's `RESUME` event (`cont`).
 
 use vmcsnap_image::{PauseBreakdown, PausePart};

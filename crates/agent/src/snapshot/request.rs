@@ -231,6 +231,9 @@ pub struct Report {
     pub pages_zero: u64,
     /// Pages the guest wrote during a hot snapshot (FAFL trace length).
     pub pages_guest_written: u64,
+    /// The parent this snapshot is incremental to, `"<name> (depth <d>)"`,
+    /// or why it is full, `"none: <why>"` (manifest `metrics.parent`).
+    pub parent: String,
     /// Stream throughput.
     pub stream_mb_per_s: f64,
     /// The frozen disk image (a hard link of the qcow2 the VM ran on) of

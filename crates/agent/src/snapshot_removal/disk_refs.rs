@@ -61,6 +61,11 @@ impl InUse {
         }
     }
 
+    /// The files in use.
+    pub(crate) fn files(&self) -> &BTreeSet<PathBuf> {
+        &self.files
+    }
+
     /// Whether any file in use is `dir` or under it.
     pub(crate) fn reads_from(&self, dir: &Path) -> bool {
         let canonical = dir.canonicalize().ok();

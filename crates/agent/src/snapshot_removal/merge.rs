@@ -8,7 +8,9 @@
 //! id and creation time, so its own children stay valid and prune keeps
 //! its order; it is committed by an atomic exchange with the old child
 //! ([`ImageWriter::create_replacing`]): at every moment the child restores,
-//! from the old or the new image.
+//! from the old or the new image. The chain under the child is one shorter
+//! then: its depth and that of every snapshot incremental to it, however
+//! far down, are recomputed ([`super::depth`]).
 
 use std::collections::{HashSet, VecDeque};
 use std::path::Path;
@@ -163,6 +165,7 @@ pub(crate) fn merge_parent_into(root: &Path, child: &str) -> Result<(), RemovalE
     log(format!(
         "merged snapshot {parent_name} into its child {child}"
     ));
+    super::depth::recompute_from(root, child);
     Ok(())
 }
 

@@ -20,6 +20,7 @@
 //! Prune ([`prune`]) picks the snapshots to remove and removes them the
 //! same way, in one batch.
 
+mod depth;
 mod disk_refs;
 mod merge;
 mod prune;
@@ -40,7 +41,7 @@ use vmcsnap_image::manifest::is_plain_name;
 use crate::cluster::Cluster;
 use crate::{log, RunDir};
 
-pub(crate) use disk_refs::InUse;
+pub(crate) use disk_refs::{chain_files, InUse};
 pub use prune::{prune, PruneOptions};
 
 /// Why a delete or prune did nothing, or stopped part-way.

@@ -614,3 +614,33 @@ fn pruning_a_chain_keeps_the_newest_restorable() {
     assert_generation(&root, "g3", 3);
     assert_eq!(list_snapshots(&root).unwrap().len(), 2);
 }
+
+fn depth_of(root: &Path, name: &str) -> u32 {
+    let m = vmcsnap_image::check_committed(&root.join(name)).unwrap();
+    m.parent.map_or(0, |p| p.depth)
+}
+
+#[test]
+fn merging_the_middle_of_a_chain_recomputes_every_depth_below_it() {
+    let fx = Fixture::new();
+    let root = fx.root();
+    inc_snapshot(&root, "h1", 0, 1000, None);
+    inc_snapshot(&root, "h2", 1, 2000, Some("h1"));
+    inc_snapshot(&root, "h3", 2, 3000, Some("h2"));
+    inc_snapshot(&root, "sc", 3, 4000, Some("h3"));
+    inc_snapshot(&root, "sd", 4, 5000, Some("sc"));
+    assert_eq!(depth_of(&root, "sd"), 4);
+    let r = delete(&fx.run, &mut None, &["h2".to_string()]).unwrap();
+    assert_eq!(r.merged, vec!["h3".to_string()]);
+    // h3 -> h1 now: every snapshot below it is one shallower, as its
+    // chain is (the grandchildren were not rewritten, only their depth).
+    for (name, depth) in [("h3", 1), ("sc", 2), ("sd", 3)] {
+        assert_eq!(depth_of(&root, name), depth, "{name}");
+        assert_eq!(depth::chain_depth(&root, name), Some(depth), "{name}");
+    }
+    assert_generation(&root, "sc", 3);
+    assert_generation(&root, "sd", 4);
+    // The next snapshot counts from there.
+    let p = crate::snapshot::parent::choose(&root, "inc").unwrap();
+    assert_eq!((p.reference.name.as_str(), p.reference.depth), ("sd", 4));
+}
