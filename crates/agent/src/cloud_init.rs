@@ -60,6 +60,16 @@ pub enum CloudInitError {
         /// What it printed.
         stderr: String,
     },
+    /// A line of a keys file is not a public key.
+    #[error("{path}:{line}: not a public key: {reason}")]
+    BadKey {
+        /// The keys file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
     /// A keys file holds no key.
     #[error("{0}: no public key in it (one \"TYPE BASE64 [COMMENT]\" per line)")]
     NoKeys(PathBuf),
@@ -200,19 +210,30 @@ impl SeedConfig {
 /// and `#` comments skipped. A file without a key is an error.
 pub fn read_keys_file(path: &Path) -> Result<Vec<String>, CloudInitError> {
     let text = std::fs::read_to_string(path).map_err(io("read", path))?;
-    let keys = parse_keys(&text);
+    let keys = parse_keys(&text).map_err(|(line, reason)| CloudInitError::BadKey {
+        path: path.to_path_buf(),
+        line,
+        reason,
+    })?;
     if keys.is_empty() {
         return Err(CloudInitError::NoKeys(path.to_path_buf()));
     }
     Ok(keys)
 }
 
-fn parse_keys(text: &str) -> Vec<String> {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#') && l.split_whitespace().count() >= 2)
-        .map(str::to_string)
-        .collect()
+/// The keys of a keys file (`#` comments and blank lines skipped), or the
+/// first line (1-based) that is not a public key and why.
+fn parse_keys(text: &str) -> Result<Vec<String>, (usize, String)> {
+    let mut keys = vec![];
+    for (i, l) in text.lines().enumerate() {
+        let l = l.trim();
+        if l.is_empty() || l.starts_with('#') {
+            continue;
+        }
+        vmcsnap_spec::check_public_key(l).map_err(|why| (i + 1, why))?;
+        keys.push(l.to_string());
+    }
+    Ok(keys)
 }
 
 #[cfg(test)]
@@ -351,22 +372,32 @@ mod tests {
         assert!(e.to_string().contains(out.to_str().unwrap()), "{e}");
     }
 
+    const ED25519: &str =
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILMxwQyC9ziD+RIBARpGDOb53+S2IbtAwf2E5OZE2ZQe me@host";
+    const ECDSA: &str = "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBA0ZzeXkTcyaxATdlLQrp0fkbnFdKgKfyY+rXahpjxbUE3Y6xxx1oDF7HwQ8aJpFZ3Wp8JiShhJYaRXMlcCilWY=";
+
     #[test]
-    fn keys_files_skip_comments_and_junk_and_must_hold_a_key() {
-        let text = "# mine\n\nssh-ed25519 AAAA me@host\n  ssh-rsa BBBB  \nnot-a-key\n";
-        assert_eq!(
-            parse_keys(text),
-            ["ssh-ed25519 AAAA me@host", "ssh-rsa BBBB"]
-        );
+    fn keys_files_skip_comments_and_must_hold_only_keys() {
+        let text = format!("# mine\n\n{ED25519}\n  {ECDSA}  \n");
+        assert_eq!(parse_keys(&text).unwrap(), [ED25519, ECDSA]);
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("keys.pub");
         std::fs::write(&p, "# nothing\n\n").unwrap();
         assert!(matches!(read_keys_file(&p), Err(CloudInitError::NoKeys(_))));
-        std::fs::write(&p, text).unwrap();
+        std::fs::write(&p, &text).unwrap();
         assert_eq!(read_keys_file(&p).unwrap().len(), 2);
         assert!(matches!(
             read_keys_file(&d.path().join("none")),
             Err(CloudInitError::Io { .. })
         ));
+        // Regression (issue 29): a line that is no key was skipped silently
+        // (or, with three words, taken as a key); it is an error naming the
+        // file and the line.
+        std::fs::write(&p, format!("{text}not a key\n")).unwrap();
+        let e = read_keys_file(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("keys.pub:5") && e.contains("not a public key"),
+            "{e}"
+        );
     }
 }

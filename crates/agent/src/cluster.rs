@@ -134,11 +134,7 @@ impl Cluster {
                 cpu: None,
                 kernel: Some(assets.kernel.clone()),
                 initrd: Some(assets.initrd.clone()),
-                cmdline: vmcsnap_guest::try_kernel_cmdline(
-                    &vm_spec.name,
-                    &address.cidr(),
-                    &workload,
-                )?,
+                cmdline: lab_cmdline(vm_spec, &address, &workload)?,
                 console_log: dir.join("console.log"),
                 qmp_socket: dir.join("qmp.sock"),
                 disks: vec![qemu::DiskConfig::qcow2(qemu::DISK_NODE, disk.clone())],
@@ -546,9 +542,13 @@ impl Cluster {
             m.vm.config.remove_runtime_files();
             crate::intent::clear(&m.vm.config);
             let _ = std::fs::remove_dir_all(crate::qemu_kept::dir_of(&m.vm.config));
-            if let Err(e) = std::fs::remove_file(&m.disk) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    log(format!("teardown: cannot remove {}: {e}", m.disk.display()));
+            // Every disk the VM writes (its extra disks' overlays too).
+            let writable = m.vm.config.disks.iter().filter(|d| !d.read_only);
+            for disk in std::iter::once(&m.disk).chain(writable.map(|d| &d.path)) {
+                if let Err(e) = std::fs::remove_file(disk) {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        log(format!("teardown: cannot remove {}: {e}", disk.display()));
+                    }
                 }
             }
         }
@@ -615,6 +615,25 @@ impl Member {
             }
         }
     }
+}
+
+/// The lab guest's kernel command line, which carries its workload (base64,
+/// so at most about 1.4 KB of it); empty for an image VM, whose command line
+/// comes from its image and whose workload goes by fw_cfg, without that
+/// limit (`image_vm`).
+fn lab_cmdline(
+    vm_spec: &vmcsnap_spec::VmSpec,
+    address: &VmAddress,
+    workload: &str,
+) -> Result<String, AgentError> {
+    if vm_spec.is_image() {
+        return Ok(String::new());
+    }
+    Ok(vmcsnap_guest::try_kernel_cmdline(
+        &vm_spec.name,
+        &address.cidr(),
+        workload,
+    )?)
 }
 
 /// The file of a block node's `filename`: QEMU names an image opened with
@@ -706,5 +725,31 @@ mod tests {
         assert_eq!(plain_filename(j), PathBuf::from("/r/d-1.qcow2"));
         assert_eq!(plain_filename("/r/d.qcow2"), PathBuf::from("/r/d.qcow2"));
         assert_eq!(plain_filename("json:{bad"), PathBuf::from("json:{bad"));
+    }
+
+    /// Regression (issue 29): `up` refused an image VM's 6 KB workload with
+    /// "kernel command line would be 8155 bytes, the limit is 2047": the
+    /// lab guest's command line was built for every VM.
+    #[test]
+    fn an_image_vms_workload_is_not_held_to_the_lab_command_line() {
+        let workload = "echo 0123456789abcdef\n".repeat(300);
+        assert!(workload.len() > 6000);
+        let spec = |extra: &str| {
+            let text = format!(
+                "[cluster]\nname='c'\n[[vm]]\nname='w'\nmemory_mib=512\n{extra}workload = {workload:?}\n"
+            );
+            ClusterSpec::from_toml_str(&text, 64).unwrap()
+        };
+        let image = spec("image_recipe='base'\n");
+        let address = image.addressing()[0];
+        let w = image.expand_workload("w").unwrap();
+        assert_eq!(w, workload);
+        assert_eq!(lab_cmdline(&image.vm[0], &address, &w).unwrap(), "");
+        // The lab guest still has the limit, and says so.
+        let lab = spec("");
+        let e = lab_cmdline(&lab.vm[0], &address, &w)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the limit is 2047"), "{e}");
     }
 }

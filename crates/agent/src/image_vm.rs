@@ -139,6 +139,10 @@ pub fn check(g: &ImageGuest<'_>) -> Result<(), AgentError> {
             detect_format(path, *format)?;
         }
     }
+    // A keys file is read now: a line that is no key fails `up` here.
+    if let Some(SshKeys::File(p)) = g.ssh_keys {
+        crate::cloud_init::read_keys_file(p)?;
+    }
     if let Boot::Direct { kernel, initrd, .. } = g.boot {
         for p in std::iter::once(kernel).chain(initrd) {
             if !p.is_file() {

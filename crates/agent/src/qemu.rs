@@ -10,7 +10,7 @@
 //! - **An image VM** (`image: Some(ImageDevices)`): `q35` (virtio-*-pci,
 //!   SeaBIOS boots the root disk, or a kernel boots directly) or `microvm`
 //!   (virtio-*-device, direct boot only); root disk [`ROOT_NODE`] (a qcow2
-//!   overlay of the user's image), extra disks `disk1..`, the NoCloud seed
+//!   overlay of the user's image), extra disks `disk0..`, the NoCloud seed
 //!   read-only as [`SEED_NODE`], a virtio-serial controller with the guest
 //!   agent's port ([`QGA_PORT`], a unix socket QEMU listens on) and the
 //!   events port ([`EVENTS_PORT`], a file the guest writes
@@ -51,7 +51,8 @@ pub const EVENTS_PORT: &str = "org.vmcsnap.events";
 /// The fw_cfg file holding an image VM's workload script.
 pub const WORKLOAD_FW_CFG: &str = "opt/vmcsnap/workload";
 
-/// The blockdev node name of an image VM's `i`-th extra disk (1-based).
+/// The blockdev node name of an image VM's `i`-th extra disk (0-based:
+/// the first is `disk0`, `/dev/disk/by-id/virtio-disk0` in the guest).
 pub fn extra_disk_node(i: usize) -> String {
     format!("disk{i}")
 }
@@ -77,7 +78,7 @@ pub const TCG_DIRTY_TRACKING_PAD_KIB: u64 = 8;
 /// One disk of a VM: a blockdev node on a file, and its virtio-blk device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiskConfig {
-    /// Blockdev node name ([`DISK_NODE`], [`ROOT_NODE`], `disk1`, ...,
+    /// Blockdev node name ([`DISK_NODE`], [`ROOT_NODE`], `disk0`, ...,
     /// [`SEED_NODE`]).
     pub node: String,
     /// The file QEMU opens (for qcow2, the top of its backing chain).
@@ -161,7 +162,7 @@ pub struct QemuConfig {
     /// QMP socket (QEMU listens).
     pub qmp_socket: PathBuf,
     /// Disks in device order: the lab guest has one, [`DISK_NODE`]; an
-    /// image VM has [`ROOT_NODE`], then `disk1..`, then maybe the seed.
+    /// image VM has [`ROOT_NODE`], then `disk0..`, then maybe the seed.
     #[serde(alias = "disk", deserialize_with = "disks_or_legacy_path")]
     pub disks: Vec<DiskConfig>,
     /// Switch port socket (QEMU listens; the switch connects).

@@ -124,15 +124,19 @@ pub enum SpecError {
         /// The field.
         field: &'static str,
     },
-    /// More devices than a microvm has virtio slots.
-    #[error("VM {vm:?}: machine = microvm holds {max} virtio devices but this VM needs {got} (NIC, console channels, root, seed, disks); use fewer disks or machine = \"q35\"")]
+    /// More devices than the machine has slots for.
+    #[error("VM {vm:?}: machine = {machine} holds {max} virtio devices but this VM needs {got} (NIC, console channels, root, seed, disks): give it at most {max_disks} disks{hint}", hint = if *machine == crate::Machine::Microvm { " or use machine = \"q35\"" } else { "" })]
     TooManyDevices {
         /// The VM.
         vm: String,
+        /// Its machine type.
+        machine: crate::Machine,
         /// Devices needed.
         got: usize,
         /// Slots available.
         max: usize,
+        /// The most `disks` entries it can have (with its seed, if any).
+        max_disks: usize,
     },
     /// A lab-guest field on an image VM.
     #[error("VM {vm:?}: {field} applies only to the lab guest; {instead}")]

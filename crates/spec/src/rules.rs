@@ -7,9 +7,7 @@
 
 use std::path::Path;
 
-use crate::guest::{
-    Boot, GuestKind, ImageGuest, ImageSource, Machine, SshKeys, MICROVM_VIRTIO_SLOTS,
-};
+use crate::guest::{Boot, GuestKind, ImageGuest, ImageSource, Machine, SshKeys};
 use crate::model::{check_name, MAX_DISK_MIB, MIN_DISK_MIB};
 use crate::{ClusterSpec, SpecError, VmSpec};
 
@@ -112,20 +110,12 @@ impl VmSpec {
         match &self.ssh_authorized_keys {
             Some(_) if !cloud_init => return Err(SpecError::KeysNeedCloudInit(vm())),
             Some(SshKeys::Keys(keys)) => {
-                for k in keys {
-                    let reason = if k.trim().is_empty() {
-                        Some("an empty key".to_string())
-                    } else if k.contains(['\n', '\r']) {
-                        Some("a key spans several lines: give one key per list entry".to_string())
-                    } else if k.split_whitespace().count() < 2 {
-                        Some(format!(
-                            "{k:?} is not a public key (expected \"TYPE BASE64 [COMMENT]\")"
-                        ))
-                    } else {
-                        None
-                    };
-                    if let Some(reason) = reason {
-                        return Err(SpecError::BadSshKeys { vm: vm(), reason });
+                for (i, k) in keys.iter().enumerate() {
+                    if let Err(why) = crate::ssh_key::check_public_key(k) {
+                        return Err(SpecError::BadSshKeys {
+                            vm: vm(),
+                            reason: format!("entry {i} ({k:?}): {why}"),
+                        });
                     }
                 }
             }
@@ -160,16 +150,19 @@ impl VmSpec {
                 _ => {}
             }
         }
-        if self.machine == Some(Machine::Microvm) {
-            // NIC + virtio-serial + root + seed + extra disks.
-            let got = 3 + usize::from(cloud_init) + self.disks.len();
-            if got > MICROVM_VIRTIO_SLOTS {
-                return Err(SpecError::TooManyDevices {
-                    vm: vm(),
-                    got,
-                    max: MICROVM_VIRTIO_SLOTS,
-                });
-            }
+        // NIC + virtio-serial + root + seed + extra disks, one virtio
+        // device each (crate `vmcsnap-agent`, `qemu::QemuConfig::args`).
+        let machine = self.machine.unwrap_or(Machine::Q35);
+        let got = 3 + usize::from(cloud_init) + self.disks.len();
+        let max = machine.device_slots();
+        if got > max {
+            return Err(SpecError::TooManyDevices {
+                vm: vm(),
+                machine,
+                got,
+                max,
+                max_disks: max - 3 - usize::from(cloud_init),
+            });
         }
         Ok(())
     }

@@ -37,7 +37,7 @@ name = "db"
 memory_mib = 512
 image = "images/debian.qcow2"
 image_format = "qcow2"
-ssh_authorized_keys = ["ssh-ed25519 AAAAC3Nza user@host"]
+ssh_authorized_keys = ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILMxwQyC9ziD+RIBARpGDOb53+S2IbtAwf2E5OZE2ZQe me@host"]
 disks = [{ size_mib = 64 }, { path = "data.raw", format = "raw" }]
 
 [[vm]]

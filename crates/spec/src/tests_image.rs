@@ -7,6 +7,10 @@ use crate::{
     SpecError, SshKeys,
 };
 
+/// A real public key (made with ssh-keygen for these tests).
+const KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILMxwQyC9ziD+RIBARpGDOb53+S2IbtAwf2E5OZE2ZQe me@host";
+
 fn parse(text: &str) -> Result<ClusterSpec, SpecError> {
     ClusterSpec::from_toml_str(text, 64)
 }
@@ -85,7 +89,7 @@ kernel = "/boot/vmlinuz"
 initrd = "/boot/initrd.img"
 cmdline = "root=/dev/vda1 console=ttyS0"
 cloud_init = true
-ssh_authorized_keys = ["ssh-ed25519 AAAAC3Nz me@host"]
+ssh_authorized_keys = ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILMxwQyC9ziD+RIBARpGDOb53+S2IbtAwf2E5OZE2ZQe me@host"]
 disks = [ { path = "/d/pg.raw", format = "raw" }, { path = "/d/x.qcow2" }, { size_mib = 1024 } ]
 workload = "redis-cli -h {ip:a} ping"
 "#)
@@ -121,10 +125,7 @@ workload = "redis-cli -h {ip:a} ping"
             ExtraDisk::Empty { size_mib: 1024 },
         ]
     );
-    assert_eq!(
-        g.ssh_keys,
-        Some(&SshKeys::Keys(vec!["ssh-ed25519 AAAAC3Nz me@host".into()]))
-    );
+    assert_eq!(g.ssh_keys, Some(&SshKeys::Keys(vec![KEY.into()])));
     assert_eq!(
         s.expand_workload("a").unwrap(),
         "redis-cli -h 10.77.0.2 ping"
@@ -181,10 +182,7 @@ fn image_fields_on_a_lab_vm_are_rejected_naming_the_field() {
         ("disks=[{size_mib=8}]", "disks"),
         ("machine='q35'", "machine = \"q35\""),
         ("cloud_init=true", "cloud_init = true"),
-        (
-            "ssh_authorized_keys=['ssh-ed25519 AAAA']",
-            "ssh_authorized_keys",
-        ),
+        ("ssh_authorized_keys=['x']", "ssh_authorized_keys"),
         ("image_format='raw'", "image_format"),
     ] {
         let e = vm(fields).unwrap_err();
@@ -247,7 +245,10 @@ fn image_vms_have_a_higher_memory_floor() {
 #[test]
 fn keys_need_cloud_init_and_must_look_like_keys() {
     assert_eq!(
-        vm("image='/i'\ncloud_init=false\nssh_authorized_keys=['ssh-ed25519 AAAA']").unwrap_err(),
+        vm(&format!(
+            "image='/i'\ncloud_init=false\nssh_authorized_keys=['{KEY}']"
+        ))
+        .unwrap_err(),
         SpecError::KeysNeedCloudInit("a".into())
     );
     for bad in [
@@ -258,6 +259,20 @@ fn keys_need_cloud_init_and_must_look_like_keys() {
         let e = vm(&format!("image='/i'\nssh_authorized_keys={bad}")).unwrap_err();
         assert!(matches!(e, SpecError::BadSshKeys { .. }), "{bad}: {e}");
     }
+    // Regression (issue 29): three words passed as TYPE BASE64 COMMENT.
+    let e = vm(&format!(
+        "image='/i'\nssh_authorized_keys=['{KEY}', 'not a key']"
+    ))
+    .unwrap_err();
+    assert!(matches!(e, SpecError::BadSshKeys { .. }), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("VM \"a\"")
+            && text.contains("entry 1 (\"not a key\")")
+            && text.contains("not an SSH key type"),
+        "{text}"
+    );
+    vm(&format!("image='/i'\nssh_authorized_keys=['{KEY}']")).unwrap();
     let e = vm("image='/i'\nssh_authorized_keys=42").unwrap_err();
     assert!(
         e.to_string().contains("list of public keys or the path"),
@@ -301,26 +316,68 @@ fn bad_disks_are_rejected_with_their_index() {
     );
 }
 
+fn sized_disks(n: usize) -> String {
+    format!("[{}]", vec!["{size_mib=8}"; n].join(","))
+}
+
 #[test]
 fn microvm_slots_are_counted() {
-    let five = "[{size_mib=8},{size_mib=8},{size_mib=8},{size_mib=8},{size_mib=8}]";
+    // NIC, virtio-serial, root, seed and 4 disks.
     let e = vm(&format!(
-        "image='/i'\nkernel='/k'\nmachine='microvm'\ndisks={five}"
+        "image='/i'\nkernel='/k'\nmachine='microvm'\ndisks={}",
+        sized_disks(5)
     ))
     .unwrap_err();
     assert_eq!(
         e,
         SpecError::TooManyDevices {
             vm: "a".into(),
+            machine: Machine::Microvm,
             got: 9,
-            max: 8
+            max: 8,
+            max_disks: 4,
         }
     );
+    assert!(e.to_string().contains("at most 4 disks"), "{e}");
     vm(&format!(
-        "image='/i'\nkernel='/k'\nmachine='microvm'\ncloud_init=false\ndisks={five}"
+        "image='/i'\nkernel='/k'\nmachine='microvm'\ncloud_init=false\ndisks={}",
+        sized_disks(5)
     ))
     .unwrap();
-    vm(&format!("image='/i'\ndisks={five}")).unwrap();
+    vm(&format!(
+        "image='/i'\nkernel='/k'\nmachine='microvm'\ndisks={}",
+        sized_disks(4)
+    ))
+    .unwrap();
+}
+
+/// Regression (issue 29): 40 disks on q35 reached QEMU, which failed with
+/// "PCI: no slot/function available".
+#[test]
+fn q35_slots_are_counted() {
+    let e = vm(&format!("image='/i'\ndisks={}", sized_disks(40))).unwrap_err();
+    assert_eq!(
+        e,
+        SpecError::TooManyDevices {
+            vm: "a".into(),
+            machine: Machine::Q35,
+            got: 44,
+            max: 30,
+            max_disks: 26,
+        }
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains("machine = q35 holds 30") && text.contains("at most 26 disks"),
+        "{text}"
+    );
+    vm(&format!("image='/i'\ndisks={}", sized_disks(26))).unwrap();
+    vm(&format!("image='/i'\ndisks={}", sized_disks(27))).unwrap_err();
+    vm(&format!(
+        "image='/i'\ncloud_init=false\ndisks={}",
+        sized_disks(27)
+    ))
+    .unwrap();
 }
 
 #[test]
@@ -368,8 +425,10 @@ fn bad_recipe_names_and_empty_paths() {
 fn spec_round_trips_through_json() {
     // Snapshots persist specs as JSON; the new fields must survive and old
     // JSON (without them) must still load.
-    let s =
-        vm("image='/i'\ndisks=[{size_mib=8}]\nssh_authorized_keys=['ssh-ed25519 AAAA']").unwrap();
+    let s = vm(&format!(
+        "image='/i'\ndisks=[{{size_mib=8}}]\nssh_authorized_keys=['{KEY}']"
+    ))
+    .unwrap();
     let j = serde_json::to_string(&s).unwrap();
     let back: ClusterSpec = serde_json::from_str(&j).unwrap();
     assert_eq!(back, s);

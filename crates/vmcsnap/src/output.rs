@@ -329,14 +329,24 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
     // Everything a restore checks: every block, every page through the
     // chain of parents and the frozen disks, the page hashes.
     let report = verify.then(|| img.verify());
+    // Every disk of the VM frozen, each a file of this snapshot.
+    let own_disks: Vec<String> = if verify {
+        vmcsnap_agent::disk_set::own_disk_problems(dir, img.manifest())
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    } else {
+        vec![]
+    };
     let bad: Vec<Value> = report
         .iter()
         .flat_map(|r| r.bad_blocks.iter())
         .map(|b| serde_json::json!({ "image": b.image, "block": b.index, "offset": b.offset, "error": b.error.to_string() }))
         .chain(report.iter().flat_map(|r| r.bad_pages.iter()).map(|p| serde_json::json!({ "page": format!("{}:{}", p.key.ram_block, p.key.page), "error": p.error.to_string() })))
         .chain(report.iter().flat_map(|r| r.other.iter()).map(|e| serde_json::json!({ "error": e.to_string() })))
+        .chain(own_disks.iter().map(|e| serde_json::json!({ "error": e })))
         .collect();
-    let verify_ok = report.as_ref().is_some_and(|r| r.is_ok());
+    let verify_ok = report.as_ref().is_some_and(|r| r.is_ok()) && own_disks.is_empty();
     let v = serde_json::json!({
         "path": dir,
         "manifest": serde_json::to_value(img.manifest())?,
@@ -424,6 +434,12 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
             println!("  verify     {r}");
         }
     }
+    if let Some(first) = own_disks.first() {
+        anyhow::bail!(
+            "snapshot {} failed verification: its disks are not all its own: {first}",
+            dir.display()
+        );
+    }
     if let Some(r) = report {
         if !r.is_ok() {
             let first = r.first_problem().unwrap_or_default();
@@ -455,6 +471,9 @@ pub fn restore(v: &Value) {
             "  {} of {} pages loaded at the start; the rest loads in the background (`vmcsnap status` shows how far; --wait returns once every page is in)",
             v["pages_loaded"], v["pages_total"]
         );
+        if v["clock"].is_object() {
+            println!("  guest clock: {}", clock_line(&v["clock"]));
+        }
         return;
     }
     let first_10s: u64 = v["demand_faults_per_100ms"]
@@ -502,6 +521,28 @@ pub fn restore(v: &Value) {
     }
     if let Some(n) = v["next_wss"].as_u64() {
         println!("  next workingset restore loads {n} pages first (learned, bounded)");
+    }
+    if v["clock"].is_object() {
+        println!("  guest clock: {}", clock_line(&v["clock"]));
+    }
+}
+
+/// A restored guest's clock (`guest_clock::ClockSync` as JSON), in words.
+pub fn clock_line(c: &Value) -> String {
+    let ms = |k: &str| {
+        c[k].as_f64()
+            .map_or("?".to_string(), |v| format!("{v:+.0} ms"))
+    };
+    match c["outcome"].as_str().unwrap_or("?") {
+        "set" => format!(
+            "set to the host's by {} (it was {} off, now {})",
+            c["method"].as_str().unwrap_or("?"),
+            ms("offset_before_ms"),
+            ms("offset_after_ms")
+        ),
+        "no-agent" => "not set: no guest agent (it keeps the snapshot's time)".into(),
+        "paused" => "not set: the VM is paused".into(),
+        _ => format!("not set: {}", c["error"].as_str().unwrap_or("?")),
     }
 }
 

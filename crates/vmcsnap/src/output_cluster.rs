@@ -115,6 +115,9 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
                     if !r.is_ok() {
                         problems.push(format!("VM {}: {r}", vm.name));
                     }
+                    for e in vmcsnap_agent::disk_set::own_disk_problems(&vdir, img.manifest()) {
+                        problems.push(format!("VM {}: {e}", vm.name));
+                    }
                     checked.push(
                         json!({ "vm": vm.name, "ok": r.is_ok(), "pages_checked": r.pages_checked }),
                     );
@@ -252,6 +255,7 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
         println!(
             "every guest runs after {running:.1} ms; the rest of the pages loads in the background (`vmcsnap status` shows how far; --wait returns once every page is in, with the full report)"
         );
+        print_guest_clocks(v);
         return Ok(());
     }
     println!(
@@ -310,7 +314,19 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
         "every guest running after {running:.1} ms, every page loaded after {:.1} ms",
         v["full_load_ms"].as_f64().unwrap_or(0.0)
     );
+    print_guest_clocks(v);
     Ok(())
+}
+
+/// One line per VM: its guest clock after the restore.
+fn print_guest_clocks(v: &Value) {
+    for c in v["guest_clocks"].as_array().into_iter().flatten() {
+        println!(
+            "  {} guest clock: {}",
+            c["vm"].as_str().unwrap_or("?"),
+            crate::output::clock_line(c)
+        );
+    }
 }
 
 /// `inspect --rdg`: the restore dependency graph and what `hotrestore-rl`

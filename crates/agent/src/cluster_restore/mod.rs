@@ -214,6 +214,8 @@ fn restore_cluster_journaled(
     }
     let replay = replay_frames(&dir, &m)?;
     let (cname, accel) = (c.spec.cluster.name.clone(), c.accel.name().to_string());
+    // Every guest's clock is set before the early answer (which reports it).
+    let mut early_clocks = None;
     let mut on_running = |starts: &BTreeMap<String, u64>| {
         let Some(ctx) = early else { return };
         let vms = saved
@@ -226,8 +228,14 @@ fn restore_cluster_journaled(
             })
             .collect();
         ctx.early.show(&cname, &accel, vms);
-        let r = report::running(&m, &plan, &opts, starts, start_unix_us);
+        let configs: Vec<_> = saved
+            .iter()
+            .map(|s| crate::guest_clock::restored_in(&s.qemu, &run.vm_dir(&s.qemu.name)))
+            .collect();
+        let mut r = report::running(&m, &plan, &opts, starts, start_unix_us);
+        r.guest_clocks = crate::guest_clock::sync_all(&configs);
         ctx.early.reply(crate::dispatch::to_json(&r));
+        early_clocks = Some(r.guest_clocks);
     };
     let early = early.map(|ctx| Early {
         loads: ctx.loads.clone(),
@@ -280,7 +288,12 @@ fn restore_cluster_journaled(
             "cluster restore failed: {detail}; nothing was left running"
         )));
     }
-    let report = report::build(&m, &plan, &opts, &restored, &start_order, t0, start_unix_us);
+    // Every guest runs: their clocks go to the host's (`guest_clock`),
+    // unless that was done for the early answer.
+    let clocks = early_clocks
+        .unwrap_or_else(|| crate::guest_clock::sync_all(restored.iter().map(|r| &r.0.vm.config)));
+    let mut report = report::build(&m, &plan, &opts, &restored, &start_order, t0, start_unix_us);
+    report.guest_clocks = clocks;
     for (member, ..) in restored {
         c.members.push(member);
     }

@@ -142,6 +142,9 @@ pub struct ClusterRestoreReport {
     pub loading: bool,
     /// Request to report, ms.
     pub duration_ms: f64,
+    /// Each guest's clock, set to the host's once every guest ran
+    /// (`crate::guest_clock`).
+    pub guest_clocks: Vec<crate::guest_clock::ClockSync>,
 }
 
 /// One VM of a [`ClusterRunning`].
@@ -183,6 +186,8 @@ pub struct ClusterRunning {
     pub full_load_ms: Option<f64>,
     /// Pages still loading in the background.
     pub loading: bool,
+    /// Each guest's clock, set to the host's once every guest ran.
+    pub guest_clocks: Vec<crate::guest_clock::ClockSync>,
 }
 
 /// The answer once every guest runs, from their start times (unix µs).
@@ -214,6 +219,7 @@ pub fn running(
         running_ms: vms.iter().map(|v| v.latency_ms).fold(0.0, f64::max),
         full_load_ms: None,
         loading: true,
+        guest_clocks: vec![],
         vms,
     }
 }
@@ -375,6 +381,7 @@ pub fn build(
             .collect(),
         lp_objective: plan.lp_objective,
         duration_ms: t0.elapsed().as_secs_f64() * 1000.0,
+        guest_clocks: Vec::new(),
     }
 }
 

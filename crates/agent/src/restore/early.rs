@@ -11,7 +11,9 @@ use vmcsnap_spec::VmAddress;
 
 use super::run::{unix_us, Options, RestoreEvent, Saved};
 use crate::cluster::Cluster;
+use crate::guest_clock::ClockSync;
 use crate::loading::Ctx;
+use crate::qemu::QemuConfig;
 use crate::{AgentError, RunDir};
 
 /// What `status` and the early answer say of the VM being restored.
@@ -23,6 +25,9 @@ pub(super) struct Shown {
     memory_mib: u64,
     qmp_socket: std::path::PathBuf,
     request_us: u64,
+    /// The restored VM's config as far as its guest clock goes (its guest
+    /// agent's socket in the VM's directory).
+    clock_config: QemuConfig,
 }
 
 impl Shown {
@@ -31,6 +36,7 @@ impl Shown {
     pub(super) fn of(c: &Cluster, run: &RunDir, saved: &Saved, request_us: u64) -> Shown {
         let vm = saved.qemu.name.clone();
         Shown {
+            clock_config: crate::guest_clock::restored_in(&saved.qemu, &run.vm_dir(&vm)),
             cluster: c.spec.cluster.name.clone(),
             accel: c.accel.name().to_string(),
             qmp_socket: run.vm_dir(&vm).join("qmp.sock"),
@@ -66,14 +72,14 @@ pub fn vm_status(
 }
 
 /// Runs `restore` (a restore of one VM with `opts`) and answers the
-/// request as soon as its guest runs; returns what `restore` returns, at
-/// the full load.
+/// request as soon as its guest runs, its clock set first; returns what
+/// `restore` returns, at the full load, and that clock's setting.
 pub(super) fn answering<T>(
     ctx: &Ctx<'_>,
     shown: Shown,
     mut opts: Options,
     restore: impl FnOnce(&Options) -> Result<T, AgentError>,
-) -> Result<T, AgentError> {
+) -> (Result<T, AgentError>, Option<ClockSync>) {
     let (tx, rx) = mpsc::channel();
     opts.observer = Some(tx);
     let mode = opts.mode.name();
@@ -82,21 +88,23 @@ pub(super) fn answering<T>(
         let watcher = s.spawn(|| watch(ctx, &shown, &snapshot, mode, rx));
         let r = restore(&opts);
         drop(opts); // the last sender: the watcher ends
-        let _ = watcher.join();
+        let clock = watcher.join().ok().flatten();
         ctx.loads.done(&shown.vm);
-        r
+        (r, clock)
     })
 }
 
-/// Follows the restore's events: loads to the board, the answer at the start.
+/// Follows the restore's events: loads to the board, the guest's clock and
+/// the answer at the start.
 fn watch(
     ctx: &Ctx<'_>,
     shown: &Shown,
     snapshot: &str,
     mode: &str,
     events: mpsc::Receiver<RestoreEvent>,
-) {
+) -> Option<ClockSync> {
     let (mut loaded, mut total, mut all) = (0, 0, false);
+    let mut clock = None;
     for ev in events {
         match ev {
             RestoreEvent::Loading { sent, total: t } if !all => {
@@ -117,6 +125,7 @@ fn watch(
                     us,
                 );
                 ctx.early.show(&shown.cluster, &shown.accel, vec![st]);
+                let set = crate::guest_clock::sync(&shown.clock_config, false);
                 ctx.early.reply(json!({
                     "vm": shown.vm,
                     "snapshot": snapshot,
@@ -128,9 +137,12 @@ fn watch(
                     "pages_total": total,
                     "full_load_ms": null,
                     "loading": !all,
+                    "clock": set,
                 }));
+                clock = Some(set);
             }
             _ => {}
         }
     }
+    clock
 }

@@ -157,6 +157,7 @@ pub fn report(f: &Finishing) -> Result<Report, AgentError> {
         qemu_threads_raised: obs.qemu_threads_raised,
         overlay: PathBuf::new(),
         record: record_path,
+        clock: None,
     })
 }
 

@@ -20,7 +20,7 @@
 //! the guest waits, paused, for the Coordinator's START (a `cont`) while
 //! pages keep loading (`feed`).
 //!
-//! The VM runs on a new qcow2 overlay over the snapshot's frozen disk, with
+//! The VM runs on new qcow2 overlays over the snapshot's frozen disks (`disks`), with
 //! its snapshot-time MAC and address, and joins the cluster's switch (a
 //! cluster of its own if none is up). A VM of that name that is running is
 //! refused. A failure at any step stops the new QEMU and removes what the
@@ -34,6 +34,7 @@
 //! `vmcsnap inspect --verify` checks a whole image beforehand.
 
 pub mod adopt;
+mod disks;
 mod early;
 mod feed;
 mod finish;

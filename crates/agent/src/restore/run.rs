@@ -175,6 +175,9 @@ pub struct Report {
     pub overlay: PathBuf,
     /// Where this restore's record went.
     pub record: PathBuf,
+    /// The guest's clock, set to the host's once it runs (`guest_clock`;
+    /// for a restore of one VM; a cluster restore reports its VMs' clocks).
+    pub clock: Option<crate::guest_clock::ClockSync>,
 }
 
 /// How well the pages loaded first served the guest, from the start to
@@ -351,14 +354,17 @@ pub fn restore(
         }
         return Err(e);
     }
-    let result = match early {
-        None => restore_into(
-            &c.switch.clone(),
-            &c.spec.cluster.name.clone(),
-            run,
-            &opts,
-            &dir,
-            progress,
+    let (result, early_clock) = match early {
+        None => (
+            restore_into(
+                &c.switch.clone(),
+                &c.spec.cluster.name.clone(),
+                run,
+                &opts,
+                &dir,
+                progress,
+            ),
+            None,
         ),
         Some(ctx) => {
             let shown = super::early::Shown::of(c, run, &saved, request_us);
@@ -379,7 +385,13 @@ pub fn restore(
     // one finishes the restore from the page source's files.
     let _ = std::fs::remove_dir_all(super::page_source::dir_of(&run.vm_dir(&name)));
     match result {
-        Ok((member, report)) => {
+        Ok((member, mut report)) => {
+            // A restore that answered early set the clock as its guest
+            // started; the others do it now.
+            report.clock = Some(
+                early_clock
+                    .unwrap_or_else(|| crate::guest_clock::sync(&member.vm.config, opts.paused)),
+            );
             if !c.spec.vm.iter().any(|v| v.name == name) {
                 c.spec.vm.push(saved.spec.clone());
             }
@@ -416,16 +428,13 @@ pub fn restore_into(
     let name = saved.qemu.name.clone();
     let qemu_bin = qemu::find_qemu()?;
     let qemu_img = qemu::find_qemu_img()?;
-    let frozen = img
-        .manifest()
-        .disks
-        .first()
-        .map(|d| PathBuf::from(&d.path))
-        .ok_or_else(|| fail(&name, "the snapshot has no frozen disk"))?;
-    if !frozen.is_file() {
+    // Every writable disk from its own frozen copy, never a live file.
+    let frozen = crate::disk_set::frozen_for(&saved.qemu, &img.manifest().disks)
+        .map_err(|e| fail(&name, e))?;
+    if let Some(f) = frozen.iter().find(|f| !f.path.is_file()) {
         return Err(fail(
             &name,
-            format!("its frozen disk {} is gone", frozen.display()),
+            format!("its frozen disk {} is gone", f.path.display()),
         ));
     }
     let planned = plan(&img, opts, dir)?;
@@ -493,7 +502,7 @@ pub(super) struct Job<'a> {
     saved: Saved,
     qemu_bin: PathBuf,
     qemu_img: PathBuf,
-    frozen: PathBuf,
+    frozen: Vec<crate::disk_set::Frozen>,
     assets: vmcsnap_guest::GuestAssets,
     pub(super) planned: Planned,
     /// When the request arrived (monotonic and wall clock).
@@ -570,25 +579,16 @@ fn start_and_feed(
     let dir = run.vm_dir(&name);
     std::fs::create_dir_all(&dir).map_err(AgentError::io("creating", &dir))?;
     let stamp = crate::handover::unix_ms(SystemTime::now());
-    // The frozen chain is hard-linked into a directory of its own in the
-    // VM's directory, and the overlay put next to it names its backing
-    // file by name only: the VM's disk chain is then self-contained, and
-    // so is the frozen disk of every later snapshot of it (which links the
-    // whole chain again), whatever becomes of the snapshot restored here.
+    // Each frozen chain is hard-linked into a directory of the VM's own
+    // (`super::disks`).
     let disk_dir = dir.join(format!("disk-{stamp}"));
     std::fs::create_dir_all(&disk_dir).map_err(AgentError::io("creating", &disk_dir))?;
-    let overlay = disk_dir.join(format!("data-{stamp}.qcow2"));
-    crate::disk_chain::chain(&job.qemu_img, &job.frozen)
-        .and_then(|chain| {
-            let top = crate::disk_chain::freeze(&chain, &disk_dir)?;
-            crate::disk_chain::create_overlay(&job.qemu_img, &top, chain.virtual_size, &overlay)
-        })
-        .map_err(|e| {
-            fail(
-                &name,
-                format!("preparing the disk from {}: {e}", job.frozen.display()),
-            )
-        })?;
+    let overlays = super::disks::prepare(&job.qemu_img, &job.frozen, &disk_dir, stamp)
+        .map_err(|e| fail(&name, e))?;
+    let overlay = overlays
+        .first()
+        .map(|o| o.1.clone())
+        .ok_or_else(|| fail(&name, "the snapshot's VM has no writable disk"))?;
     let mut config = saved.qemu.clone();
     config.ram_file = run.shm_path(cluster_name, &name);
     let _ = std::fs::remove_file(&config.ram_file);
@@ -604,7 +604,11 @@ fn start_and_feed(
     config.console_log = dir.join("console.log");
     config.qmp_socket = dir.join("qmp.sock");
     config.port_socket = dir.join("port.sock");
-    config.disks[0].path = overlay.clone();
+    for (node, o) in &overlays {
+        if let Some(d) = config.disk_mut(node) {
+            d.path = o.clone();
+        }
+    }
     config.incoming = true;
     // A cluster restore starts its guests on START (`cont`).
     config.paused = opts.paused || opts.cluster.is_some();

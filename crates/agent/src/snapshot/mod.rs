@@ -35,12 +35,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use serde_json::{json, Value};
-use vmcsnap_capture::{capture, CaptureOptions, Captured, DiskRef, Phase};
+use vmcsnap_capture::{capture, CaptureOptions, Captured, Phase};
 
 pub mod access;
 mod capture_thread;
 mod commit_watch;
 pub(crate) mod disk_match;
+mod disks;
 mod final_ram;
 pub mod limit;
 pub mod parent;
@@ -113,9 +114,10 @@ pub fn snapshot(
         .map_or_else(|| run.snapshots_dir(), |t| t.root.clone());
     let (name, final_dir) = new_snapshot_dir(&root, opts.name.clone(), &vm.name)?;
 
-    // Outside the pause: the frozen disk (hard links of the chain the VM
-    // runs on now, whose top becomes read-only backing once the overlay is
-    // on top; see `disk_chain`), the overlay, the capture socket.
+    // Outside the pause: the frozen disks (hard links of the chain each
+    // writable disk runs on now, whose top becomes read-only backing once
+    // its overlay is on top; see `disk_chain`, `disks`), the overlays, the
+    // capture socket.
     let vm_dir = vm
         .config
         .console_log
@@ -128,33 +130,22 @@ pub fn snapshot(
         .map_or_else(|| root.join(".disks").join(&name), |t| t.disks_dir.clone());
     let _ = std::fs::remove_dir_all(&disks_dir);
     std::fs::create_dir_all(&disks_dir).map_err(AgentError::io("creating", &disks_dir))?;
-    let current_disk = vm.config.disks[0].path.clone();
     let qemu_img = crate::qemu::find_qemu_img()?;
     let stamp = unix_ms();
-    // Next to the file it backs on (named by file name only): a restored
-    // VM's chain lives in a directory of its own (see `restore::run`).
-    let overlay = current_disk
-        .parent()
-        .unwrap_or(&vm_dir)
-        .join(format!("data-{stamp}.qcow2"));
-    let prepared = crate::disk_chain::chain(&qemu_img, &current_disk).and_then(|chain| {
-        let frozen = crate::disk_chain::freeze(&chain, &disks_dir)?;
-        crate::disk_chain::create_overlay(&qemu_img, &current_disk, chain.virtual_size, &overlay)?;
-        Ok(frozen)
-    });
-    let frozen = match prepared {
-        Ok(f) => f,
+    let snap_disks = match disks::prepare(vm, &qemu_img, &disks_dir, stamp) {
+        Ok(d) => d,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&disks_dir);
-            let _ = std::fs::remove_file(&overlay);
             return Err(e);
         }
     };
+    // The first disk's: the detection layer reads it, the report names it.
+    let frozen = snap_disks[0].frozen.clone();
+    let overlay = snap_disks[0].overlay.clone();
     let sock = vm_dir.join("snapshot.sock");
     let _ = std::fs::remove_file(&sock);
     let listener = UnixListener::bind(&sock).map_err(AgentError::io("binding", &sock))?;
 
-    let node = top_node(vm);
     let v = vm.qmp()?.version();
     let mut copts = CaptureOptions::new(opts.mode.capture_mode(), vm.name.clone());
     copts.qemu_version = format!("{}.{}.{}", v.major, v.minor, v.micro);
@@ -163,7 +154,7 @@ pub fn snapshot(
     // `down` or a restore replaces: the snapshot keeps its own copies.
     if let Err(e) = freeze_aux_files(&mut copts.vm_config, &disks_dir) {
         let _ = std::fs::remove_dir_all(&disks_dir);
-        let _ = std::fs::remove_file(&overlay);
+        disks::remove_overlays(&snap_disks);
         return Err(e);
     }
     copts.progress_interval_bytes = 32 << 20;
@@ -181,15 +172,7 @@ pub fn snapshot(
     copts.compress_worker_init = Some(vmcsnap_capture::WorkerInit(std::sync::Arc::new(
         background_priority,
     )));
-    let mut extra = std::collections::BTreeMap::new();
-    extra.insert("overlay".to_string(), json!(overlay));
-    extra.insert("original_path".to_string(), json!(current_disk));
-    copts.disks = vec![DiskRef {
-        node: node.clone(),
-        path: frozen.display().to_string(),
-        format: "qcow2".into(),
-        extra,
-    }];
+    copts.disks = disks::manifest_refs(&snap_disks);
     copts
         .labels
         .insert("snapshot_mode".into(), mode_name(opts.mode));
@@ -221,9 +204,8 @@ pub fn snapshot(
         t: Timings::default(),
         disk_done: false,
         migrating: false,
-        node,
-        overlay: overlay.clone(),
-        overlay_node: None,
+        disks: snap_disks,
+        stamp,
         relay_fd_added: false,
         reference: opts.reference.clone(),
         on_disk_frozen: disk_layer
@@ -323,8 +305,12 @@ pub fn snapshot(
         crate::intent::clear(&vm.config);
     }
     if ctx.disk_done {
-        // The VM writes to the overlay from now on; a restarted QEMU must too.
-        vm.config.disks[0].path = overlay.clone();
+        // The VM writes to the overlays from now on; a restarted QEMU must too.
+        for d in &ctx.disks {
+            if let Some(c) = vm.config.disk_mut(&d.config_node) {
+                c.path = d.overlay.clone();
+            }
+        }
     }
     let _ = std::fs::remove_file(&sock);
     let captured = match (with_resume(&vm.name, result, resumed), cap.take()) {
@@ -346,7 +332,7 @@ pub fn snapshot(
         Err(e) => {
             let _ = std::fs::remove_dir_all(&disks_dir);
             if !ctx.disk_done {
-                let _ = std::fs::remove_file(&overlay);
+                disks::remove_overlays(&ctx.disks);
             }
             log(format!("snapshot {name} of {} failed: {e}", vm.name));
             return Err(e);
@@ -423,6 +409,7 @@ pub fn snapshot(
         parent: parent_metric,
         stream_mb_per_s: stats.stream_mb_per_s(),
         frozen_disk: frozen,
+        frozen_disks: ctx.disks.iter().map(|d| d.frozen.clone()).collect(),
         overlay,
         reference: opts.reference,
         start_unix_us,
@@ -459,10 +446,10 @@ struct Ctx {
     t: Timings,
     disk_done: bool,
     migrating: bool,
-    node: String,
-    overlay: PathBuf,
-    /// The overlay's node, once QEMU opened it (`add_overlay`).
-    overlay_node: Option<String>,
+    /// Every writable disk, frozen together in the pause (`disks`).
+    disks: Vec<disks::SnapDisk>,
+    /// Names this snapshot's overlay nodes.
+    stamp: u64,
     /// QEMU holds the relay's pipe (`prepare_relay`).
     relay_fd_added: bool,
     reference: Option<PathBuf>,
@@ -505,7 +492,7 @@ fn run_mode(
     let exe = PathBuf::from(format!("/proc/{}/exe", std::process::id()));
     let uri = prepare_relay(vm, &exe, sock, ctx)?;
     // The overlay, opened by QEMU now: in the pause it is only put on top.
-    add_overlay(vm, ctx)?;
+    disks::add_overlays(vm, &mut ctx.disks, ctx.stamp)?;
     hooks.ready()?;
     match mode {
         Mode::Hot | Mode::StopCopy => {
@@ -533,7 +520,7 @@ fn run_mode(
             // three commands at once (no round trip inside the pause).
             let all_at_once = was_running && !hooks.works_while_paused() && ctx.reference.is_none();
             let mut commands = vec![
-                ("transaction", disk_snapshot_actions(ctx)),
+                ("transaction", disks::transaction(&ctx.disks)),
                 ("migrate", uri),
             ];
             if all_at_once {
@@ -620,7 +607,7 @@ fn run_mode(
             hooks.paused()?;
             copy_reference(vm, ctx)?;
             ctx.t.pause.mark("agent", unix_us());
-            vm.execute("transaction", disk_snapshot_actions(ctx))?;
+            vm.execute("transaction", disks::transaction(&ctx.disks))?;
             let t_disk = unix_us();
             disk_snapshot_done(ctx);
             ctx.t.pause.mark("disk_snapshot", t_disk);

@@ -1,6 +1,6 @@
 //! The QMP steps of a snapshot: reading guest RAM once before a first hot
 //! snapshot, waiting for the guest to resume, watching the migration,
-//! freezing the disk, and putting QEMU's settings back.
+//! and putting QEMU's settings back (the disks: `disks`).
 
 use super::*;
 
@@ -206,19 +206,6 @@ pub(super) fn take_events(vm: &mut Vm) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// The node name at the top of the VM's disk chain (`disk0` until a first
-/// snapshot puts an overlay on it).
-pub(super) fn top_node(vm: &mut Vm) -> String {
-    vm.execute("query-block", Value::Null)
-        .ok()
-        .and_then(|v| {
-            v.as_array()?
-                .iter()
-                .find_map(|d| d["inserted"]["node-name"].as_str().map(str::to_string))
-        })
-        .unwrap_or_else(|| crate::qemu::DISK_NODE.to_string())
-}
-
 /// QMP's name for the pipe to the stream relay while QEMU holds it.
 const RELAY_FD: &str = "vmcsnap-snapshot";
 
@@ -246,38 +233,6 @@ pub(super) fn prepare_relay(
     Ok(json!({ "uri": format!("fd:{RELAY_FD}") }))
 }
 
-/// Before the pause: QEMU opens the new overlay as a node of its own (no
-/// backing yet), so that the disk snapshot inside the pause only puts it
-/// on top (`blockdev-snapshot`) instead of opening a file
-/// (`blockdev-snapshot-sync`).
-pub(super) fn add_overlay(vm: &mut Vm, ctx: &mut Ctx) -> Result<(), AgentError> {
-    let node = format!("ov{}", unix_ms());
-    vm.execute(
-        "blockdev-add",
-        json!({
-            "driver": "qcow2",
-            "node-name": node,
-            "file": { "driver": "file", "filename": ctx.overlay },
-            "backing": null,
-        }),
-    )?;
-    ctx.overlay_node = Some(node);
-    Ok(())
-}
-
-/// The transaction that freezes the disk: the overlay added before goes on
-/// top of the node the VM writes to (its header already names that file
-/// as its backing, relative: `disk_chain`).
-pub(super) fn disk_snapshot_actions(ctx: &Ctx) -> Value {
-    json!({ "actions": [ {
-        "type": "blockdev-snapshot",
-        "data": {
-            "node": ctx.node,
-            "overlay": ctx.overlay_node.as_deref().unwrap_or_default(),
-        }
-    } ] })
-}
-
 /// The disk snapshot succeeded.
 pub(super) fn disk_snapshot_done(ctx: &mut Ctx) {
     ctx.disk_done = true;
@@ -290,14 +245,7 @@ pub(super) fn disk_snapshot_done(ctx: &mut Ctx) {
 /// did not use it (the overlay node, the relay's pipe, which ends the relay).
 pub(super) fn release_unused(vm: &mut Vm, ctx: &mut Ctx) {
     if !ctx.disk_done {
-        if let Some(node) = ctx.overlay_node.take() {
-            if let Err(e) = vm.execute("blockdev-del", json!({ "node-name": node })) {
-                log(format!(
-                    "VM {}: removing the unused overlay node: {e}",
-                    vm.name
-                ));
-            }
-        }
+        super::disks::release_overlay_nodes(vm, &mut ctx.disks);
     }
     if ctx.relay_fd_added && !ctx.migrating {
         // Harmless if `migrate` took it (QEMU then says there is no such fd).

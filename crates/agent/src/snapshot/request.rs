@@ -236,9 +236,13 @@ pub struct Report {
     pub parent: String,
     /// Stream throughput.
     pub stream_mb_per_s: f64,
-    /// The frozen disk image (a hard link of the qcow2 the VM ran on).
+    /// The frozen disk image (a hard link of the qcow2 the VM ran on) of
+    /// its first disk.
     pub frozen_disk: PathBuf,
-    /// The overlay the VM runs on from now on.
+    /// The frozen disk of every writable disk, in the VM's disk order.
+    #[serde(default)]
+    pub frozen_disks: Vec<PathBuf>,
+    /// The overlay its first disk runs on from now on.
     pub overlay: PathBuf,
     /// Where the debug reference copy of RAM went, if asked.
     pub reference: Option<PathBuf>,

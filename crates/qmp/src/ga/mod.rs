@@ -19,7 +19,8 @@
 //! and holds the bytes): every read has a deadline, and the error then says
 //! to check the guest's qemu-guest-agent. The public API is typed:
 //! [`GuestAgent::exec`] runs a program and returns its decoded output,
-//! [`GuestAgent::read_file`] reads a guest file, and [`read_tcp_counters`]
+//! [`GuestAgent::read_file`] reads a guest file, [`GuestAgent::get_time_ns`]
+//! and [`GuestAgent::set_time_ns`] read and set its clock, and [`read_tcp_counters`]
 //! reads the guest's TCP counters ([`TcpCounters`]) from
 //! `/proc/net/{snmp,netstat}` without spawning a process.
 
@@ -232,6 +233,23 @@ impl GuestAgent {
     /// `guest-ping`: succeeds if the agent answers.
     pub fn ping(&mut self) -> Result<(), GaError> {
         self.call("guest-ping", Value::Null).map(|_| ())
+    }
+
+    /// `guest-get-time`: the guest's wall clock, in nanoseconds since the
+    /// Unix epoch.
+    pub fn get_time_ns(&mut self) -> Result<i64, GaError> {
+        self.call_typed("guest-get-time", Value::Null)
+    }
+
+    /// `guest-set-time` to `ns` (nanoseconds since the Unix epoch), as
+    /// `virsh domtime --sync` does with the host's time: the agent sets the
+    /// guest's system clock, then its RTC with `/sbin/hwclock -w`. A guest
+    /// without hwclock fails the command (before or after setting the
+    /// system clock, depending on the agent's version): read the clock back
+    /// with [`GuestAgent::get_time_ns`] to know.
+    pub fn set_time_ns(&mut self, ns: i64) -> Result<(), GaError> {
+        self.call("guest-set-time", json!({ "time": ns }))
+            .map(|_| ())
     }
 
     /// Runs `program` with `args` in the guest (`guest-exec`, no shell) and

@@ -29,6 +29,19 @@ struct Script {
     hold_first_ping: Option<mpsc::Receiver<()>>,
     /// Never answer anything.
     silent: bool,
+    /// The guest clock's offset from the host's (ns); guest-set-time
+    /// changes it.
+    clock_offset_ns: i64,
+    /// guest-set-time fails as on a guest without /sbin/hwclock (after
+    /// setting the system clock, as QEMU 7.2's agent does).
+    no_hwclock: bool,
+}
+
+fn host_ns() -> i64 {
+    std::time::SystemTime::UNIX_EPOCH
+        .elapsed()
+        .unwrap()
+        .as_nanos() as i64
 }
 
 /// What the fake saw.
@@ -122,6 +135,17 @@ fn fake_agent(mut script: Script) -> (tempfile::TempDir, PathBuf, Arc<Mutex<Seen
                     handles.remove(&args["handle"].as_i64().unwrap()).unwrap();
                     seen.open -= 1;
                     Ok(json!({}))
+                }
+                "guest-get-time" => Ok(json!(host_ns() + script.clock_offset_ns)),
+                "guest-set-time" => {
+                    script.clock_offset_ns = args["time"].as_i64().unwrap() - host_ns();
+                    if script.no_hwclock {
+                        Err(
+                            json!({"class": "GenericError", "desc": "failed to set hardware clock to system time: No such file or directory"}),
+                        )
+                    } else {
+                        Ok(json!({}))
+                    }
                 }
                 "guest-exec" if !script.exec_status.is_empty() => Ok(json!({"pid": 4321})),
                 "guest-exec-status" => {
@@ -385,6 +409,43 @@ fn malformed_counter_files_are_an_error_not_zero() {
     let e = read_tcp_counters(&p, T).unwrap_err();
     assert!(
         matches!(e, GaError::Counters(ProcNetError::NotANumber { .. })),
+        "{e}"
+    );
+}
+
+#[test]
+fn reads_and_sets_the_guest_clock() {
+    // A guest 60 s behind (restored from a snapshot a minute old).
+    let (_d, p, seen) = fake_agent(Script {
+        clock_offset_ns: -60_000_000_000,
+        ..Script::default()
+    });
+    let mut ga = GuestAgent::connect(&p, T).unwrap();
+    let behind = host_ns() - ga.get_time_ns().unwrap();
+    assert!(
+        (59_000_000_000..61_000_000_000).contains(&behind),
+        "{behind}"
+    );
+    ga.set_time_ns(host_ns()).unwrap();
+    let off = (ga.get_time_ns().unwrap() - host_ns()).abs();
+    assert!(off < 1_000_000_000, "{off}");
+    assert!(seen
+        .lock()
+        .unwrap()
+        .commands
+        .contains(&"guest-set-time".to_string()));
+}
+
+#[test]
+fn a_guest_without_hwclock_says_so() {
+    let (_d, p, _seen) = fake_agent(Script {
+        no_hwclock: true,
+        ..Script::default()
+    });
+    let mut ga = GuestAgent::connect(&p, T).unwrap();
+    let e = ga.set_time_ns(host_ns()).unwrap_err();
+    assert!(
+        matches!(&e, GaError::Command { command, desc, .. } if command == "guest-set-time" && desc.contains("hardware clock")),
         "{e}"
     );
 }
