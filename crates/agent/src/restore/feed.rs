@@ -35,15 +35,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 use vmcsnap_image::PageKey;
-use vmcsnap_migstream::postcopy::{
-    self, BackgroundHold, DestBlock, PageId, SourceConfig, SourceEvent,
-};
+use vmcsnap_migstream::postcopy::{self, BackgroundHold, PageId, SourceConfig, SourceEvent};
 
 use super::finish;
 use super::page_source::{self, Ended, FinishJob, Observed, SourceJob, SourcePlan};
 use super::pages::ImagePages;
 use super::priority::{self, Priorities};
-use super::run::{fail, unix_us, Job, Report, RestoreEvent, RAM_SECTION_ID, TRACE_WINDOW};
+use super::run::{fail, unix_us, Job, Report, RestoreEvent, TRACE_WINDOW};
 use crate::accessed::{self, RamUse};
 use crate::record::VmRecord;
 use crate::vm::Vm;
@@ -310,24 +308,11 @@ pub(super) fn feed(
             .device_state()
             .map_err(|e| fail(&name, format!("device state: {e}")))?;
         let scfg = SourceConfig {
-            machine: img.manifest().qemu.machine.clone(),
-            blocks: img
-                .ram_blocks()
-                .iter()
-                .map(|b| DestBlock {
-                    name: b.name.clone(),
-                    used_length: b.used_length,
-                })
-                .collect(),
-            page_size: img.page_size(),
-            ram_section_id: RAM_SECTION_ID,
-            device_state,
             before_run: planned.plan.before_run.iter().map(to_id).collect(),
             demand_cluster: planned.plan.demand_cluster,
             background: planned.plan.background.iter().map(to_id).collect(),
             background_after,
-            hold: hold.clone(),
-            shut_timeout: Duration::from_secs(60),
+            ..super::pages::source_config(img, device_state, hold.clone())
         };
         let pages = ImagePages::new(img, &planned.plan.before_run, opts.prefetch_blocks)
             .map_err(|e| fail(&name, e))?;

@@ -48,13 +48,12 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::{Deserialize, Serialize};
 use vmcsnap_image::PageKey;
 use vmcsnap_migstream::postcopy::{
-    self, BackgroundHold, DestBlock, PageId, PostcopyError, SourceConfig, SourceEvent, SourceReport,
+    self, BackgroundHold, PageId, PostcopyError, SourceConfig, SourceEvent, SourceReport,
 };
 use vmcsnap_workingset::Mode;
 
 use super::pages::ImagePages;
 use super::priority;
-use super::run::RAM_SECTION_ID;
 use crate::accessed::RamUse;
 use crate::record::VmRecord;
 
@@ -514,24 +513,11 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
     let device_state = img.device_state().map_err(|e| bad(e.to_string()))?;
     let id = |&(block, page): &(u32, u32)| PageId { block, page };
     let scfg = SourceConfig {
-        machine: img.manifest().qemu.machine.clone(),
-        blocks: img
-            .ram_blocks()
-            .iter()
-            .map(|b| DestBlock {
-                name: b.name.clone(),
-                used_length: b.used_length,
-            })
-            .collect(),
-        page_size: img.page_size(),
-        ram_section_id: RAM_SECTION_ID,
-        device_state,
         before_run: plan.before_run.iter().map(id).collect(),
         demand_cluster: plan.demand_cluster,
         background: plan.background.iter().map(id).collect(),
         background_after: plan.background_after_ms.map(Duration::from_millis),
-        hold: BackgroundHold::default(),
-        shut_timeout: Duration::from_secs(60),
+        ..super::pages::source_config(&img, device_state, BackgroundHold::default())
     };
     let keys: Vec<PageKey> = plan
         .before_run

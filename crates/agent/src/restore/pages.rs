@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use vmcsnap_image::plan::ReadPlan;
 use vmcsnap_image::{Block, Image, PageKey, PageState};
-use vmcsnap_migstream::postcopy::{PageId, PageSource};
+use vmcsnap_migstream::postcopy::{BackgroundHold, DestBlock, PageId, PageSource, SourceConfig};
 
 /// Gaps up to this many bytes are read through rather than seeked over.
 const MAX_GAP: u64 = 64 << 10;
@@ -136,6 +136,32 @@ fn prefetch_threads() -> usize {
 
 fn to_io(e: vmcsnap_image::ReadError) -> io::Error {
     io::Error::other(e.to_string())
+}
+
+/// What the postcopy source says of `img`'s VM (machine, RAM blocks,
+/// device state), with no pages to send yet: the caller's plan fills in
+/// `before_run`, `demand_cluster`, `background` and `background_after`.
+pub fn source_config(img: &Image, device_state: Vec<u8>, hold: BackgroundHold) -> SourceConfig {
+    SourceConfig {
+        machine: img.manifest().qemu.machine.clone(),
+        blocks: img
+            .ram_blocks()
+            .iter()
+            .map(|b| DestBlock {
+                name: b.name.clone(),
+                used_length: b.used_length,
+            })
+            .collect(),
+        page_size: img.page_size(),
+        ram_section_id: super::run::RAM_SECTION_ID,
+        device_state,
+        before_run: vec![],
+        demand_cluster: 0,
+        background: vec![],
+        background_after: None,
+        hold,
+        shut_timeout: std::time::Duration::from_secs(60),
+    }
 }
 
 /// A page read from a parent snapshot is not the page the child recorded.
