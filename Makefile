@@ -10,7 +10,7 @@ demo-redis: guest
 	scripts/demo-redis.sh
 
 test: lint guest
-	cargo test --release --workspace 2>&1
+	cargo test --release --workspace --no-fail-fast 2>&1
 
 # Guard rails: a clippy warning, an unformatted file or an unsafe block
 # without a SAFETY comment (workspace lints in Cargo.toml) fails the tests.

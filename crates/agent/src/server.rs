@@ -287,12 +287,27 @@ fn done_with_connection(sh: &Shared) {
 /// that the next client starts a new agent instead of reaching this one.
 fn exit_idle(sh: &Shared) -> ! {
     let _ = std::fs::remove_file(sh.run.agent_socket());
+    turn_away_pending(sh);
     let _ = std::fs::remove_file(sh.run.agent_pid());
     // The old QEMUs of warm restarts still exiting are ours to reap
     // (their new parent might not).
     crate::qemu_exit::wait_reaped(std::time::Duration::from_secs(10));
     log("agent exiting");
     std::process::exit(0);
+}
+
+/// Connections that reached the socket before it was removed and were
+/// never accepted: each is told that its request was not read
+/// ([`Reply::Exiting`]), so that its client starts a new agent and sends
+/// it again (without this it saw the connection close unanswered).
+fn turn_away_pending(sh: &Shared) {
+    if sh.listener.set_nonblocking(true).is_err() {
+        return;
+    }
+    while let Ok((stream, _)) = sh.listener.accept() {
+        let _ = stream.set_nonblocking(false);
+        let _ = write_reply(&mut &stream, &Reply::Exiting);
+    }
 }
 
 /// Reads one request from `stream` and answers it.

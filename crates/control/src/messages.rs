@@ -234,6 +234,10 @@ pub enum Reply {
         /// The whole cause chain, one line.
         error: String,
     },
+    /// The agent was exiting (idle) when this connection reached it and
+    /// did not read the request: the client starts a new agent and sends
+    /// it again.
+    Exiting,
 }
 
 /// One VM after `up`.

@@ -128,6 +128,15 @@ fn exchange(
             Reply::Progress { message } => progress(&message),
             Reply::Done { result } => return Ok(result),
             Reply::Failed { error } => return Err(ControlError::Failed(error)),
+            Reply::Exiting => {
+                return Err(ControlError::NoAgent {
+                    path: socket.to_path_buf(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::ConnectionRefused,
+                        "the agent was exiting (idle) and did not read the request",
+                    ),
+                })
+            }
         }
         next = read_line(&mut reader)?.ok_or(ControlError::Hangup)?;
     }
@@ -240,6 +249,28 @@ mod tests {
         assert!(matches!(e, ControlError::NoAgent { .. }), "{e:?}");
         assert!(e.to_string().contains("went away before answering"), "{e}");
         assert!(e.to_string().contains("vmcsnap up"), "{e}");
+    }
+
+    /// Regression (issue 29): 12 CLI calls at once against an agent that
+    /// exits once idle; one that reached the socket just before it was
+    /// removed was dropped unanswered. The exiting agent now answers such a
+    /// connection `Exiting`, which means "not sent": NotFound/Refused kind.
+    #[test]
+    fn an_exiting_agent_turns_a_request_away_as_not_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.sock");
+        let l = UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut line = serde_json::to_vec(&Reply::Exiting).unwrap();
+            line.push(b'\n');
+            (&s).write_all(&line).unwrap();
+        });
+        let e = call(&path, &Request::Status, None, &mut |_| {}).unwrap_err();
+        let ControlError::NoAgent { source, .. } = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(source.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
     }
 
     #[test]
