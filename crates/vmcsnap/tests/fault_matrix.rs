@@ -388,13 +388,18 @@ impl Matrix {
             temps.is_empty(),
             "{cell}: temporary directories left: {temps:?}"
         );
-        // Nothing leaked.
+        // Nothing leaked. gc may drop cached disk indexes of files that
+        // went away with the failed VM (a cache, not a leftover).
         let gc = self.env.json(&["gc", "--json"]);
-        assert_eq!(
-            gc["removed"],
-            serde_json::json!([]),
-            "{cell}: gc found leftovers: {gc}"
-        );
+        let index = self.env.run_dir().join("disk-index");
+        let leaked: Vec<&str> = gc["removed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p.as_str())
+            .filter(|p| !std::path::Path::new(p).starts_with(&index))
+            .collect();
+        assert!(leaked.is_empty(), "{cell}: gc found leftovers: {gc}");
         assert_eq!(
             self.env.shm_files().len(),
             VMS.len(),
