@@ -76,6 +76,9 @@ struct Shared {
     /// An agent started on demand became idle while other requests were
     /// in flight: the last of them to finish exits (if still idle).
     exit_due: AtomicBool,
+    /// The agent is exiting: a request that reaches the cluster lock now
+    /// is answered [`Reply::Exiting`] instead of being run.
+    exiting: AtomicBool,
     exit_when_idle: bool,
     exe: PathBuf,
     /// Background loads of restores that answered once their guests ran.
@@ -149,6 +152,7 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         lock: agent_lock,
         inflight: AtomicUsize::new(0),
         exit_due: AtomicBool::new(false),
+        exiting: AtomicBool::new(false),
         exit_when_idle,
         exe,
         loads: crate::loading::Loads::default(),
@@ -279,15 +283,26 @@ fn done_with_connection(sh: &Shared) {
     }
     let guard = lock(&sh.cluster);
     if guard.is_none() && sh.inflight.load(Ordering::SeqCst) == 0 {
-        exit_idle(sh);
+        sh.exiting.store(true, Ordering::SeqCst);
+        drop(guard);
+        exit_idle(sh, 0);
     }
 }
 
 /// Exits an agent that has nothing left to do: its socket goes first, so
 /// that the next client starts a new agent instead of reaching this one.
-fn exit_idle(sh: &Shared) -> ! {
+/// `mine` is the number of connections the caller itself still counts
+/// (its own, not yet done); any other one accepted meanwhile is answered
+/// first (it waits for the cluster lock, which the caller no longer holds,
+/// and is told [`Reply::Exiting`]), for at most 10 s.
+fn exit_idle(sh: &Shared, mine: usize) -> ! {
+    sh.exiting.store(true, Ordering::SeqCst);
     let _ = std::fs::remove_file(sh.run.agent_socket());
     turn_away_pending(sh);
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    while sh.inflight.load(Ordering::SeqCst) > mine && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let _ = std::fs::remove_file(sh.run.agent_pid());
     // The old QEMUs of warm restarts still exiting are ours to reap
     // (their new parent might not).
@@ -393,6 +408,12 @@ fn run_locked(
     request: Request,
     stream: &UnixStream,
 ) {
+    if sh.exiting.load(Ordering::SeqCst) {
+        // Accepted just before the socket went: never run, so the client
+        // sends it again to a new agent.
+        let _ = write_reply(&mut &*stream, &Reply::Exiting);
+        return;
+    }
     let what = describe(&request);
     let changes_state = matches!(
         request,
@@ -507,9 +528,11 @@ fn run_locked(
         // The socket goes before the reply: a client's next command, sent
         // once it has the reply, must not reach this agent (it would be
         // cut off mid-way by the exit) but start a new one.
+        sh.exiting.store(true, Ordering::SeqCst);
         let _ = std::fs::remove_file(sh.run.agent_socket());
         early.finish(&what, &reply);
-        exit_idle(sh);
+        drop(guard);
+        exit_idle(sh, 1);
     }
     early.finish(&what, &reply);
     if restart {
