@@ -128,6 +128,7 @@
 mod command;
 mod config;
 mod device_state;
+mod dialect;
 mod error;
 mod event;
 mod input;
@@ -142,6 +143,7 @@ pub mod wire;
 pub use command::Command;
 pub use config::Configuration;
 pub use device_state::{VmDescDevice, VmDescription};
+pub use dialect::{Dialect, UnsupportedQemu};
 pub use error::StreamError;
 pub use event::{Event, SectionHeader, SectionIdent};
 pub use options::{ReaderOptions, VmDescPolicy};
