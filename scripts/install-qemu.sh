@@ -11,8 +11,8 @@
 # prefix: the host's apt configuration is read-only to this script) and
 # unpacked with `dpkg -x` into
 #   ${VMCSNAP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vmcsnap}/qemu-VERSION/root
-# vmcsnap finds that prefix's firmware (usr/share/qemu, usr/share/seabios,
-# usr/lib/ipxe/qemu) and modules (usr/lib/x86_64-linux-gnu/qemu) from the
+# with the BIOS and option ROMs linked into its usr/share/qemu. vmcsnap finds
+# that firmware (-L) and the modules (usr/lib/x86_64-linux-gnu/qemu) from the
 # binary's path (docs/qemu-versions.md). A second run finds the installation
 # and prints the same path.
 set -euo pipefail
@@ -98,6 +98,16 @@ for p in "${pkgs[@]}"; do
 done
 for deb in "$stage"/debs/*.deb; do
     dpkg -x "$deb" "$stage/root"
+done
+# One firmware directory for `-L`: the BIOS and option ROMs linked beside
+# QEMU's own files (Debian's build looks for them under /usr only).
+for f in "$stage"/root/usr/share/seabios/* "$stage"/root/usr/lib/ipxe/qemu/*; do
+    name=$(basename "$f")
+    [ -e "$stage/root/usr/share/qemu/$name" ] && continue
+    case "$f" in
+        */seabios/*) ln -s "../seabios/$name" "$stage/root/usr/share/qemu/$name" ;;
+        *) ln -s "../../lib/ipxe/qemu/$name" "$stage/root/usr/share/qemu/$name" ;;
+    esac
 done
 
 missing=$(ldd "$stage/root/usr/bin/qemu-system-x86_64" | awk '/not found/ {print $1}' | tr '\n' ' ')

@@ -146,6 +146,7 @@ impl Cluster {
                 data_dir: None,
                 module_dir: None,
             };
+            (config.data_dir, config.module_dir) = qemu::installation_dirs(qemu_bin);
             if let Some((p, machine)) = image {
                 config.machine = machine;
                 config.kernel = p.kernel;

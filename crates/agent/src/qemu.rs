@@ -441,6 +441,32 @@ pub fn find_qemu() -> Result<PathBuf, AgentError> {
     find_program(Path::new(&name), "qemu-system-x86")
 }
 
+/// Where a QEMU binary finds its firmware (`-L`) and modules
+/// (`QEMU_MODULE_DIR`): `None`s for a system QEMU under `/usr`, which finds
+/// its own; the directories of its prefix for one installed elsewhere, such
+/// as `scripts/install-qemu.sh`'s `<cache>/qemu-10.0/root/usr/bin/…`, which
+/// Debian builds non-relocatable: without them it would load the system
+/// QEMU's firmware and modules, of another version.
+pub fn installation_dirs(bin: &Path) -> (Option<PathBuf>, Option<PathBuf>) {
+    let bin = std::fs::canonicalize(bin).unwrap_or_else(|_| bin.to_path_buf());
+    let Some(prefix) = bin.parent().and_then(Path::parent) else {
+        return (None, None);
+    };
+    if prefix == Path::new("/usr") || prefix == Path::new("/") {
+        return (None, None);
+    }
+    let data_dir = Some(prefix.join("share/qemu")).filter(|d| d.is_dir());
+    (data_dir, crate::qemu_kept::module_dir(prefix))
+}
+
+/// `config` with the firmware and module directories of `bin`'s
+/// installation ([`installation_dirs`]).
+pub fn for_installation(config: &QemuConfig, bin: &Path) -> QemuConfig {
+    let mut c = config.clone();
+    (c.data_dir, c.module_dir) = installation_dirs(bin);
+    c
+}
+
 /// `qemu-img`, from qemu-utils.
 pub fn find_qemu_img() -> Result<PathBuf, AgentError> {
     find_program(Path::new("qemu-img"), "qemu-utils")
@@ -475,6 +501,33 @@ fn is_executable(p: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    /// A QEMU under a private prefix gets that prefix's firmware and
+    /// modules; the system's finds its own.
+    #[test]
+    fn a_qemu_installed_under_a_prefix_gets_its_firmware_and_modules() {
+        let d = tempfile::tempdir().unwrap();
+        let usr = d.path().join("root/usr");
+        std::fs::create_dir_all(usr.join("bin")).unwrap();
+        std::fs::create_dir_all(usr.join("share/qemu")).unwrap();
+        let mods = usr.join("lib/x86_64-linux-gnu/qemu");
+        std::fs::create_dir_all(&mods).unwrap();
+        std::fs::write(mods.join("accel-tcg-x86_64.so"), b"").unwrap();
+        let bin = usr.join("bin/qemu-system-x86_64");
+        std::fs::write(&bin, b"").unwrap();
+        let usr = std::fs::canonicalize(&usr).unwrap();
+        assert_eq!(
+            installation_dirs(&bin),
+            (
+                Some(usr.join("share/qemu")),
+                Some(usr.join("lib/x86_64-linux-gnu/qemu"))
+            )
+        );
+        assert_eq!(
+            installation_dirs(Path::new("/usr/bin/qemu-system-x86_64")),
+            (None, None)
+        );
+    }
     use super::*;
 
     fn cfg() -> QemuConfig {

@@ -135,7 +135,7 @@ pub fn drop_unless_used(dir: &Path, pid: u32) {
 }
 
 /// `<prefix>/lib/<triple>/qemu` or `<prefix>/lib/qemu`, if it holds modules.
-fn module_dir(prefix: &Path) -> Option<PathBuf> {
+pub(crate) fn module_dir(prefix: &Path) -> Option<PathBuf> {
     let lib = prefix.join("lib");
     let mut candidates = vec![lib.join("qemu")];
     candidates.extend(

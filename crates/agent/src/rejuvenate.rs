@@ -411,7 +411,7 @@ fn start_and_load(
     let new_qemu_dies = fault.is_some();
     match try_start_and_load_dying(
         qemu_bin,
-        &installed(config),
+        &installed(config, qemu_bin),
         qemu_log,
         state,
         warm,
@@ -467,13 +467,10 @@ fn try_start_and_load_dying(
     }))
 }
 
-/// `config` for a QEMU run from its installation: it finds its own firmware
-/// and modules (a VM that fell back carries the kept copy's).
-pub(crate) fn installed(config: &crate::qemu::QemuConfig) -> crate::qemu::QemuConfig {
-    let mut c = config.clone();
-    c.data_dir = None;
-    c.module_dir = None;
-    c
+/// `config` for `bin` run from its installation, with that installation's
+/// firmware and modules (a VM that fell back carries the kept copy's).
+pub(crate) fn installed(config: &crate::qemu::QemuConfig, bin: &Path) -> crate::qemu::QemuConfig {
+    crate::qemu::for_installation(config, bin)
 }
 
 pub(crate) fn try_start_and_load(
@@ -551,7 +548,7 @@ fn cold(
     };
     let first = match fault {
         Some(RejuvenateFault::FallbackFails) => Err(RejuvenateFault::injected()),
-        _ => boot(qemu_bin, installed(&config)),
+        _ => boot(qemu_bin, installed(&config, qemu_bin)),
     };
     let (new, fallback_reason) = match first {
         Ok(v) => (v, None),

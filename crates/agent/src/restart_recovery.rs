@@ -48,9 +48,12 @@ pub fn candidates(
     let mut missing = None;
     if how == How::Resume {
         match qemu {
-            Some(p) => v.push((p.to_path_buf(), installed(config))),
+            Some(p) => v.push((p.to_path_buf(), installed(config, p))),
             None => match crate::qemu::find_qemu() {
-                Ok(p) => v.push((p, installed(config))),
+                Ok(p) => {
+                    let c = installed(config, &p);
+                    v.push((p, c))
+                }
                 Err(e) => missing = Some(e),
             },
         }

@@ -612,8 +612,7 @@ fn start_and_feed(
     config.incoming = true;
     // A cluster restore starts its guests on START (`cont`).
     config.paused = opts.paused || opts.cluster.is_some();
-    config.data_dir = None;
-    config.module_dir = None;
+    (config.data_dir, config.module_dir) = qemu::installation_dirs(&job.qemu_bin);
     let mem = img
         .ram_block_id("mem")
         .map(|b| img.ram_blocks()[b as usize].used_length);
