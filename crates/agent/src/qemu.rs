@@ -308,7 +308,9 @@ impl QemuConfig {
         push("-M".into());
         push(match self.machine {
             Machine::Microvm => "microvm,acpi=on,memory-backend=mem".into(),
-            Machine::Q35 => "q35,memory-backend=mem".into(),
+            // Versioned: the same machine on QEMU 7.2 and 10.0 (plain `q35`
+            // is each version's newest), so that a VM moves between them.
+            Machine::Q35 => format!("{Q35_MACHINE},memory-backend=mem"),
         });
         let mut accel = self.accel.qemu_args().map(str::to_string);
         if let Some(cpu) = &self.cpu {
@@ -433,6 +435,11 @@ impl QemuConfig {
         a
     }
 }
+
+/// The q35 machine type every q35 VM runs: 7.2's, which QEMU 10.0 also
+/// has, so that a VM started on 7.2 restarts or restores on 10.0. microvm
+/// has no versions: it promises nothing across QEMU versions.
+pub const Q35_MACHINE: &str = "pc-q35-7.2";
 
 /// The QEMU binary: `$VMCSNAP_QEMU` if set, else `qemu-system-x86_64` on
 /// PATH. A missing binary names the Debian package to install.
@@ -674,7 +681,7 @@ mod tests {
     #[test]
     fn q35_image_vm_has_pci_devices_channels_seed_and_workload() {
         let args = strings(&image_cfg());
-        assert_eq!(values(&args, "-M"), ["q35,memory-backend=mem"]);
+        assert_eq!(values(&args, "-M"), ["pc-q35-7.2,memory-backend=mem"]);
         assert!(args
             .iter()
             .any(|a| a.starts_with("memory-backend-file,id=mem,") && a.ends_with(",share=on")));
