@@ -34,6 +34,14 @@ impl Env {
         }
     }
 
+    /// A run directory whose agent and CLI run `qemu` (`VMCSNAP_QEMU`).
+    pub fn with_qemu(qemu: &Path) -> Env {
+        let mut e = Env::new();
+        e.extra_env
+            .push(("VMCSNAP_QEMU".into(), qemu.display().to_string()));
+        e
+    }
+
     pub fn run_dir(&self) -> &Path {
         self.dir.path()
     }
@@ -234,6 +242,35 @@ impl Drop for Env {
             &vmcsnap_agent::RunDir::new(self.run_dir()).tag(),
         ));
     }
+}
+
+/// QEMU 10.0's `qemu-system-x86_64`, installed beside the system's 7.2 by
+/// `scripts/install-qemu.sh 10.0` (idempotent: a second run only prints the
+/// path). Never a silent skip: a test that needs it fails if it cannot be
+/// installed, naming why.
+pub fn qemu10() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/install-qemu.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("10.0")
+            .output()
+            .expect("run scripts/install-qemu.sh");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "scripts/install-qemu.sh 10.0 failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let path = PathBuf::from(stdout.lines().last().unwrap_or("").trim());
+        assert!(
+            path.is_file(),
+            "install-qemu.sh printed {path:?}, no such file"
+        );
+        path
+    })
+    .clone()
 }
 
 pub fn tail(s: &str, n: usize) -> &str {
