@@ -140,6 +140,11 @@ pub enum AgentError {
     /// Deleting or pruning snapshots failed.
     #[error(transparent)]
     Removal(#[from] crate::snapshot_removal::RemovalError),
+
+    /// A restart onto another QEMU release that cannot work, or a release
+    /// vmcsnap does not know.
+    #[error(transparent)]
+    Crossing(#[from] crate::qemu_crossing::CrossingError),
     /// A migration (state save or load) failed.
     #[error("VM {vm:?}: {what} failed: {detail}")]
     Migration {

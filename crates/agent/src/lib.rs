@@ -43,6 +43,7 @@ pub mod intent;
 pub mod loading;
 pub mod paths;
 pub mod qemu;
+pub mod qemu_crossing;
 pub mod qemu_exit;
 pub mod qemu_kept;
 pub mod record;

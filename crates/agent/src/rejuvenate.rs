@@ -151,6 +151,9 @@ pub fn rejuvenate(
         .expect("console log is in the VM dir")
         .to_path_buf();
     let state = vm_dir.join("restart.state");
+    // Another QEMU release: refused here, before the VM is touched, if
+    // the move cannot work (`crate::qemu_crossing`).
+    let crossing = crate::qemu_crossing::preflight(&mut member.vm, qemu_bin, mode)?;
     // Keep the running QEMU, in case the new one cannot start.
     let kept_dir = vm_dir.join(crate::qemu_kept::KEPT_DIR);
     let prev = crate::qemu_kept::keep(&kept_dir, member.vm.pid)?;
@@ -172,7 +175,9 @@ pub fn rejuvenate(
     let t0 = Instant::now();
     let result = match mode {
         Mode::Cold => cold(member, qemu_bin, &prev, fault),
-        Mode::Warm | Mode::Saved => suspend_resume(member, qemu_bin, &prev, &state, mode, fault),
+        Mode::Warm | Mode::Saved => {
+            suspend_resume(member, qemu_bin, &prev, &crossing, &state, mode, fault)
+        }
     };
     // Whatever happened, let frames flow again to whichever QEMU is there,
     // once the switch has connected to it (a release before that would
@@ -270,12 +275,16 @@ fn suspend_resume(
     m: &mut Member,
     qemu_bin: &Path,
     prev: &Kept,
+    crossing: &crate::qemu_crossing::Crossing,
     state: &Path,
     mode: Mode,
     fault: Option<RejuvenateFault>,
 ) -> Result<Timings, AgentError> {
     let warm = mode == Mode::Warm;
     let vm = &mut m.vm;
+    // The firmware the old QEMU runs, pinned for whichever QEMU loads its
+    // state (the new one, the kept copy, or a later `--resume`).
+    crossing.adapt(&mut vm.config, prev.data_dir.as_deref());
     vm.execute("migrate-set-capabilities", caps(warm))?;
     vm.qmp()?.take_events().map_err(|source| AgentError::Qmp {
         vm: vm.name.clone(),
@@ -353,8 +362,9 @@ fn suspend_resume(
     let mut config = vm.config.clone();
     config.incoming = true;
     let qemu_log = vm.qemu_log.clone();
-    let (mut new, fallback_reason) =
-        start_and_load(qemu_bin, prev, &config, &qemu_log, state, warm, fault)?;
+    let (mut new, fallback_reason) = start_and_load(
+        qemu_bin, prev, crossing, &config, &qemu_log, state, warm, fault,
+    )?;
     let restart_ms = t_restart.elapsed().as_secs_f64() * 1000.0 - new.load_ms;
     new.vm.boot_ms = vm.boot_ms;
     let (start_ms, load_ms) = (new.start_ms, new.load_ms);
@@ -398,9 +408,11 @@ pub(crate) struct Started {
 /// Starts a new QEMU and loads `state` into it; on failure retries with the
 /// kept copy of the previous one. Returns the VM, how long the load took,
 /// and why the new binary failed if the kept copy took over.
+#[allow(clippy::too_many_arguments)]
 fn start_and_load(
     qemu_bin: &Path,
     prev: &Kept,
+    crossing: &crate::qemu_crossing::Crossing,
     config: &crate::qemu::QemuConfig,
     qemu_log: &Path,
     state: &Path,
@@ -416,6 +428,7 @@ fn start_and_load(
         state,
         warm,
         new_qemu_dies,
+        crossing,
     ) {
         Ok(v) => Ok((v, None)),
         Err(first) => {
@@ -448,9 +461,10 @@ fn try_start_and_load_dying(
     state: &Path,
     warm: bool,
     dies: bool,
+    crossing: &crate::qemu_crossing::Crossing,
 ) -> Result<Started, AgentError> {
     if !dies {
-        return try_start_and_load(bin, config, qemu_log, state, warm);
+        return start_checked_and_load(bin, config, qemu_log, state, warm, Some(crossing));
     }
     let mut vm = Vm::spawn(bin, config.clone(), qemu_log.to_path_buf())?;
     log(format!(
@@ -480,9 +494,27 @@ pub(crate) fn try_start_and_load(
     state: &Path,
     warm: bool,
 ) -> Result<Started, AgentError> {
+    start_checked_and_load(bin, config, qemu_log, state, warm, None)
+}
+
+/// [`try_start_and_load`], refusing a QEMU whose QMP greeting names a
+/// release `crossing` cannot reach before anything is loaded into it.
+fn start_checked_and_load(
+    bin: &Path,
+    config: &crate::qemu::QemuConfig,
+    qemu_log: &Path,
+    state: &Path,
+    warm: bool,
+    crossing: Option<&crate::qemu_crossing::Crossing>,
+) -> Result<Started, AgentError> {
     let t = Instant::now();
     let mut vm = Vm::spawn(bin, config.clone(), qemu_log.to_path_buf())?;
-    let loaded = vm.qmp().map(|_| t.elapsed()).and_then(|started| {
+    let greeted = vm.qmp().map(|_| t.elapsed());
+    let checked = greeted.and_then(|started| match crossing {
+        Some(c) => c.check_greeting(&mut vm).map(|()| started),
+        None => Ok(started),
+    });
+    let loaded = checked.and_then(|started| {
         let t = Instant::now();
         load_state(&mut vm, state, warm).map(|()| (started, t.elapsed()))
     });
@@ -528,6 +560,9 @@ fn cold(
     // A boot, not a restore: the guest must run (a VM restored with
     // --paused and resumed since still says -S).
     config.paused = false;
+    // A boot: on the new QEMU's own firmware, whatever an earlier move
+    // between releases pinned (`crate::qemu_crossing`).
+    config.bios = None;
     let qemu_log = vm.qemu_log.clone();
     let boot = |bin: &Path, config: crate::qemu::QemuConfig| -> Result<Vm, AgentError> {
         let mut new = Vm::spawn(bin, config, qemu_log.clone())?;

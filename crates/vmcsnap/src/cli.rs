@@ -69,6 +69,11 @@ pub enum Command {
         /// warm | saved | cold
         #[arg(long, default_value = "warm", value_parser = ["warm", "saved", "cold"])]
         mode: String,
+        /// The QEMU binary to restart on (default: VMCSNAP_QEMU, else the agent's). Another
+        /// version upgrades the VM's QEMU (7.2 -> 10.0) with the guest kept; a move QEMU
+        /// cannot make (a downgrade) is refused before the VM is touched.
+        #[arg(long, value_name = "PATH")]
+        qemu: Option<PathBuf>,
         /// Instead of a restart: start again a VM whose restart failed (its QEMU is gone,
         /// its state kept), with VMCSNAP_QEMU or the installed QEMU, then the kept copy
         /// of the QEMU it ran before.

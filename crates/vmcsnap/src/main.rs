@@ -152,6 +152,7 @@ fn run(cli: Cli) -> Result<()> {
             vm,
             all: _,
             mode,
+            qemu,
             resume,
             rollback,
             inject_fault,
@@ -165,7 +166,10 @@ fn run(cli: Cli) -> Result<()> {
             let req = Request::Rejuvenate {
                 vm,
                 mode,
-                qemu: qemu_from_env()?,
+                qemu: match qemu {
+                    Some(q) => Some(absolute_qemu(&q, "--qemu")?),
+                    None => qemu_from_env()?,
+                },
                 recover,
                 fault: inject_fault,
             };
@@ -599,18 +603,24 @@ fn qemu_from_env() -> Result<Option<PathBuf>> {
     let Some(q) = std::env::var_os("VMCSNAP_QEMU").map(PathBuf::from) else {
         return Ok(None);
     };
+    absolute_qemu(&q, "VMCSNAP_QEMU").map(Some)
+}
+
+/// `q` (a path, or a name looked up on PATH) as an absolute path, for the
+/// agent; `what` names where it came from in errors.
+fn absolute_qemu(q: &Path, what: &str) -> Result<PathBuf> {
     let found = if q.components().count() > 1 {
-        std::env::current_dir()?.join(&q)
+        std::env::current_dir()?.join(q)
     } else {
         std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-            .map(|d| d.join(&q))
+            .map(|d| d.join(q))
             .find(|p| p.is_file())
-            .with_context(|| format!("VMCSNAP_QEMU={}: no such program on PATH", q.display()))?
+            .with_context(|| format!("{what}={}: no such program on PATH", q.display()))?
     };
     if !found.is_file() {
-        anyhow::bail!("VMCSNAP_QEMU={}: no such file", q.display());
+        anyhow::bail!("{what}={}: no such file", q.display());
     }
-    Ok(Some(found))
+    Ok(found)
 }
 
 fn request(sock: &Path, req: &Request) -> Result<serde_json::Value> {
