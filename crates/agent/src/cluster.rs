@@ -146,6 +146,8 @@ impl Cluster {
                 data_dir: None,
                 module_dir: None,
                 bios: None,
+                cpr_ready: false,
+                cpr_channel: None,
             };
             (config.data_dir, config.module_dir) = qemu::installation_dirs(qemu_bin);
             if let Some((p, machine)) = image {

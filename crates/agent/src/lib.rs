@@ -48,6 +48,7 @@ pub mod qemu_exit;
 pub mod qemu_kept;
 pub mod record;
 pub mod rejuvenate;
+pub mod rejuvenate_cpr;
 pub mod relay;
 pub mod restart_recovery;
 pub mod restore;

@@ -186,6 +186,15 @@ pub struct QemuConfig {
     /// `crate::qemu_crossing`).
     #[serde(default)]
     pub bios: Option<PathBuf>,
+    /// `-machine aux-ram-share=on` (QEMU 10.0 only): every RAM block
+    /// shared, which QEMU 10.0's cpr-transfer needs (`vmcsnap rejuvenate
+    /// --mode cpr`). Set on a VM by a warm or saved restart onto 10.0.
+    #[serde(default)]
+    pub cpr_ready: bool,
+    /// A second `-incoming`, the cpr channel (a unix socket) of a QEMU
+    /// started to take a VM over by cpr-transfer. Never persisted.
+    #[serde(skip)]
+    pub cpr_channel: Option<PathBuf>,
     /// Start with `-S`: the guest stays paused until `cont` (a restore with
     /// `--paused`).
     #[serde(default)]
@@ -312,11 +321,16 @@ impl QemuConfig {
             self.name, self.name
         ));
         push("-M".into());
+        let aux = if self.cpr_ready {
+            ",aux-ram-share=on"
+        } else {
+            ""
+        };
         push(match self.machine {
-            Machine::Microvm => "microvm,acpi=on,memory-backend=mem".into(),
+            Machine::Microvm => format!("microvm,acpi=on,memory-backend=mem{aux}"),
             // Versioned: the same machine on QEMU 7.2 and 10.0 (plain `q35`
             // is each version's newest), so that a VM moves between them.
-            Machine::Q35 => format!("{Q35_MACHINE},memory-backend=mem"),
+            Machine::Q35 => format!("{Q35_MACHINE},memory-backend=mem{aux}"),
         });
         let mut accel = self.accel.qemu_args().map(str::to_string);
         if let Some(cpu) = &self.cpu {
@@ -441,6 +455,16 @@ impl QemuConfig {
         if self.incoming {
             push("-incoming".into());
             push("defer".into());
+        }
+        if let Some(cpr) = &self.cpr_channel {
+            push("-incoming".into());
+            push(
+                serde_json::json!({
+                    "channel-type": "cpr",
+                    "addr": { "transport": "socket", "type": "unix", "path": cpr },
+                })
+                .to_string(),
+            );
         }
         a
     }
@@ -570,6 +594,8 @@ mod tests {
             data_dir: None,
             module_dir: None,
             bios: None,
+            cpr_ready: false,
+            cpr_channel: None,
         }
     }
 

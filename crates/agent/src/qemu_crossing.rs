@@ -87,6 +87,7 @@ pub fn preflight(vm: &mut Vm, bin: &Path, mode: Mode) -> Result<Crossing, AgentE
     let from = dialect_of(&name, vm.qmp()?.version())?;
     let to = match binary_version(bin) {
         Ok(v) => Some(dialect_of(&name, v)?),
+        Err(e) if mode == Mode::Cpr => return Err(e.into()),
         Err(e) => {
             log(format!(
                 "VM {name}: {e}; the new QEMU's QMP greeting is checked once it runs"
@@ -117,6 +118,22 @@ impl Crossing {
         let to = dialect_of(&name, new.qmp()?.version())?;
         check(&name, self.machine, self.mode, self.from, to)?;
         Ok(())
+    }
+
+    /// `config` for the new binary: cpr-ready (`aux-ram-share=on`, which
+    /// only 10.0 knows) when it is 10.0, not when it is 7.2, as the old
+    /// QEMU's if its release is unknown.
+    pub fn for_new(&self, mut config: QemuConfig) -> QemuConfig {
+        if let Some(to) = self.to {
+            config.cpr_ready = to >= Dialect::Qemu10_0;
+        }
+        config
+    }
+
+    /// `config` for the kept copy of the old QEMU: cpr-ready as it was.
+    pub fn for_old(&self, mut config: QemuConfig) -> QemuConfig {
+        config.cpr_ready &= self.from >= Dialect::Qemu10_0;
+        config
     }
 
     /// `config` for the new QEMU: a microvm VM keeps the firmware file it
@@ -190,6 +207,15 @@ pub fn check(
     from: Dialect,
     to: Dialect,
 ) -> Result<(), CrossingError> {
+    if mode == Mode::Cpr && (from, to) != (Dialect::Qemu10_0, Dialect::Qemu10_0) {
+        return Err(CrossingError::Refused {
+            vm: vm.to_string(),
+            mode: mode_name(mode),
+            from,
+            to,
+            why: "cpr-transfer is QEMU 10.0's: both the running QEMU and the new one must be 10.0; use --mode warm",
+        });
+    }
     if from == to || mode == Mode::Cold || machine == Machine::Q35 {
         return Ok(());
     }
@@ -210,6 +236,7 @@ fn mode_name(mode: Mode) -> &'static str {
         Mode::Warm => "warm",
         Mode::Saved => "saved",
         Mode::Cold => "cold",
+        Mode::Cpr => "cpr",
     }
 }
 
@@ -246,6 +273,19 @@ mod tests {
             assert!(e.contains("from QEMU 10.0 to QEMU 7.2"), "{e}");
             assert!(e.contains("not touched"), "{e}");
             assert!(e.contains("--mode cold"), "{e}");
+        }
+    }
+
+    #[test]
+    fn cpr_needs_10_0_on_both_sides() {
+        use Dialect::*;
+        check("v", Machine::Microvm, Mode::Cpr, Qemu10_0, Qemu10_0).unwrap();
+        for (from, to) in [(Qemu7_2, Qemu10_0), (Qemu7_2, Qemu7_2), (Qemu10_0, Qemu7_2)] {
+            let e = check("v", Machine::Q35, Mode::Cpr, from, to)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("cpr-transfer is QEMU 10.0's"), "{e}");
+            assert!(e.contains(&format!("from {from} to {to}")), "{e}");
         }
     }
 

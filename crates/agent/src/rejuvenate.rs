@@ -63,6 +63,10 @@ pub enum Mode {
     Saved,
     /// Shut down and boot again.
     Cold,
+    /// QEMU 10.0's own warm restart, `cpr-transfer`: the new QEMU starts
+    /// beside the old one, which stops only once the new one is ready
+    /// ([`crate::rejuvenate_cpr`]).
+    Cpr,
 }
 
 impl std::str::FromStr for Mode {
@@ -72,8 +76,9 @@ impl std::str::FromStr for Mode {
             "warm" => Ok(Mode::Warm),
             "saved" => Ok(Mode::Saved),
             "cold" => Ok(Mode::Cold),
+            "cpr" => Ok(Mode::Cpr),
             _ => Err(format!(
-                "unknown rejuvenation mode {s:?}: use warm, saved or cold"
+                "unknown rejuvenation mode {s:?}: use warm, saved, cold or cpr"
             )),
         }
     }
@@ -174,7 +179,8 @@ pub fn rejuvenate(
     }
     let t0 = Instant::now();
     let result = match mode {
-        Mode::Cold => cold(member, qemu_bin, &prev, fault),
+        Mode::Cold => cold(member, qemu_bin, &prev, &crossing, fault),
+        Mode::Cpr => crate::rejuvenate_cpr::transfer(member, qemu_bin, &crossing),
         Mode::Warm | Mode::Saved => {
             suspend_resume(member, qemu_bin, &prev, &crossing, &state, mode, fault)
         }
@@ -240,16 +246,16 @@ pub fn rejuvenate(
 }
 
 #[derive(Default)]
-struct Timings {
-    downtime_ms: f64,
-    save_ms: f64,
-    restart_ms: f64,
-    load_ms: f64,
-    quit_ms: f64,
-    start_ms: f64,
-    resume_ms: f64,
+pub(crate) struct Timings {
+    pub downtime_ms: f64,
+    pub save_ms: f64,
+    pub restart_ms: f64,
+    pub load_ms: f64,
+    pub quit_ms: f64,
+    pub start_ms: f64,
+    pub resume_ms: f64,
     /// Set when the new QEMU failed and the kept copy took over.
-    fallback_reason: Option<String>,
+    pub fallback_reason: Option<String>,
 }
 
 fn port_held(switch: &SwitchHandle, m: &Member) -> Result<u64, AgentError> {
@@ -263,7 +269,7 @@ fn port_held(switch: &SwitchHandle, m: &Member) -> Result<u64, AgentError> {
 /// The capabilities of a VMM restart's migration. `postcopy-ram` is turned
 /// off: a VM restored through postcopy still has it on, and the stream of
 /// an outgoing migration would then announce postcopy.
-fn caps(ignore_shared: bool) -> Value {
+pub(crate) fn caps(ignore_shared: bool) -> Value {
     json!({ "capabilities": [
         { "capability": "x-ignore-shared", "state": ignore_shared },
         { "capability": "postcopy-ram", "state": false },
@@ -423,7 +429,7 @@ fn start_and_load(
     let new_qemu_dies = fault.is_some();
     match try_start_and_load_dying(
         qemu_bin,
-        &installed(config, qemu_bin),
+        &crossing.for_new(installed(config, qemu_bin)),
         qemu_log,
         state,
         warm,
@@ -438,7 +444,13 @@ fn start_and_load(
             ));
             let second = match fault {
                 Some(RejuvenateFault::FallbackFails) => Err(RejuvenateFault::injected()),
-                _ => try_start_and_load(&prev.bin, &prev.config(config), qemu_log, state, warm),
+                _ => try_start_and_load(
+                    &prev.bin,
+                    &crossing.for_old(prev.config(config)),
+                    qemu_log,
+                    state,
+                    warm,
+                ),
             };
             second
                 .map(|v| (v, Some(first.to_string())))
@@ -548,6 +560,7 @@ fn cold(
     m: &mut Member,
     qemu_bin: &Path,
     prev: &Kept,
+    crossing: &crate::qemu_crossing::Crossing,
     fault: Option<RejuvenateFault>,
 ) -> Result<Timings, AgentError> {
     let vm = &mut m.vm;
@@ -583,7 +596,7 @@ fn cold(
     };
     let first = match fault {
         Some(RejuvenateFault::FallbackFails) => Err(RejuvenateFault::injected()),
-        _ => boot(qemu_bin, installed(&config, qemu_bin)),
+        _ => boot(qemu_bin, crossing.for_new(installed(&config, qemu_bin))),
     };
     let (new, fallback_reason) = match first {
         Ok(v) => (v, None),
@@ -594,7 +607,7 @@ fn cold(
             ));
             let second = match fault {
                 Some(RejuvenateFault::FallbackFails) => Err(RejuvenateFault::injected()),
-                _ => boot(&prev.bin, prev.config(&config)),
+                _ => boot(&prev.bin, crossing.for_old(prev.config(&config))),
             };
             match second {
                 Ok(v) => (v, Some(first.to_string())),
@@ -634,7 +647,7 @@ fn vm_dir_of(config: &crate::qemu::QemuConfig) -> PathBuf {
 }
 
 /// Waits for the QMP event `name` and returns its timestamp (µs).
-fn event_ts(vm: &mut Vm, name: &str) -> Result<u64, AgentError> {
+pub(crate) fn event_ts(vm: &mut Vm, name: &str) -> Result<u64, AgentError> {
     let vm_name = vm.name.clone();
     let ev = vm
         .qmp()?
@@ -647,7 +660,7 @@ fn event_ts(vm: &mut Vm, name: &str) -> Result<u64, AgentError> {
 }
 
 /// Polls `query-migrate` until it completes; fails on `failed`/`cancelled`.
-fn wait_migration(vm: &mut Vm, what: &str) -> Result<(), AgentError> {
+pub(crate) fn wait_migration(vm: &mut Vm, what: &str) -> Result<(), AgentError> {
     let deadline = Instant::now() + MIGRATION_TIMEOUT;
     loop {
         let st = vm.execute("query-migrate", Value::Null)?;

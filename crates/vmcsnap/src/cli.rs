@@ -66,8 +66,9 @@ pub enum Command {
         /// Every VM of the cluster, in parallel.
         #[arg(long)]
         all: bool,
-        /// warm | saved | cold
-        #[arg(long, default_value = "warm", value_parser = ["warm", "saved", "cold"])]
+        /// warm | saved | cold | cpr (QEMU 10.0's cpr-transfer: the new QEMU starts beside
+        /// the old one; needs 10.0 on both sides and a VM made ready by a warm restart on 10.0)
+        #[arg(long, default_value = "warm", value_parser = ["warm", "saved", "cold", "cpr"])]
         mode: String,
         /// The QEMU binary to restart on (default: VMCSNAP_QEMU, else the agent's). Another
         /// version upgrades the VM's QEMU (7.2 -> 10.0) with the guest kept; a move QEMU

@@ -331,3 +331,80 @@ fn an_unreadable_or_missing_qemu_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--qemu=/nonexistent"), "{err}");
 }
+
+/// `--mode cpr`, QEMU 10.0's cpr-transfer: refused before anything is done
+/// on a VM not started with aux-ram-share=on and towards 7.2; after a warm
+/// restart on 10.0 it moves the VM to a new QEMU, twice, with memory and
+/// the TCP connection kept, and the sockets of the new QEMU (QMP, switch
+/// port) still reachable for the next restart.
+#[test]
+fn cpr_transfer_on_qemu_10_0_keeps_the_guest() {
+    let _l = cluster_lock();
+    let (q7, q10) = (qemu7(), qemu10());
+    let env = Env::with_qemu(&q10);
+    let spec = env.write_spec(SPEC);
+    env.ok(&["up", spec.to_str().unwrap()]);
+    let before = wait_pingpong(&env, 0, 20);
+    let conn = last_field(&before, "pingpong:", "conn").unwrap();
+
+    let refused = |args: &[&str], why: &str| {
+        let pid = status_of(&env, "srv")["pid"].clone();
+        let out = env.vmcsnap(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(why), "{err}");
+        let srv = status_of(&env, "srv");
+        assert_eq!(srv["pid"], pid, "a refused cpr restart touched the VM");
+        assert_eq!(srv["state"], "running");
+    };
+    refused(
+        &["rejuvenate", "--vm", "srv", "--mode", "cpr"],
+        "aux-ram-share",
+    );
+    let r = rejuvenate(&env, "srv", "warm", None);
+    assert_eq!(r["fell_back_to_old_binary"], false, "{r}");
+    refused(
+        &[
+            "rejuvenate",
+            "--vm",
+            "srv",
+            "--mode",
+            "cpr",
+            "--qemu",
+            q7.to_str().unwrap(),
+        ],
+        "cpr-transfer is QEMU 10.0's",
+    );
+    for round in 0..2 {
+        let up = uptime(&env.console("srv"));
+        let out = env.vmcsnap(&["rejuvenate", "--vm", "srv", "--mode", "cpr", "--json"]);
+        if !out.status.success() {
+            let log = |p: &str| std::fs::read_to_string(env.run_dir().join(p)).unwrap_or_default();
+            panic!(
+                "round {round}: {}\nagent log:\n{}\nQEMU log:\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                common::tail(&log("agent.log"), 4000),
+                log("cluster/srv/qemu.log")
+            );
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let r = v["reports"][0].clone();
+        assert_eq!(r["mode"], "cpr", "{r}");
+        assert_eq!(r["fell_back_to_old_binary"], false, "{r}");
+        assert_eq!(r["state_bytes"], 0, "{r}");
+        assert!(r["downtime_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(same_file(&exe_of(&r["new_pid"]), &q10), "{r}");
+        assert_same_connection(&env, conn, &format!("cpr round {round}"));
+        assert_memtouch_clean(&env, "srv");
+        assert!(uptime(&env.console("srv")) > up, "round {round}: rebooted");
+        let srv = status_of(&env, "srv");
+        assert_eq!(srv["pid"], r["new_pid"], "{srv}");
+        assert_eq!(srv["state"], "running", "{srv}");
+    }
+    // The new QEMU's sockets outlived the old QEMU's clean-up.
+    let r = rejuvenate(&env, "srv", "warm", None);
+    assert_eq!(r["fell_back_to_old_binary"], false, "{r}");
+    assert_same_connection(&env, conn, "warm after cpr");
+    assert_memtouch_clean(&env, "srv");
+    env.ok(&["down"]);
+    env.assert_clean();
+}
