@@ -661,6 +661,15 @@ pub(crate) fn event_ts(vm: &mut Vm, name: &str) -> Result<u64, AgentError> {
 
 /// Polls `query-migrate` until it completes; fails on `failed`/`cancelled`.
 pub(crate) fn wait_migration(vm: &mut Vm, what: &str) -> Result<(), AgentError> {
+    wait_migration_every(vm, what, Duration::from_millis(1))
+}
+
+/// [`wait_migration`], polling every `poll`.
+pub(crate) fn wait_migration_every(
+    vm: &mut Vm,
+    what: &str,
+    poll: Duration,
+) -> Result<(), AgentError> {
     let deadline = Instant::now() + MIGRATION_TIMEOUT;
     loop {
         let st = vm.execute("query-migrate", Value::Null)?;
@@ -685,7 +694,7 @@ pub(crate) fn wait_migration(vm: &mut Vm, what: &str) -> Result<(), AgentError> 
                 detail: format!("not finished after {MIGRATION_TIMEOUT:?}"),
             });
         }
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(poll);
     }
 }
 
