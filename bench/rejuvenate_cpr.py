@@ -171,9 +171,21 @@ class CprGuest:
         old.cmd("migrate-set-capabilities", caps)
         old.cmd("migrate-set-parameters", {"mode": "cpr-transfer"})
         main = {"transport": "socket", "type": "unix", "path": os.path.join(self.work, f"{new_side}-main")}
-        old.cmd("migrate", {"channels": [
+        channels = {"channels": [
             {"channel-type": "main", "addr": main},
-            {"channel-type": "cpr", "addr": {"transport": "socket", "type": "unix", "path": cpr_sock}}]})
+            {"channel-type": "cpr", "addr": {"transport": "socket", "type": "unix", "path": cpr_sock}}]}
+        # The socket file exists from bind(), a moment before listen(): retry a refused connect
+        # (the old QEMU fails that migration before stopping the guest).
+        for attempt in range(1000):
+            try:
+                old.cmd("migrate", channels)
+                break
+            except benchlib.Failed as e:
+                if "Connection refused" not in str(e) or attempt == 999:
+                    raise
+                while old.cmd("query-migrate").get("status") not in (None, "failed", "cancelled", "completed"):
+                    time.sleep(0.005)
+                time.sleep(0.005)
         # The new QEMU opens its monitor once it has read the cpr channel.
         q = Qmp(os.path.join(self.work, f"{new_side}-qmp"))
         q.cmd("migrate-set-capabilities", caps)
