@@ -145,6 +145,7 @@ impl Cluster {
                 paused: false,
                 data_dir: None,
                 module_dir: None,
+                bios: None,
             };
             (config.data_dir, config.module_dir) = qemu::installation_dirs(qemu_bin);
             if let Some((p, machine)) = image {

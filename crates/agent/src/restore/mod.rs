@@ -38,6 +38,7 @@ mod disks;
 mod early;
 mod feed;
 mod finish;
+mod firmware;
 pub mod page_source;
 pub mod pages;
 pub mod postmortem;
@@ -46,6 +47,7 @@ mod priority;
 mod run;
 mod start_gate;
 pub mod traces;
+pub mod versions;
 pub mod ws_inputs;
 
 pub use early::vm_status;
