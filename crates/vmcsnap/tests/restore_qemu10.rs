@@ -199,10 +199,16 @@ fn snapshots_of_7_2_restore_under_10_0_in_every_mode_page_exact() {
 /// Rewrites the manifest of snapshot `snap` to say it was taken under QEMU
 /// `version` (a valid manifest: the CRC is recomputed).
 fn set_manifest_version(env: &Env, snap: &str, version: &str) {
-    let path = env.run_dir().join("snapshots").join(snap).join("manifest");
-    let (v, mut m) = vmcsnap_image::Manifest::load(&path).unwrap();
+    set_version_in(
+        &env.run_dir().join("snapshots").join(snap).join("manifest"),
+        version,
+    );
+}
+
+fn set_version_in(path: &Path, version: &str) {
+    let (v, mut m) = vmcsnap_image::Manifest::load(path).unwrap();
     m.qemu.version = version.into();
-    std::fs::write(&path, m.encode_as(v)).unwrap();
+    std::fs::write(path, m.encode_as(v)).unwrap();
 }
 
 #[test]
@@ -243,7 +249,7 @@ workload = "memtouch -m 8 &"
         text.contains("restores into QEMU 10.0 only"),
         "inspect says where it restores: {text}"
     );
-    let before = env.processes();
+    let before = qemus(&env);
     let out = env.vmcsnap(&["restore", "--wait", "s", "--mode", "lazy"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a downgrade restored: {err}");
@@ -267,7 +273,7 @@ workload = "memtouch -m 8 &"
     set_manifest_version(&env, "s", "9.1.0");
     let v = env.json(&["inspect", "s", "--verify", "--json"]);
     assert_eq!(v["restores_into"], serde_json::json!([]), "{v}");
-    let before = env.processes();
+    let before = qemus(&env);
     let out = env.vmcsnap(&["restore", "--wait", "s"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
@@ -280,12 +286,23 @@ workload = "memtouch -m 8 &"
     env.assert_clean();
 }
 
+/// The QEMUs of this run directory.
+fn qemus(env: &Env) -> Vec<u32> {
+    env.processes()
+        .into_iter()
+        .filter(|p| {
+            std::fs::read_link(format!("/proc/{p}/exe"))
+                .is_ok_and(|e| e.to_string_lossy().contains("qemu-system"))
+        })
+        .collect()
+}
+
 /// The refused restore started no QEMU, left no VM and no RAM file.
 fn assert_nothing_started(env: &Env, before: &[u32]) {
-    let after = env.processes();
+    let after = qemus(env);
     assert!(
         after.iter().all(|p| before.contains(p)),
-        "new processes {after:?} (before {before:?})"
+        "new QEMUs {after:?} (before {before:?})"
     );
     assert_eq!(vm_state(env, "a"), None, "no VM a is listed");
     assert!(
@@ -350,7 +367,26 @@ fn a_cluster_snapshot_of_7_2_restores_under_10_0_on_the_same_connections() {
     });
     let snap = env.json(&["snapshot", "--cluster", "--name", "cut", "--json"]);
     assert_eq!(snap["switch"]["dropped"], 0, "{snap}");
+    // The connection b's client had at the cut (it counts connections).
+    let conn_at_cut = last_field(&env.console("b"), "pingpong:", "conn");
     env.ok(&["down"]);
+    // One VM of it as if taken under 10.0: the system 7.2 refuses the
+    // whole cluster restore before any VM starts.
+    let man = env.run_dir().join("snapshots/cut/vms/b/manifest");
+    let good = std::fs::read(&man).unwrap();
+    set_version_in(&man, "10.0.2");
+    let out = env.vmcsnap(&["restore", "--wait", "--cluster", "cut"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a downgrade restored: {err}");
+    assert!(
+        err.contains("taken under QEMU 10.0.2")
+            && err.contains("cannot be restored into QEMU 7.2."),
+        "{err}"
+    );
+    assert!(qemus(&env).is_empty(), "no QEMU started");
+    assert!(env.shm_files().is_empty(), "{:?}", env.shm_files());
+    std::fs::write(&man, good).unwrap();
+    // Under 10.0 it restores.
     use_qemu(&mut env, &q10);
     let r = env.json(&[
         "restore",
@@ -386,8 +422,9 @@ fn a_cluster_snapshot_of_7_2_restores_under_10_0_on_the_same_connections() {
     );
     assert_eq!(
         last_field(&c, "pingpong:", "conn"),
-        Some(1),
-        "b's pingpong connection survived the restore under 10.0"
+        conn_at_cut,
+        "b's pingpong connection survived the restore under 10.0:\n{}",
+        common::tail(&c, 3000)
     );
     assert_memtouch_clean(&env, "a", from_a, "a after the cluster restore");
     env.ok(&["down"]);

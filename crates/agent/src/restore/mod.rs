@@ -52,7 +52,7 @@ pub mod ws_inputs;
 
 pub use early::vm_status;
 pub use run::{
-    hybrid_size, restore, restore_into, saved_vm, InCluster, Options, Report, RestoreEvent, Saved,
-    WssChoice, CLUSTER_START_QUIET,
+    check_versions, hybrid_size, restore, restore_into, saved_vm, InCluster, Options, Report,
+    RestoreEvent, Saved, WssChoice, CLUSTER_START_QUIET,
 };
 pub use start_gate::StartGate;

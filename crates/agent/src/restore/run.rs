@@ -475,7 +475,7 @@ pub fn restore_into(
 
 /// The release of `bin`, if it can load the stream of the snapshot in
 /// `img` ([`super::versions`]); otherwise one error naming both versions.
-fn check_versions(
+pub fn check_versions(
     img: &Image,
     snapshot: &str,
     bin: &Path,
