@@ -180,6 +180,11 @@ impl Cluster {
             });
             self.persist()?;
         }
+        // A QEMU version vmcsnap does not speak fails `up` now, before
+        // anything is asked of a VM (its QMP greeting names the version).
+        for m in &mut self.members {
+            m.vm.dialect()?;
+        }
         progress(&format!(
             "booting {} VMs ({})",
             self.members.len(),
