@@ -430,3 +430,62 @@ fn a_cluster_snapshot_of_7_2_restores_under_10_0_on_the_same_connections() {
     env.ok(&["down"]);
     env.assert_clean();
 }
+
+/// A snapshot taken under 10.0 restores under 10.0 in every mode, page for
+/// page, and its guest runs on; the system's 7.2 refuses it before
+/// anything starts.
+#[test]
+fn snapshots_of_10_0_restore_under_10_0_in_every_mode_and_never_into_7_2() {
+    let _l = cluster_lock();
+    let q10 = common::qemu10();
+    let mut env = Env::with_qemu(&q10);
+    let spec = env.write_spec(SPEC);
+    env.json(&["up", spec.to_str().unwrap(), "--json"]);
+    env.wait_console("a", "memtouch", Duration::from_secs(90), |c| {
+        common::memtouch_lines(c) >= 2
+    });
+    for (mode, name) in [("hot", "h10"), ("stop-copy", "sc10")] {
+        env.json(&["snapshot", "a", "--mode", mode, "--name", name, "--json"]);
+    }
+    let m = env.json(&["inspect", "h10", "--json"]);
+    assert!(
+        m["manifest"]["qemu"]["version"]
+            .as_str()
+            .unwrap()
+            .starts_with("10.0."),
+        "taken under 10.0: {m}"
+    );
+    assert_eq!(m["restores_into"], serde_json::json!(["10.0"]), "{m}");
+    for (mode, snap) in [
+        ("eager", "h10"),
+        ("lazy", "sc10"),
+        ("workingset", "h10"),
+        ("sampling-ws", "sc10"),
+    ] {
+        env.ok(&["stop", "a"]);
+        env.json(&[
+            "restore", "--wait", snap, "--mode", mode, "--paused", "--json",
+        ]);
+        assert_eq!(vm_state(&env, "a").as_deref(), Some("paused"), "{mode}");
+        assert_runs_on(&env, "a", &q10);
+        assert_ram_equals_image(&env, snap, "a");
+    }
+    env.ok(&["stop", "a"]);
+    env.json(&["restore", "--wait", "h10", "--mode", "lazy", "--json"]);
+    let from = env.console("a").len();
+    assert_memtouch_clean(&env, "a", from, "a restored from a 10.0 snapshot");
+    env.ok(&["down"]);
+
+    // The system QEMU 7.2 refuses the real 10.0 snapshot.
+    env.extra_env.retain(|(k, _)| k != "VMCSNAP_QEMU");
+    let out = env.vmcsnap(&["restore", "--wait", "h10"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a downgrade restored: {err}");
+    assert!(
+        err.contains("taken under QEMU 10.0.") && err.contains("cannot be restored into QEMU 7.2."),
+        "{err}"
+    );
+    assert!(qemus(&env).is_empty(), "no QEMU started");
+    assert!(env.shm_files().is_empty(), "{:?}", env.shm_files());
+    env.assert_clean();
+}
