@@ -463,14 +463,14 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
 
 /// The QEMU releases (`"7.2"`, `"10.0"`) a snapshot taken under QEMU
 /// `version` restores into (docs/qemu-upgrade-restore.md).
-fn restores_into(version: &str) -> Vec<&'static str> {
+pub(crate) fn restores_into(version: &str) -> Vec<&'static str> {
     vmcsnap_agent::restore::versions::restores_into(version)
         .into_iter()
         .map(|d| d.release())
         .collect()
 }
 
-fn restores_into_line(version: &str, into: &[&str]) -> String {
+pub(crate) fn restores_into_line(version: &str, into: &[&str]) -> String {
     match into {
         [] => {
             format!("taken under QEMU {version:?}, which vmcsnap does not know: restores nowhere")

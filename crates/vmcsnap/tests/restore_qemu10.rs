@@ -367,6 +367,17 @@ fn a_cluster_snapshot_of_7_2_restores_under_10_0_on_the_same_connections() {
     });
     let snap = env.json(&["snapshot", "--cluster", "--name", "cut", "--json"]);
     assert_eq!(snap["switch"]["dropped"], 0, "{snap}");
+    // `inspect --verify` says where each VM's image restores.
+    let v = env.json(&["inspect", "cut", "--cluster", "--verify", "--json"]);
+    let vms = v["verify"]["vms"].as_array().unwrap();
+    assert_eq!(vms.len(), 2, "{v}");
+    for vm in vms {
+        assert_eq!(
+            vm["restores_into"],
+            serde_json::json!(["7.2", "10.0"]),
+            "{v}"
+        );
+    }
     // The connection b's client had at the cut (it counts connections).
     let conn_at_cut = last_field(&env.console("b"), "pingpong:", "conn");
     env.ok(&["down"]);
