@@ -145,6 +145,7 @@ impl Cluster {
                 paused: false,
                 data_dir: None,
                 module_dir: None,
+                bios: None,
             };
             (config.data_dir, config.module_dir) = qemu::installation_dirs(qemu_bin);
             if let Some((p, machine)) = image {
@@ -178,6 +179,11 @@ impl Cluster {
                 disk,
             });
             self.persist()?;
+        }
+        // A QEMU version vmcsnap does not speak fails `up` now, before
+        // anything is asked of a VM (its QMP greeting names the version).
+        for m in &mut self.members {
+            m.vm.dialect()?;
         }
         progress(&format!(
             "booting {} VMs ({})",

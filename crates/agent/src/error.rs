@@ -134,6 +134,14 @@ pub enum AgentError {
         /// The QMP error.
         source: vmcsnap_qmp::QmpError,
     },
+    /// The VM's QEMU is a version vmcsnap does not speak.
+    #[error("VM {vm:?}: {source}")]
+    UnsupportedQemu {
+        /// The VM.
+        vm: String,
+        /// The version QEMU reported, and what to do.
+        source: vmcsnap_migstream::UnsupportedQemu,
+    },
     /// A request that makes no sense.
     #[error("{0}")]
     BadRequest(String),

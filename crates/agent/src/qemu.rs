@@ -180,6 +180,12 @@ pub struct QemuConfig {
     /// reason as `data_dir`.
     #[serde(default)]
     pub module_dir: Option<PathBuf>,
+    /// Firmware image (`-bios`) in place of the QEMU's own: a restored VM
+    /// runs the firmware its snapshot recorded (`pc.bios` block), whose
+    /// size another QEMU version's default may not have
+    /// (`crate::restore::firmware`).
+    #[serde(default)]
+    pub bios: Option<PathBuf>,
     /// Start with `-S`: the guest stays paused until `cont` (a restore with
     /// `--paused`).
     #[serde(default)]
@@ -425,6 +431,10 @@ impl QemuConfig {
             push("-L".into());
             push(d.display().to_string());
         }
+        if let Some(b) = &self.bios {
+            push("-bios".into());
+            push(b.display().to_string());
+        }
         if self.paused {
             push("-S".into());
         }
@@ -559,6 +569,7 @@ mod tests {
             paused: false,
             data_dir: None,
             module_dir: None,
+            bios: None,
         }
     }
 

@@ -156,9 +156,12 @@ fn restore_cluster_journaled(
     })?;
     let plan = plan(&m, &dir, opts.mode)?;
     let mut saved = Vec::new();
+    let qemu_bin = crate::qemu::find_qemu()?;
     for v in &plan.vms {
         let img = crate::frozen_disks::open_image(&v.dir)
             .map_err(|e| AgentError::BadRequest(format!("VM {}: {e}", v.name)))?;
+        // Every VM's QEMU version before any VM starts.
+        restore::check_versions(&img, &opts.snapshot, &qemu_bin)?;
         saved.push(restore::saved_vm(&img, &opts.snapshot)?);
     }
     let first = saved.first().ok_or_else(|| {

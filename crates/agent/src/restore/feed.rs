@@ -264,6 +264,19 @@ pub(super) fn feed(
     let incoming = vm_dir.join("incoming.sock");
     let _ = std::fs::remove_file(&incoming);
     vm.qmp()?.set_timeout(Duration::from_secs(60));
+    // The QEMU that answered is the release the restore was checked for
+    // (`super::versions`, from `--version` before it started).
+    let v = vm.qmp()?.version();
+    let greeted = vmcsnap_migstream::Dialect::for_qemu(v.major, v.minor, v.micro);
+    if greeted.as_ref().ok() != Some(&job.dialect) {
+        return Err(fail(
+            &name,
+            format!(
+                "its QEMU greets as {}.{}.{} but its binary reported {} before it started",
+                v.major, v.minor, v.micro, job.dialect
+            ),
+        ));
+    }
     vm.execute(
         "migrate-set-capabilities",
         // `events`: QEMU sends MIGRATION status changes, which a failed
@@ -385,10 +398,16 @@ pub(super) fn feed(
                 Ok((Input::Source(SourceEvent::RunSent), at)) => {
                     st.obs.run_sent_ms = Some(ms_since_t0(at));
                     if let Some(p) = prio {
-                        let pid = vm.pid;
+                        let (pid, dialect) = (vm.pid, job.dialect);
                         let done = &source_done;
                         raiser = Some(s.spawn(move || {
-                            priority::raise_qemu_fault_path(pid, p.fault_path, RAISE_WITHIN, done)
+                            priority::raise_qemu_fault_path(
+                                pid,
+                                dialect,
+                                p.fault_path,
+                                RAISE_WITHIN,
+                                done,
+                            )
                         }));
                     }
                     st.obs.bytes_before = read_now(0);
