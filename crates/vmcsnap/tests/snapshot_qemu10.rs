@@ -130,6 +130,10 @@ fn every_snapshot_mode_on_qemu_10_0_is_page_exact() {
             version.starts_with("10.0."),
             "the manifest records QEMU {version}, not the running 10.0"
         );
+        assert_eq!(
+            inspect["manifest"]["device_state_format"],
+            "qemu-10.0-device-sections"
+        );
         compare_with_reference(&dir, &reference);
         let _ = std::fs::remove_file(&reference);
         if mode == "hot" {

@@ -156,6 +156,9 @@ pub fn snapshot(
     // refuses an image into an older QEMU) and the reader reads its stream.
     copts.qemu_version = format!("{}.{}.{}", v.major, v.minor, v.micro);
     copts.reader.dialect = dialect;
+    // The same layout in both versions (FULL sections of stream version 3),
+    // but only the version that wrote them can load them.
+    copts.device_state_format = format!("qemu-{}-device-sections", dialect.release());
     copts.vm_config = opts.vm_config.clone();
     // An image VM's seed and workload files live in its directory, which
     // `down` or a restore replaces: the snapshot keeps its own copies.

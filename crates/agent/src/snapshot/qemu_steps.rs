@@ -131,7 +131,12 @@ fn resume_once_protected(vm: &mut Vm) -> Result<u64, AgentError> {
             });
         }
         if status == "completed" || (status == "active" && pages_counted(&st) > 0) {
-            cont_when_finalized(vm)?;
+            // Inside the pause: `cont` at once (the run state is `paused`,
+            // never `finish-migrate`, in a background snapshot); the
+            // careful way only if QEMU refuses it.
+            if vm.execute("cont", Value::Null).is_err() {
+                cont_when_finalized(vm)?;
+            }
             return event_ts(vm, "RESUME");
         }
         if start.elapsed() > ACCEPT_TIMEOUT {
