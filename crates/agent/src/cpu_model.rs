@@ -6,8 +6,11 @@
 //! kernel). With `-cpu max` such a guest dies of a double fault right after
 //! `cmpxchg16b` early in boot (4 of 4 boots, also with `EPYC` and `qemu64`);
 //! without the `cx16` flag the kernel does not use the instruction and runs.
-//! QEMU 10.0's TCG boots the same kernel with plain `max` (docs/images.md,
-//! measured), so there the accelerator's model stays.
+//! (That was the bookworm-backports 6.12 in a nested lab; trixie's own
+//! 6.12.117 booted with plain `max` on 7.2 in 7 of 7 tries, docs/images.md:
+//! `-cx16` on 7.2 is a precaution for 6.12 kernels that costs nothing
+//! measurable.) QEMU 10.0's TCG boots trixie's kernel with plain `max` (9 of
+//! 9), so there the accelerator's model stays.
 //!
 //! The choice is made once, when a VM is created (`up`), and recorded in
 //! its [`crate::qemu::QemuConfig::cpu`]: every restart, restore and

@@ -2,7 +2,7 @@
 //! --suite trixie` (kernel 6.12) boots to its ready marker under QEMU 7.2
 //! and under QEMU 10.0, runs its workload (fw_cfg), its guest agent
 //! answers, and it runs with the CPU model chosen for that QEMU (7.2's TCG:
-//! `max,-cx16`, which 6.12 needs there; 10.0: the accelerator's `max`). On
+//! `max,-cx16`, for 6.12 kernels; 10.0: the accelerator's `max`). On
 //! 7.2 a hot snapshot of it restores `--paused` page for page.
 //!
 //! The image is built once and cached (several minutes the first time).

@@ -28,8 +28,8 @@ pub enum Suite {
     /// Debian 12, kernel 6.1.
     #[default]
     Bookworm,
-    /// Debian 13, kernel 6.12 (under QEMU 7.2's TCG it needs `-cpu
-    /// max,-cx16`, which the agent gives it).
+    /// Debian 13, kernel 6.12 (under QEMU 7.2's TCG the agent runs it with
+    /// `-cpu max,-cx16`).
     Trixie,
 }
 
