@@ -40,11 +40,13 @@ pub enum CpuModelError {
         source: std::io::Error,
     },
     /// Its output has no version where QEMU prints it.
-    #[error("{bin} --version printed no \"QEMU emulator version X.Y.Z\" line ({output:?}): is VMCSNAP_QEMU a qemu-system-x86_64?")]
+    #[error("{bin} --version printed no \"QEMU emulator version X.Y.Z\" line ({status}; it said {output:?}): is VMCSNAP_QEMU a working qemu-system-x86_64?")]
     NoVersion {
         /// The binary.
         bin: PathBuf,
-        /// The first line of what it printed.
+        /// How it exited.
+        status: String,
+        /// The first lines of what it printed (stdout, then stderr).
         output: String,
     },
     /// A version vmcsnap does not speak.
@@ -64,9 +66,11 @@ pub fn binary_dialect(bin: &Path) -> Result<Dialect, CpuModelError> {
         })?;
     let text = String::from_utf8_lossy(&out.stdout);
     version_dialect(&text).unwrap_or_else(|| {
+        let said = format!("{text}{}", String::from_utf8_lossy(&out.stderr));
         Err(CpuModelError::NoVersion {
             bin: bin.to_path_buf(),
-            output: text.lines().next().unwrap_or("").to_string(),
+            status: out.status.to_string(),
+            output: said.lines().take(3).collect::<Vec<_>>().join(" / "),
         })
     })
 }
