@@ -120,6 +120,9 @@ pub enum AgentError {
     /// Building or finding an image failed.
     #[error(transparent)]
     Image(#[from] vmcsnap_guest::image::ImageError),
+    /// The QEMU binary's version (for the VM's CPU model) is unknown.
+    #[error(transparent)]
+    CpuModel(#[from] crate::cpu_model::CpuModelError),
     /// The cloud-init seed could not be made.
     #[error("cloud-init seed: {0}")]
     CloudInit(#[from] crate::cloud_init::CloudInitError),

@@ -398,6 +398,10 @@ pub enum ImageCmd {
     Build {
         /// Recipe name.
         name: String,
+        /// Debian release: bookworm (12, kernel 6.1) or trixie (13, kernel
+        /// 6.12); each is cached apart (a VM asks with image_suite).
+        #[arg(long, default_value = "bookworm", value_name = "SUITE")]
+        suite: vmcsnap_guest::image::Suite,
         /// Debian packages to add (comma-separated).
         #[arg(long, value_delimiter = ',', value_name = "P,...")]
         packages: Vec<String>,
