@@ -172,12 +172,16 @@ impl Control {
 
     fn connect(&mut self) -> Result<&mut (BufReader<UnixStream>, UnixStream), ControlError> {
         if self.conn.is_none() {
-            // The source binds the socket as it starts: it may not yet.
+            // The source binds the socket as it starts: it may not yet. A
+            // socket nobody listens on is a source that has ended.
             let t = Instant::now();
             let s = loop {
                 match UnixStream::connect(&self.path) {
                     Ok(s) => break s,
-                    Err(_) if t.elapsed() < self.patience => {
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::NotFound
+                            && t.elapsed() < self.patience =>
+                    {
                         std::thread::sleep(Duration::from_millis(5))
                     }
                     Err(e) => return Err(self.io()(e)),
@@ -252,6 +256,17 @@ mod tests {
         drop(c);
         let mut next = Control::new(d.path());
         assert_eq!(next.ask(Request::Counters).unwrap().pages_read, 7);
+    }
+
+    #[test]
+    fn an_ended_source_is_an_error_at_once() {
+        let d = tempfile::tempdir().unwrap();
+        // Bound, then closed: the socket file stays, nobody listens.
+        drop(UnixListener::bind(d.path().join(SOCKET)).unwrap());
+        let mut c = Control::new(d.path());
+        let t = Instant::now();
+        assert!(c.ask(Request::Counters).is_err());
+        assert!(t.elapsed() < PATIENCE, "waited {:?}", t.elapsed());
     }
 
     #[test]
