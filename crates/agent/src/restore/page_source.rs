@@ -1,5 +1,6 @@
-//! The page source of a restore of one VM as a process of its own, so that
-//! the guest keeps its pages coming when the agent dies.
+//! The page source of a restore (of one VM, or of each VM of a cluster
+//! restore) as a process of its own, so that the guest keeps its pages
+//! coming when the agent dies.
 //!
 //! A lazily or working-set restored guest runs before all its pages are
 //! loaded: every page it touches first is a postcopy request answered by
@@ -23,6 +24,8 @@
 //!                 guest's start, the accessed-bit counters at the start)
 //!  result.json    the page source's outcome, its last act: what it sent,
 //!                 every demand fault, or why it failed
+//!  control.sock   its control socket (super::control): START's hold of
+//!                 the background push, the counters of what it loaded
 //! ```
 //!
 //! While the agent lives it also reads the source's events as they happen
@@ -35,12 +38,24 @@
 //!
 //! A cluster restore runs one such source per VM. What START (the
 //! Coordinator's order of starts) needs of it goes through its control
-//! socket, `control.sock` in the same directory ([`super::control`]): the
-//! agent holds the background push for the start's quiet time just before
-//! the guest's `cont`, and reads what the source had loaded when the guest
-//! started. Whichever agent serves connects to it; after an agent crash
-//! the next one adopts every VM of the cluster restore and starts those
-//! still waiting for START ([`crate::cluster_restore::adopt`]).
+//! socket ([`super::control`]): the agent holds the background push for
+//! the start's quiet time just before the guest's `cont`, and reads what
+//! the source had loaded when the guest started. Whichever agent serves
+//! connects to it. A `kill -9` of the agent during a cluster restore:
+//!
+//! ```text
+//!  before every VM's source runs   the next agent kills every QEMU and
+//!                                  source of it and redoes it, eager-rl
+//!  sources serve, some VMs wait    it adopts every VM and gives those
+//!  for START (paused, or QEMU      waiting START together (hold, `cont`):
+//!  loading their device state)     none is left paused
+//!  every guest runs, pages load    it adopts every VM; the guests never
+//!                                  noticed
+//!  then, in both adopted cases     each VM's restore is finished from
+//!                                  these files as its source ends
+//! ```
+//!
+//! ([`crate::cluster_restore::adopt`]; docs/reliability.md.)
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::OwnedFd;
