@@ -195,7 +195,7 @@ fn restore_cluster_journaled(
     *journaled.lock().unwrap_or_else(|p| p.into_inner()) =
         plan.vms.iter().map(|v| v.name.clone()).collect();
     if let Some(vm) = opts.fault.as_ref().and_then(RestoreFault::vm) {
-        if !plan.vms.iter().any(|v| &v.name == vm) {
+        if !plan.vms.iter().any(|v| v.name == vm) {
             return Err(AgentError::BadRequest(format!(
                 "the fault names VM {vm:?}, which is not in cluster snapshot {:?} (its VMs: {})",
                 opts.snapshot,
