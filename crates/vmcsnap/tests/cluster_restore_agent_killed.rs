@@ -72,8 +72,10 @@ fn wait_console(env: &Env, vm: &str, what: &str, ok: impl Fn(&str) -> bool) -> S
         }
         assert!(
             t.elapsed() < LIMIT,
-            "VM {vm}, {what}: not within {LIMIT:?}; console ends:\n{}",
-            common::tail(&c, 2000)
+            "VM {vm}, {what}: not within {LIMIT:?}; console ends:\n{}\nagent log ends:\n{}\npage-source.log:\n{}",
+            common::tail(&c, 2000),
+            agent_log(env),
+            std::fs::read_to_string(vm_dir(env, vm).join("page-source.log")).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(200));
     }
