@@ -34,6 +34,7 @@
 //! `vmcsnap inspect --verify` checks a whole image beforehand.
 
 pub mod adopt;
+pub mod control;
 mod disks;
 mod early;
 mod feed;

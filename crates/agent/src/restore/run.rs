@@ -88,6 +88,9 @@ pub struct InCluster {
     /// Told when the working set is loaded, when the guest started, and
     /// when every page is loaded.
     pub events: mpsc::Sender<RestoreEvent>,
+    /// Testing (`crate::fault`): the page source pushes no page in the
+    /// background while this file does not exist.
+    pub hold_background_until: Option<PathBuf>,
 }
 
 /// What a restore taking part in a cluster restore reports as it goes.
