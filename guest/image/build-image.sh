@@ -1,5 +1,5 @@
 #!/bin/bash
-# Build a vmcsnap lab image: a Debian bookworm root file system with systemd,
+# Build a vmcsnap lab image: a Debian root file system (bookworm or trixie) with systemd,
 # made from Debian's packages only, as a qcow2 disk plus the kernel and
 # initramfs to boot it directly (QEMU -kernel/-initrd, no boot loader).
 #
@@ -8,7 +8,8 @@
 # Inputs (environment; the Rust crate vmcsnap-guest sets them, see
 # docs/images.md):
 #   IMAGE_NAME       recipe name (written into /etc/vmcsnap-image)
-#   IMAGE_MIRROR     Debian archive URI with bookworm main
+#   IMAGE_SUITE      Debian suite: bookworm (12, kernel 6.1) or trixie (13, kernel 6.12)
+#   IMAGE_MIRROR     Debian archive URI with that suite's main
 #   IMAGE_PACKAGES   extra packages, space-separated
 #   IMAGE_SERVICES   units the workload starts after, space-separated
 #   IMAGE_PROGRAMS   programs of ../src to compile (gcc -static) into /usr/local/bin
@@ -33,7 +34,7 @@ need() { # need COMMAND DEBIAN_PACKAGE
 
 [ $# -eq 1 ] && [ -n "$1" ] || die "usage: build-image.sh OUT_DIR"
 OUT=$1
-: "${IMAGE_NAME:?}" "${IMAGE_MIRROR:?}" "${IMAGE_SIZE_MIB:?}"
+: "${IMAGE_NAME:?}" "${IMAGE_SUITE:?}" "${IMAGE_MIRROR:?}" "${IMAGE_SIZE_MIB:?}"
 IMAGE_PACKAGES=${IMAGE_PACKAGES:-}
 IMAGE_SERVICES=${IMAGE_SERVICES:-}
 IMAGE_PROGRAMS=${IMAGE_PROGRAMS:-}
@@ -43,10 +44,16 @@ need mkfs.ext4 e2fsprogs
 need qemu-img qemu-utils
 need gcc gcc
 
-# What every image has: systemd as init, udev, networkd (in systemd), the
-# Debian cloud kernel (6.1; 6.12 guests crash under QEMU 7.2 TCG) with its
-# own initramfs, the QEMU guest agent, sshd.
-BASE="systemd-sysv udev dbus iproute2 procps linux-image-cloud-amd64 initramfs-tools qemu-guest-agent openssh-server"
+# What every image has: systemd as init, udev, networkd, the suite's Debian
+# cloud kernel (bookworm 6.1, trixie 6.12: a 6.12 guest needs -cpu max,-cx16
+# under QEMU 7.2's TCG, which the agent gives it) with its own initramfs, the
+# QEMU guest agent, sshd, hwclock (util-linux-extra: the agent sets the RTC
+# after a restore).
+BASE="systemd-sysv udev dbus iproute2 procps linux-image-cloud-amd64 initramfs-tools qemu-guest-agent openssh-server util-linux-extra"
+case $IMAGE_SUITE in
+bookworm | trixie) ;;
+*) die "unknown suite $IMAGE_SUITE: bookworm or trixie" ;;
+esac
 INCLUDE=$(echo $BASE $IMAGE_PACKAGES | tr ' ' ',')
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/vmcsnap-image-build.XXXXXX")
@@ -58,14 +65,14 @@ for p in $IMAGE_PROGRAMS; do
 done
 
 ROOT=$WORK/root
-say "mmdebstrap bookworm ($IMAGE_NAME): $INCLUDE"
+say "mmdebstrap $IMAGE_SUITE ($IMAGE_NAME): $INCLUDE"
 # The customize hook runs on the host with the root directory as $1.
 export IMAGE_NAME IMAGE_SERVICES IMAGE_PROGRAMS
 export IMAGE_BIN=$WORK/bin
 mmdebstrap --mode=root --variant=minbase --components=main \
     --include="$INCLUDE" \
     --customize-hook="bash '$HERE/customize.sh' \"\$1\"" \
-    bookworm "$ROOT" "$IMAGE_MIRROR"
+    "$IMAGE_SUITE" "$ROOT" "$IMAGE_MIRROR"
 
 say "root file system: $(du -sh --apparent-size "$ROOT" | cut -f1)"
 VMLINUZ=$(ls "$ROOT"/boot/vmlinuz-* 2>/dev/null | head -1 || true)

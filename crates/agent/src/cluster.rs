@@ -52,6 +52,8 @@ impl Cluster {
         progress: &mut dyn FnMut(&str),
     ) -> Result<Cluster, AgentError> {
         let qemu_bin = qemu::find_qemu()?;
+        // An unknown QEMU is refused before anything is created.
+        let dialect = crate::cpu_model::binary_dialect(&qemu_bin)?;
         qemu::find_qemu_img()?;
         let (accel, note) = accel::resolve(spec.cluster.accel)?;
         if let Some(note) = note {
@@ -74,7 +76,7 @@ impl Cluster {
         let assets = vmcsnap_guest::ensure_assets(&vmcsnap_guest::default_cache_root(), progress)?;
 
         let mut cluster = Cluster::empty(run, spec, accel)?;
-        match cluster.boot(&qemu_bin, &assets, progress) {
+        match cluster.boot(&qemu_bin, dialect, &assets, progress) {
             Ok(()) => Ok(cluster),
             Err(e) => {
                 log(format!("up failed, tearing down: {e}"));
@@ -87,6 +89,7 @@ impl Cluster {
     fn boot(
         &mut self,
         qemu_bin: &std::path::Path,
+        dialect: vmcsnap_migstream::Dialect,
         assets: &vmcsnap_guest::GuestAssets,
         progress: &mut dyn FnMut(&str),
     ) -> Result<(), AgentError> {
@@ -150,7 +153,9 @@ impl Cluster {
                 cpr_channel: None,
             };
             (config.data_dir, config.module_dir) = qemu::installation_dirs(qemu_bin);
+            let mut kernel_release = crate::cpu_model::lab_kernel_release(&assets.dir);
             if let Some((p, machine)) = image {
+                kernel_release = p.kernel_release;
                 config.machine = machine;
                 config.kernel = p.kernel;
                 config.initrd = p.initrd;
@@ -158,6 +163,7 @@ impl Cluster {
                 config.disks = p.disks;
                 config.image = Some(p.devices);
             }
+            config.cpu = crate::cpu_model::choose(self.accel, dialect, kernel_release.as_deref());
             // Recorded before it starts: no QEMU of ours runs unrecorded.
             let qemu_log = dir.join("qemu.log");
             crate::record::save(
@@ -181,6 +187,11 @@ impl Cluster {
                 disk,
             });
             self.persist()?;
+        }
+        // A QEMU version vmcsnap does not speak fails `up` now, before
+        // anything is asked of a VM (its QMP greeting names the version).
+        for m in &mut self.members {
+            m.vm.dialect()?;
         }
         progress(&format!(
             "booting {} VMs ({})",

@@ -120,6 +120,9 @@ pub enum AgentError {
     /// Building or finding an image failed.
     #[error(transparent)]
     Image(#[from] vmcsnap_guest::image::ImageError),
+    /// The QEMU binary's version (for the VM's CPU model) is unknown.
+    #[error(transparent)]
+    CpuModel(#[from] crate::cpu_model::CpuModelError),
     /// The cloud-init seed could not be made.
     #[error("cloud-init seed: {0}")]
     CloudInit(#[from] crate::cloud_init::CloudInitError),
@@ -133,6 +136,14 @@ pub enum AgentError {
         vm: String,
         /// The QMP error.
         source: vmcsnap_qmp::QmpError,
+    },
+    /// The VM's QEMU is a version vmcsnap does not speak.
+    #[error("VM {vm:?}: {source}")]
+    UnsupportedQemu {
+        /// The VM.
+        vm: String,
+        /// The version QEMU reported, and what to do.
+        source: vmcsnap_migstream::UnsupportedQemu,
     },
     /// A request that makes no sense.
     #[error("{0}")]

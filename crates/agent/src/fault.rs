@@ -24,14 +24,19 @@
 //! | `cohort-fail-when-peers-loaded=VM` | VM's Cohort, once VM is loaded, waits until every other VM is loaded too, then reports a failure in place of LOAD_FIN |
 //! | `qemu-killed-when-peers-loaded=VM` | at the same moment, VM's QEMU is killed (SIGKILL) as a crash would, and no LOAD_FIN is sent: the restore has to notice the dead QEMU by itself |
 //!
+//! | `background-held-until=PATH` | every VM's page source pushes no page in the background (demand faults only) until PATH exists: the guests run while most of their pages are still to load |
+//! | `start-held-until=PATH` | START reaches no VM until PATH exists (the Coordinator sent it; the Cohort's worker waits): every VM is loaded and paused, waiting for START |
+//!
 //! With VM in a ring (or every other VM after it on the restore line), no
 //! guest can have started when the failure comes: every other VM is
 //! abandoned while paused, waiting for START, which a real failure hits
-//! only by chance.
+//! only by chance. The last two leave time for a test to kill the agent
+//! at those stages of a cluster restore (docs/reliability.md).
 //!
 //! An unknown FAULT is refused, so a typo cannot silently test nothing.
 
 use std::io::{Error, Read};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -150,17 +155,35 @@ impl std::str::FromStr for RejuvenateFault {
     }
 }
 
-/// A fault to inject into a cluster restore: what one VM does once every
-/// VM of the restore has loaded.
+/// A fault to inject into a cluster restore.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RestoreFault {
-    /// The VM.
-    pub vm: String,
-    /// What it does.
-    pub kind: WhenPeersLoaded,
+pub enum RestoreFault {
+    /// What one VM does once every VM of the restore has loaded.
+    PeersLoaded {
+        /// The VM.
+        vm: String,
+        /// What it does.
+        kind: WhenPeersLoaded,
+    },
+    /// `background-held-until=PATH`: every VM's page source pushes no page
+    /// in the background (it serves demand faults only) until PATH exists.
+    BackgroundHeldUntil(PathBuf),
+    /// `start-held-until=PATH`: START reaches no VM until PATH exists.
+    StartHeldUntil(PathBuf),
 }
 
-/// What the VM of a [`RestoreFault`] does once every VM has loaded.
+impl RestoreFault {
+    /// The VM the fault names, if one.
+    pub fn vm(&self) -> Option<&str> {
+        match self {
+            RestoreFault::PeersLoaded { vm, .. } => Some(vm),
+            _ => None,
+        }
+    }
+}
+
+/// What the VM of a [`RestoreFault::PeersLoaded`] does once every VM has
+/// loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WhenPeersLoaded {
     /// Its Cohort reports a failure in place of LOAD_FIN.
@@ -171,7 +194,7 @@ pub enum WhenPeersLoaded {
 
 /// A restore FAULT that is not one of the documented ones.
 #[derive(Debug, thiserror::Error)]
-#[error("{value:?} is not a fault a cluster restore can inject; use cohort-fail-when-peers-loaded=VM or qemu-killed-when-peers-loaded=VM")]
+#[error("{value:?} is not a fault a cluster restore can inject; use cohort-fail-when-peers-loaded=VM, qemu-killed-when-peers-loaded=VM, background-held-until=PATH or start-held-until=PATH")]
 pub struct BadRestoreFault {
     value: String,
 }
@@ -180,24 +203,25 @@ impl std::str::FromStr for RestoreFault {
     type Err = BadRestoreFault;
 
     fn from_str(s: &str) -> Result<RestoreFault, BadRestoreFault> {
-        let kind = match s.split_once('=') {
-            Some(("cohort-fail-when-peers-loaded", _)) => WhenPeersLoaded::CohortFails,
-            Some(("qemu-killed-when-peers-loaded", _)) => WhenPeersLoaded::QemuKilled,
-            _ => {
-                return Err(BadRestoreFault {
-                    value: s.to_string(),
-                })
-            }
+        let bad = || BadRestoreFault {
+            value: s.to_string(),
         };
-        match s.split_once('=').map(|(_, vm)| vm.trim()) {
-            Some(vm) if !vm.is_empty() => Ok(RestoreFault {
-                vm: vm.to_string(),
-                kind,
-            }),
-            _ => Err(BadRestoreFault {
-                value: s.to_string(),
-            }),
+        let (name, arg) = s.split_once('=').ok_or_else(bad)?;
+        let arg = arg.trim();
+        if arg.is_empty() {
+            return Err(bad());
         }
+        let kind = match name {
+            "cohort-fail-when-peers-loaded" => WhenPeersLoaded::CohortFails,
+            "qemu-killed-when-peers-loaded" => WhenPeersLoaded::QemuKilled,
+            "background-held-until" => return Ok(RestoreFault::BackgroundHeldUntil(arg.into())),
+            "start-held-until" => return Ok(RestoreFault::StartHeldUntil(arg.into())),
+            _ => return Err(bad()),
+        };
+        Ok(RestoreFault::PeersLoaded {
+            vm: arg.to_string(),
+            kind,
+        })
     }
 }
 
@@ -295,7 +319,7 @@ mod tests {
             "cohort-fail-when-peers-loaded=r1"
                 .parse::<RestoreFault>()
                 .unwrap(),
-            RestoreFault {
+            RestoreFault::PeersLoaded {
                 vm: "r1".into(),
                 kind: WhenPeersLoaded::CohortFails
             }
@@ -304,15 +328,26 @@ mod tests {
             "qemu-killed-when-peers-loaded= r2 "
                 .parse::<RestoreFault>()
                 .unwrap(),
-            RestoreFault {
+            RestoreFault::PeersLoaded {
                 vm: "r2".into(),
                 kind: WhenPeersLoaded::QemuKilled
             }
+        );
+        assert_eq!(
+            "background-held-until=/t/go"
+                .parse::<RestoreFault>()
+                .unwrap(),
+            RestoreFault::BackgroundHeldUntil("/t/go".into())
+        );
+        assert_eq!(
+            "start-held-until=/t/go".parse::<RestoreFault>().unwrap(),
+            RestoreFault::StartHeldUntil("/t/go".into())
         );
         for bad in [
             "cohort-fail-when-peers-loaded",
             "cohort-fail-when-peers-loaded=",
             "qemu-killed-when-peers-loaded= ",
+            "start-held-until=",
             "capture-error-after=1",
             "",
         ] {

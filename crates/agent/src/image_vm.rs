@@ -19,8 +19,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use vmcsnap_guest::image::Suite;
 use vmcsnap_spec::{
-    Boot, ClusterSpec, DiskFormat, ExtraDisk, ImageGuest, ImageSource, SshKeys, VmAddress, VmSpec,
+    Boot, ClusterSpec, DiskFormat, ExtraDisk, ImageGuest, ImageSource, ImageSuite, SshKeys,
+    VmAddress, VmSpec,
 };
 
 use crate::qemu::{DiskConfig, ImageDevices};
@@ -39,6 +41,10 @@ pub struct Prepared {
     pub cmdline: String,
     /// Guest agent, events port, workload.
     pub devices: ImageDevices,
+    /// The release of the kernel the VM boots, where vmcsnap knows it (a
+    /// recipe image's own kernel); it decides the CPU model
+    /// ([`crate::cpu_model::choose`]).
+    pub kernel_release: Option<String>,
 }
 
 /// The format of a disk image file, or why it is not one.
@@ -156,19 +162,28 @@ pub fn check(g: &ImageGuest<'_>) -> Result<(), AgentError> {
     Ok(())
 }
 
+/// The image builder's suite of the spec's `image_suite`.
+pub fn image_suite(suite: ImageSuite) -> Suite {
+    match suite {
+        ImageSuite::Bookworm => Suite::Bookworm,
+        ImageSuite::Trixie => Suite::Trixie,
+    }
+}
+
 /// The root disk of a recipe image: the cached build, built first if it
 /// is a built-in recipe that is not cached yet.
 fn recipe_image(
     name: &str,
+    suite: Suite,
     progress: &mut dyn FnMut(&str),
 ) -> Result<vmcsnap_guest::image::BuiltImage, AgentError> {
     use vmcsnap_guest::image::{ensure_image, find_image, ImageRecipe};
     let cache = vmcsnap_guest::default_cache_root();
     if let Some(r) = ImageRecipe::builtin(name) {
-        return ensure_image(&cache, &r, progress).map_err(AgentError::from);
+        return ensure_image(&cache, &r.with_suite(suite), progress).map_err(AgentError::from);
     }
-    find_image(&cache, name)?.ok_or_else(|| AgentError::BadRequest(format!(
-        "image_recipe {name:?} is not a built-in recipe ({}) and no image of that name is cached in {}: build it with `vmcsnap image build {name} --packages P,...`",
+    find_image(&cache, name, suite)?.ok_or_else(|| AgentError::BadRequest(format!(
+        "image_recipe {name:?} (image_suite {suite}) is not a built-in recipe ({}) and no such image is cached in {}: build it with `vmcsnap image build {name} --suite {suite} --packages P,...`",
         vmcsnap_guest::image::BUILTIN_RECIPES.join(", "),
         cache.display()
     )))
@@ -185,6 +200,7 @@ pub fn prepare(
 ) -> Result<Prepared, AgentError> {
     let root = dir.join("root.qcow2");
     let (mut kernel, mut initrd, mut cmdline) = (None, None, String::new());
+    let mut kernel_release = None;
     match g.source {
         ImageSource::Path { path, format } => {
             let format = detect_format(path, format)?;
@@ -196,8 +212,9 @@ pub fn prepare(
             ));
             overlay_of(path, format, &root)?;
         }
-        ImageSource::Recipe(name) => {
-            let built = recipe_image(name, progress)?;
+        ImageSource::Recipe { name, suite } => {
+            let built = recipe_image(name, image_suite(suite), progress)?;
+            kernel_release = Some(built.kernel_version.clone()).filter(|v| !v.is_empty());
             overlay_of(&built.disk, DiskFormat::Qcow2, &root)?;
             // Recipe images boot directly (they have no bootloader).
             kernel = Some(built.kernel);
@@ -214,6 +231,7 @@ pub fn prepare(
         kernel = Some(k.to_path_buf());
         initrd = i.map(Path::to_path_buf);
         cmdline = c.unwrap_or_default().to_string();
+        kernel_release = None;
     }
     let mut disks = vec![DiskConfig::qcow2(crate::qemu::ROOT_NODE, &root)];
     for (i, d) in g.disks.iter().enumerate() {
@@ -283,6 +301,7 @@ pub fn prepare(
         initrd,
         cmdline,
         devices,
+        kernel_release,
     })
 }
 

@@ -27,6 +27,7 @@ pub mod cloud_init;
 pub mod cluster;
 pub mod cluster_restore;
 pub mod cluster_snapshot;
+pub mod cpu_model;
 pub mod disk_chain;
 pub mod disk_set;
 mod dispatch;

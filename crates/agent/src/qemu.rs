@@ -180,10 +180,12 @@ pub struct QemuConfig {
     /// reason as `data_dir`.
     #[serde(default)]
     pub module_dir: Option<PathBuf>,
-    /// `-bios`, when it must not be the binary's own: a microvm VM moved
-    /// to another QEMU release by a warm or saved restart keeps the
-    /// firmware it booted with (its size is part of the migrated state;
-    /// `crate::qemu_crossing`).
+    /// Firmware image (`-bios`) in place of the QEMU's own: a restored VM
+    /// runs the firmware its snapshot recorded (`pc.bios` block), whose
+    /// size another QEMU version's default may not have
+    /// (`crate::restore::firmware`); a microvm VM moved to another QEMU
+    /// release by a warm or saved restart keeps the firmware it booted with
+    /// (`crate::qemu_crossing`).
     #[serde(default)]
     pub bios: Option<PathBuf>,
     /// `-machine aux-ram-share=on` (QEMU 10.0 only): every RAM block

@@ -282,7 +282,12 @@ pub fn adopt(run: &RunDir) -> Result<Option<Cluster>, AgentError> {
             Some(pid) => {
                 log(format!("VM {name}: adopting QEMU pid {pid}"));
                 let mut vm = Vm::adopt(v.config, pid, started_at, v.boot_ms, v.qemu_log);
-                crate::intent::finish(&mut vm);
+                // Nothing is done to a VM whose QEMU version vmcsnap does
+                // not speak; every operation on it says why.
+                match vm.dialect() {
+                    Ok(_) => crate::intent::finish(&mut vm),
+                    Err(e) => log(format!("VM {name}: {e}; adopted, left as it is")),
+                }
                 vm
             }
             None => match crate::intent::recover_dead(&v.config, &v.qemu_log) {

@@ -11,15 +11,18 @@
 //!   while its QEMU lives: the guest ran on throughout; the VM joins the
 //!   cluster and the restore is finished from the page source's files
 //!   ([`crate::restore::adopt`]);
-//! - otherwise **redoes** it: every QEMU of the VMs being restored is killed
-//!   (one already running in postcopy would wait forever for its missing
-//!   pages), those VMs leave the adopted cluster (a cluster restore: the
-//!   whole cluster, which the restore had created), and the restore runs
-//!   again, `eager` (`eager-rl` for a cluster: every page loaded before any
-//!   guest starts), from the same snapshot. That is a restore whose page
-//!   source had not started (its guest had not run), or had died too, and
-//!   every cluster restore (whose sources run inside the agent): a guest
-//!   that had started loses what it did since.
+//! - **adopts** a cluster restore whose every VM is so: every VM joins the
+//!   cluster, those still waiting for START are started together, and each
+//!   VM's restore is finished likewise ([`crate::cluster_restore::adopt`]);
+//! - otherwise **redoes** it: every QEMU and page source of the VMs being
+//!   restored is killed (a QEMU already running in postcopy would wait
+//!   forever for its missing pages), those VMs leave the adopted cluster (a
+//!   cluster restore: the whole cluster, which the restore had created), and
+//!   the restore runs again, `eager` (`eager-rl` for a cluster: every page
+//!   loaded before any guest starts), from the same snapshot. That is a
+//!   restore whose page source (for a cluster, any VM's) had not started,
+//!   or had died too, or whose adoption failed: a guest that had started
+//!   loses what it did since.
 //!
 //! QEMU 7.2's postcopy recovery (`migrate-recover`) would let a new agent
 //! resume a dead source's feed; vmcsnap does not use it.
@@ -147,6 +150,7 @@ fn redo(run: &RunDir, cluster: &mut Option<Cluster>, r: &Restoring) -> Result<()
         Restoring::Cluster { snapshot, vms } => {
             for vm in vms {
                 kill_qemu(run, cluster, vm);
+                crate::restore::adopt::stop_page_source(run, vm);
             }
             if let Some(mut c) = cluster.take() {
                 c.teardown();
@@ -164,6 +168,24 @@ fn redo(run: &RunDir, cluster: &mut Option<Cluster>, r: &Restoring) -> Result<()
     }
 }
 
+/// An adoption's result; one that failed is redone.
+fn adopted_or_redo(
+    run: &RunDir,
+    cluster: &mut Option<Cluster>,
+    r: &Restoring,
+    adopted: Result<(), AgentError>,
+    note: &mut dyn FnMut(&mut Option<Cluster>, &str),
+) -> Result<(), AgentError> {
+    match adopted {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            log(format!("adopting {r} failed ({e}); redoing it"));
+            note(cluster, &format!("adopting failed ({e}); redoing it"));
+            redo(run, cluster, r)
+        }
+    }
+}
+
 /// Finishes the restore `r` the previous agent did not (see the module
 /// documentation): adopts a VM whose page source serves on, else redoes
 /// the restore. `note` is told what happens, with the cluster as it is
@@ -174,27 +196,39 @@ pub fn recover(
     r: &Restoring,
     note: &mut dyn FnMut(&mut Option<Cluster>, &str),
 ) {
-    let adoptable = match r {
-        Restoring::Vm { vm, .. } => crate::restore::adopt::adoptable(run, vm),
-        Restoring::Cluster { .. } => None,
-    };
-    let result = match adoptable {
-        Some((job, pid)) => {
-            log(format!(
-                "adopting {r}: its guest runs on its page source (QEMU pid {pid})"
-            ));
-            match crate::restore::adopt::adopt(run, cluster, &job, pid, note) {
-                Ok(_) => Ok(()),
-                Err(e) => {
-                    log(format!("adopting {r} failed ({e}); redoing it"));
-                    note(cluster, &format!("adopting failed ({e}); redoing it"));
+    let result = match r {
+        Restoring::Vm { vm, .. } => match crate::restore::adopt::adoptable(run, vm) {
+            Some((job, pid)) => {
+                log(format!(
+                    "adopting {r}: its guest runs on its page source (QEMU pid {pid})"
+                ));
+                let adopted = crate::restore::adopt::adopt(run, cluster, &job, pid, note);
+                adopted_or_redo(run, cluster, r, adopted.map(|_| ()), note)
+            }
+            None => {
+                note(cluster, "redoing it (eager) from its snapshot");
+                redo(run, cluster, r)
+            }
+        },
+        Restoring::Cluster { snapshot, vms } => {
+            match crate::cluster_restore::adopt::adoptable(run, vms) {
+                Some(jobs) => {
+                    log(format!(
+                        "adopting {r}: every VM's page source serves on, every QEMU lives"
+                    ));
+                    note(cluster, "adopting every VM: their page sources serve on");
+                    let adopted =
+                        crate::cluster_restore::adopt::adopt(run, cluster, snapshot, &jobs, note);
+                    adopted_or_redo(run, cluster, r, adopted, note)
+                }
+                None => {
+                    note(
+                        cluster,
+                        "not every VM has a page source and a QEMU: redoing it (eager-rl) from its snapshot",
+                    );
                     redo(run, cluster, r)
                 }
             }
-        }
-        None => {
-            note(cluster, "redoing it (eager) from its snapshot");
-            redo(run, cluster, r)
         }
     };
     match result {
@@ -202,7 +236,11 @@ pub fn recover(
         Err(e) => log(format!("recovering {r} failed: {e}")),
     }
     end(run);
-    if let Restoring::Vm { vm, .. } = r {
+    let vms = match r {
+        Restoring::Vm { vm, .. } => std::slice::from_ref(vm),
+        Restoring::Cluster { vms, .. } => vms.as_slice(),
+    };
+    for vm in vms {
         let _ = std::fs::remove_dir_all(crate::restore::page_source::dir_of(&run.vm_dir(vm)));
     }
     match cluster {

@@ -248,6 +248,19 @@ impl Vm {
         Ok(self.qmp.as_mut().expect("just connected"))
     }
 
+    /// The dialect of this VM's QEMU, from the version in its QMP greeting:
+    /// the one key for what differs between QEMU versions (migration
+    /// stream, QMP). A version vmcsnap does not speak is an error naming it.
+    pub fn dialect(&mut self) -> Result<vmcsnap_migstream::Dialect, AgentError> {
+        let v = self.qmp()?.version();
+        vmcsnap_migstream::Dialect::for_qemu(v.major, v.minor, v.micro).map_err(|source| {
+            AgentError::UnsupportedQemu {
+                vm: self.name.clone(),
+                source,
+            }
+        })
+    }
+
     /// Closes the QMP session (the next use opens another), keeping its
     /// events for [`Vm::recent_events`].
     fn close_qmp(&mut self) {

@@ -8,17 +8,32 @@
 //! ```
 //!
 //! `--pages` also lists every page saved out of scan order (guest writes);
-//! `--records` lists every page record with its origin.
+//! `--records` lists every page record with its origin; `--qemu 10.0`
+//! reads a stream of QEMU 10.0 (default 7.2).
 
 use std::io::Read;
 use std::process::ExitCode;
 
-use vmcsnap_migstream::{Event, PageOrigin, StreamReader};
+use vmcsnap_migstream::{Dialect, Event, PageOrigin, ReaderOptions, StreamReader};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(path) = args.iter().find(|a| !a.starts_with("--")) else {
-        eprintln!("usage: dump FILE|- [--pages] [--records]");
+    let qemu = args.iter().position(|a| a == "--qemu");
+    let dialect = match qemu.map(|i| args.get(i + 1).and_then(|v| Dialect::parse_version(v))) {
+        None => Dialect::Qemu7_2,
+        Some(Some(Ok(d))) => d,
+        Some(_) => {
+            eprintln!("--qemu wants a supported version: 7.2 or 10.0");
+            return ExitCode::from(2);
+        }
+    };
+    let Some(path) = args
+        .iter()
+        .enumerate()
+        .find(|&(i, a)| !a.starts_with("--") && qemu.is_none_or(|q| i != q + 1))
+        .map(|(_, a)| a)
+    else {
+        eprintln!("usage: dump FILE|- [--pages] [--records] [--qemu 7.2|10.0]");
         return ExitCode::from(2);
     };
     let list_pages = args.iter().any(|a| a == "--pages");
@@ -34,7 +49,7 @@ fn main() -> ExitCode {
             }
         }
     };
-    match dump(source, list_pages, list_records) {
+    match dump(source, dialect, list_pages, list_records) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             println!();
@@ -46,10 +61,11 @@ fn main() -> ExitCode {
 
 fn dump(
     source: impl Read,
+    dialect: Dialect,
     list_pages: bool,
     list_records: bool,
 ) -> Result<(), vmcsnap_migstream::StreamError> {
-    let mut reader = StreamReader::new(source);
+    let mut reader = StreamReader::with_options(source, ReaderOptions::for_dialect(dialect));
     let mut blocks: Vec<String> = Vec::new();
     let mut section_pages = 0u64;
     while let Some(event) = reader.next_event()? {

@@ -2,11 +2,16 @@
 //!
 //! Precopy streams carry OPEN_RETURN_PATH and PING when the `return-path`
 //! capability is on, and POSTCOPY_ADVISE when `postcopy-ram` is on even if
-//! postcopy never starts. Every other command means postcopy (or COLO)
-//! actually ran, and is an error.
+//! postcopy never starts. QEMU 10.0 adds SWITCHOVER_START (command 11,
+//! no payload) right before the RAM section's END of a precopy migration
+//! (when its `send-switchover-start` property is on: the default, except
+//! for machine types ≤ 9.2). Every other command means postcopy (or COLO)
+//! actually ran, and is an error; so is a command the stream's QEMU
+//! version does not define.
 
 use std::io::Read;
 
+use crate::dialect::Dialect;
 use crate::error::StreamError;
 use crate::input::Input;
 use crate::wire::CommandKind;
@@ -27,6 +32,9 @@ pub enum Command {
         /// The target page size, `None` for the 0-byte form.
         target_page_size: Option<u64>,
     },
+    /// `SWITCHOVER_START` (QEMU 10.0): the source stopped iterating; the
+    /// final RAM pass and the device state follow.
+    SwitchoverStart,
 }
 
 impl Command {
@@ -36,19 +44,27 @@ impl Command {
             Command::OpenReturnPath => CommandKind::OpenReturnPath,
             Command::Ping(_) => CommandKind::Ping,
             Command::PostcopyAdvise { .. } => CommandKind::PostcopyAdvise,
+            Command::SwitchoverStart => CommandKind::SwitchoverStart,
         }
     }
 }
 
-/// Reads a command after its 0x08 byte, which was at `at`.
+/// Reads a command after its 0x08 byte, which was at `at`, of a stream
+/// written by `dialect`'s QEMU.
 pub(crate) fn read_command<R: Read>(
     input: &mut Input<R>,
     at: u64,
     page_size: u64,
+    dialect: Dialect,
 ) -> Result<Command, StreamError> {
     let cmd = input.be16("command number")?;
     let len = input.be16("command payload length")?;
-    let kind = CommandKind::from_u16(cmd).ok_or(StreamError::UnknownCommand { offset: at, cmd })?;
+    let kind = CommandKind::for_dialect(cmd, dialect).ok_or(StreamError::UnknownCommand {
+        offset: at,
+        cmd,
+        dialect,
+        max: CommandKind::max_for(dialect),
+    })?;
     let name = kind.name();
     let bad_len = |expected| StreamError::BadCommandLength {
         offset: at,
@@ -98,6 +114,12 @@ pub(crate) fn read_command<R: Read>(
             }
             _ => Err(bad_len("0 or 16")),
         },
+        CommandKind::SwitchoverStart => {
+            if len != 0 {
+                return Err(bad_len("0"));
+            }
+            Ok(Command::SwitchoverStart)
+        }
         CommandKind::EnableColo => Err(StreamError::UnsupportedCommand {
             offset: at,
             name,

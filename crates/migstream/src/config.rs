@@ -1,11 +1,12 @@
 //! The configuration section (§1.3): machine type and the optional
-//! target-page-bits, capabilities and uuid subsections.
+//! target-page-bits, capabilities and uuid subsections. QEMU 10.0 writes
+//! the same section with the same three subsections.
 
 use std::io::Read;
 
 use crate::error::StreamError;
 use crate::input::Input;
-use crate::wire::{config_subsection, CAP_X_IGNORE_SHARED, SUBSECTION};
+use crate::wire::{config_subsection, CAP_MAPPED_RAM, CAP_X_IGNORE_SHARED, SUBSECTION};
 
 /// Longest machine type name accepted. QEMU's are a few dozen bytes; the
 /// wire length is a be32, so this bounds the allocation.
@@ -23,7 +24,8 @@ pub struct Configuration {
     /// variable page size (never on x86).
     pub target_page_bits: Option<u32>,
     /// `configuration/capabilities`: the validated capabilities that are on
-    /// (in 7.2 only `x-ignore-shared` can appear). Empty if the subsection
+    /// (in 7.2 only `x-ignore-shared` can appear; 10.0 adds `mapped-ram`,
+    /// which only file migrations use). Empty if the subsection
     /// is absent.
     pub capabilities: Vec<String>,
     /// `configuration/uuid`: the source's `-uuid`, if `validate-uuid` was on.
@@ -80,7 +82,7 @@ pub(crate) fn read_configuration<R: Read>(
         if version != 1 {
             return Err(bad(
                 at,
-                format!("subsection {name:?} has version {version}, QEMU 7.2 writes 1"),
+                format!("subsection {name:?} has version {version}, QEMU 7.2 and 10.0 write 1"),
             ));
         }
         match name.as_str() {
@@ -105,7 +107,11 @@ pub(crate) fn read_configuration<R: Read>(
                     ));
                 }
                 for _ in 0..count {
+                    let cap_at = input.offset();
                     let cap = input.short_str(&mut buf, "capability name")?;
+                    if cap == CAP_MAPPED_RAM.as_bytes() {
+                        return Err(bad(cap_at, "capability mapped-ram (QEMU 10.0: RAM at fixed file offsets) lays RAM out differently; disable the mapped-ram capability"));
+                    }
                     config
                         .capabilities
                         .push(String::from_utf8_lossy(cap).into_owned());

@@ -68,6 +68,34 @@ impl Dialect {
     }
 }
 
+/// Who resumes the guest after a background snapshot (`migrate` with the
+/// `background-snapshot` capability) of a VM the caller paused before
+/// starting it (vmcsnap pauses first, to freeze the disk in the same pause).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackgroundResume {
+    /// QEMU 7.2 starts the vCPUs itself once guest RAM is write-protected
+    /// (`vm_start` in `bg_migration_vm_start_bh`), whatever the run state
+    /// was; the caller waits for the `RESUME` event.
+    Qemu,
+    /// QEMU 10.0 puts back the run state from before the snapshot
+    /// (`vm_resume(vm_old_state)`): a guest the caller paused stays paused
+    /// and no `RESUME` comes. The caller sends `cont` once write protection
+    /// is on, which QMP shows as the first pages counted by `query-migrate`
+    /// (`ram.normal` + `ram.duplicate`: pages are saved only after the
+    /// protection is on) or the migration `completed`.
+    Caller,
+}
+
+impl Dialect {
+    /// Who resumes a guest paused before its background snapshot started.
+    pub fn background_resume(self) -> BackgroundResume {
+        match self {
+            Dialect::Qemu7_2 => BackgroundResume::Qemu,
+            Dialect::Qemu10_0 => BackgroundResume::Caller,
+        }
+    }
+}
+
 impl fmt::Display for Dialect {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "QEMU {}", self.release())
@@ -94,6 +122,15 @@ mod tests {
         assert!(msg.contains("install-qemu.sh"), "{msg}");
         assert!(Dialect::for_qemu(10, 1, 0).is_err());
         assert!(Dialect::for_qemu(8, 2, 0).is_err());
+    }
+
+    #[test]
+    fn only_qemu_7_2_resumes_a_guest_paused_before_its_background_snapshot() {
+        assert_eq!(Dialect::Qemu7_2.background_resume(), BackgroundResume::Qemu);
+        assert_eq!(
+            Dialect::Qemu10_0.background_resume(),
+            BackgroundResume::Caller
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! Errors for features the reader deliberately does not handle say which
 //! QEMU capability or setting to change.
 
+use crate::dialect::Dialect;
 use std::io;
 
 use thiserror::Error;
@@ -60,7 +61,7 @@ pub enum StreamError {
 
     /// The configuration section has a subsection this reader does not know;
     /// subsections carry no length, so it cannot be skipped.
-    #[error("unknown configuration subsection {name:?} at byte {offset}: this reader knows QEMU 7.2's target-page-bits, capabilities and uuid subsections only")]
+    #[error("unknown configuration subsection {name:?} at byte {offset}: this reader knows the target-page-bits, capabilities and uuid subsections QEMU 7.2 and 10.0 write")]
     UnknownConfigSubsection {
         /// Stream offset of the subsection.
         offset: u64,
@@ -105,7 +106,7 @@ pub enum StreamError {
     },
 
     /// The "ram" section has a version other than 4.
-    #[error("\"ram\" section at byte {offset} has version {found}; only version 4 (QEMU 2.x–9.x, including 7.2) is supported")]
+    #[error("\"ram\" section at byte {offset} has version {found}; only version 4 (QEMU 2.x–10.0, including 7.2 and 10.0) is supported")]
     RamSectionVersion {
         /// Stream offset of the section.
         offset: u64,
@@ -133,13 +134,17 @@ pub enum StreamError {
         reason: String,
     },
 
-    /// A command with a number QEMU 7.2 does not define.
-    #[error("unknown command {cmd} at byte {offset} (QEMU 7.2 defines commands 1..=10)")]
+    /// A command with a number the reader's QEMU version does not define.
+    #[error("unknown command {cmd} at byte {offset} ({dialect} defines commands 1..={max}; is the stream from another QEMU version than the reader was told?)")]
     UnknownCommand {
         /// Stream offset of the command.
         offset: u64,
         /// The command number.
         cmd: u16,
+        /// The QEMU version the reader reads ([`ReaderOptions::dialect`](crate::ReaderOptions::dialect)).
+        dialect: Dialect,
+        /// The highest command number that version defines.
+        max: u16,
     },
 
     /// A command whose payload length does not fit its number.
@@ -222,13 +227,21 @@ pub enum StreamError {
         offset: u64,
     },
 
-    /// A RAM record with a flag combination QEMU 7.2 never writes.
-    #[error("RAM record at byte {offset} has unknown flags {flags:#x} (QEMU 7.2 writes exactly one of ZERO 0x2, MEM_SIZE 0x4, PAGE 0x8, EOS 0x10, optionally with CONTINUE 0x20); is the target page size right?")]
+    /// A RAM record with a flag combination QEMU never writes in the streams read.
+    #[error("RAM record at byte {offset} has unknown flags {flags:#x} (QEMU 7.2 and 10.0 write exactly one of ZERO 0x2, MEM_SIZE 0x4, PAGE 0x8, EOS 0x10, optionally with CONTINUE 0x20); is the target page size right?")]
     UnknownRamFlags {
         /// Stream offset of the record.
         offset: u64,
         /// The flag bits.
         flags: u64,
+    },
+
+    /// A multifd sync point (`MULTIFD_FLUSH`, QEMU 8.0 and later): the
+    /// pages go over multifd channels, not in this stream.
+    #[error("RAM record at byte {offset} is a multifd flush (flag 0x200): the pages go over multifd channels this reader does not see; disable the multifd capability")]
+    Multifd {
+        /// Stream offset of the record.
+        offset: u64,
     },
 
     /// The RAM block list (setup) is malformed.

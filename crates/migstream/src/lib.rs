@@ -1,4 +1,4 @@
-//! Reader for QEMU 7.2 migration streams: precopy migrations and
+//! Reader for QEMU 7.2 and 10.0 migration streams: precopy migrations and
 //! background snapshots (`migrate` with the `background-snapshot`
 //! capability), read incrementally from any [`std::io::Read`]; and, in
 //! [`postcopy`], a writer: a postcopy migration *source* that restores a
@@ -13,6 +13,19 @@
 //! Section numbers (§) refer to the wire-format reference,
 //! `shared/reference/qemu-7.2-migration-wire-format.md`.
 //!
+//! # QEMU versions
+//!
+//! The reader reads the stream of the QEMU named by
+//! [`ReaderOptions::dialect`] (a [`Dialect`], chosen from the version QEMU
+//! reports; 7.2 by default). QEMU 10.0 writes the same layout as 7.2 with
+//! one addition the reader must know: the SWITCHOVER_START command (11,
+//! no payload), sent in precopy right before the RAM section's END when
+//! the machine type is newer than 9.2 (microvm; not `pc-q35-7.2`). A 7.2
+//! reader refuses it as an unknown command naming 7.2's range. What else
+//! differs (section ids, ROM sizes, the VM description's `configuration`
+//! member, capabilities a stream may announce) is in
+//! `docs/qemu-10.0-wire-format.md`.
+//!
 //! # Stream layout
 //!
 //! All integers are big-endian. `[..]` is optional.
@@ -26,6 +39,7 @@
 //! +--------------------------------------------------------------------+
 //! | [COMMAND] 0x08 | be16 cmd | be16 len | payload   (return path,    |
 //! |                                                    ping, advise)   |
+//! |   (10.0: SWITCHOVER_START 11, len 0, before the last RAM END)       |
 //! +--------------------------------------------------------------------+
 //! | START 0x01 | be32 id | u8 3 "ram" | be32 instance 0 | be32 ver 4   |
 //! |   be64 total|MEM_SIZE  (u8 len | name | be64 length                |
@@ -88,8 +102,10 @@
 //!
 //! By the reader, each with a specific [`StreamError`]: reading postcopy
 //! streams (any postcopy command but ADVISE; the crate only *writes* them,
-//! see [`postcopy`]), XBZRLE, compressed pages, multifd (detected as pages
-//! missing when the RAM data ends), RDMA, COLO, iterative sections other
+//! see [`postcopy`]), XBZRLE, compressed pages, multifd (a MULTIFD_FLUSH
+//! record, or pages missing when the RAM data ends), QEMU 10.0's
+//! `mapped-ram`, devices saved early (`early_setup`, e.g. virtio-mem: a
+//! device section before the RAM data), RDMA, COLO, iterative sections other
 //! than "ram" (block migration, dirty bitmaps, VFIO), and hugepage-backed
 //! RAM with postcopy-ram advised.
 //!
@@ -143,7 +159,7 @@ pub mod wire;
 pub use command::Command;
 pub use config::Configuration;
 pub use device_state::{VmDescDevice, VmDescription};
-pub use dialect::{Dialect, UnsupportedQemu};
+pub use dialect::{BackgroundResume, Dialect, UnsupportedQemu};
 pub use error::StreamError;
 pub use event::{Event, SectionHeader, SectionIdent};
 pub use options::{ReaderOptions, VmDescPolicy};

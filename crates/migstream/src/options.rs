@@ -1,5 +1,6 @@
 //! Settings of the stream reader.
 
+use crate::dialect::Dialect;
 use crate::wire::X86_TARGET_PAGE_SIZE;
 
 /// Settings of a [`StreamReader`](crate::StreamReader).
@@ -20,6 +21,21 @@ pub struct ReaderOptions {
     pub require_all_pages: bool,
     /// Whether the stream must end with a VM description.
     pub vmdesc: VmDescPolicy,
+    /// Which QEMU wrote the stream: decides which commands are valid
+    /// (QEMU 10.0 adds SWITCHOVER_START) and names the version in errors.
+    /// Take it from the QEMU's QMP greeting ([`Dialect::for_qemu`]);
+    /// QEMU 7.2 by default.
+    pub dialect: Dialect,
+}
+
+impl ReaderOptions {
+    /// The default options for a stream written by `dialect`'s QEMU.
+    pub fn for_dialect(dialect: Dialect) -> Self {
+        ReaderOptions {
+            dialect,
+            ..ReaderOptions::default()
+        }
+    }
 }
 
 impl Default for ReaderOptions {
@@ -29,6 +45,7 @@ impl Default for ReaderOptions {
             max_device_state_bytes: 256 << 20,
             require_all_pages: true,
             vmdesc: VmDescPolicy::Auto,
+            dialect: Dialect::Qemu7_2,
         }
     }
 }

@@ -116,6 +116,7 @@ pub(crate) fn decode_flags(flags: u64, at: u64) -> Result<(RecordKind, bool), St
         ram_flags::EOS => RecordKind::Eos,
         ram_flags::XBZRLE => return Err(StreamError::Xbzrle { offset: at }),
         ram_flags::COMPRESS_PAGE => return Err(StreamError::CompressedPage { offset: at }),
+        ram_flags::MULTIFD_FLUSH => return Err(StreamError::Multifd { offset: at }),
         f if f & ram_flags::HOOK != 0 => return Err(StreamError::RdmaHook { offset: at }),
         _ => return Err(StreamError::UnknownRamFlags { offset: at, flags }),
     };

@@ -54,7 +54,8 @@ enum State {
     Failed,
 }
 
-/// Reads a QEMU 7.2 migration stream incrementally from any [`Read`].
+/// Reads a QEMU 7.2 or 10.0 migration stream incrementally from any
+/// [`Read`]; which one is [`ReaderOptions::dialect`].
 ///
 /// Call [`next_event`](Self::next_event) until it returns `Ok(None)`.
 /// Reads block until the source has bytes (use a blocking socket). Memory
@@ -326,7 +327,7 @@ impl<R: Read> StreamReader<R> {
                 }))
             }
             SectionType::Command => {
-                let command = read_command(&mut self.input, at, self.page_size)?;
+                let command = read_command(&mut self.input, at, self.page_size, self.opts.dialect)?;
                 self.stats.commands += 1;
                 Ok(Step::Command(at, command))
             }

@@ -1,13 +1,16 @@
-//! Constants and small enums of the QEMU 7.2 migration wire format.
+//! Constants and small enums of QEMU's migration wire format (7.2 and
+//! 10.0; what 10.0 adds is marked, see `docs/qemu-10.0-wire-format.md`).
 //!
-//! Shared by the reader and by the writer that will follow, so both agree
-//! on every magic number. Section numbers (§) refer to
+//! Shared by the reader and by the postcopy writer, so both agree on every
+//! magic number. Section numbers (§) refer to
 //! `shared/reference/qemu-7.2-migration-wire-format.md`. All multi-byte
 //! integers on the wire are big-endian.
 
+use crate::dialect::Dialect;
+
 /// `QEMU_VM_FILE_MAGIC`: the first four bytes of every stream ("QEVM", §1.1).
 pub const FILE_MAGIC: u32 = 0x5145_564d;
-/// `QEMU_VM_FILE_VERSION`: the only stream version QEMU 7.2 writes or accepts (§1.1).
+/// `QEMU_VM_FILE_VERSION`: the only stream version QEMU 7.2 and 10.0 write or accept (§1.1).
 pub const FILE_VERSION: u32 = 3;
 
 /// `QEMU_VM_SUBSECTION`: starts a subsection inside vmstate data, and
@@ -91,9 +94,14 @@ pub mod config_subsection {
 /// blocks whose pages are sent.
 pub const CAP_X_IGNORE_SHARED: &str = "x-ignore-shared";
 
+/// QEMU 10.0's capability that puts each RAM block at a fixed offset of a
+/// file (`file:` migrations only); listed in the configuration section
+/// like `x-ignore-shared`. The reader refuses it.
+pub const CAP_MAPPED_RAM: &str = "mapped-ram";
+
 /// The idstr of the RAM section (§2).
 pub const RAM_IDSTR: &str = "ram";
-/// The only RAM section version QEMU 7.2 accepts (§2).
+/// The only RAM section version QEMU 7.2 and 10.0 accept (§2).
 pub const RAM_SECTION_VERSION: u32 = 4;
 /// The RAM section's instance id (§2).
 pub const RAM_INSTANCE_ID: u32 = 0;
@@ -117,8 +125,12 @@ pub mod ram_flags {
     pub const XBZRLE: u64 = 0x40;
     /// RDMA hook.
     pub const HOOK: u64 = 0x80;
-    /// zlib-compressed page (capability `compress`).
+    /// zlib-compressed page (capability `compress`; QEMU 10.0 removed
+    /// that capability and never writes this flag).
     pub const COMPRESS_PAGE: u64 = 0x100;
+    /// QEMU 8.x and later (10.0): a multifd sync point in the main channel
+    /// (capability `multifd` only); no payload.
+    pub const MULTIFD_FLUSH: u64 = 0x200;
 }
 
 /// The target page size of x86 (and the default of the reader): 4096.
@@ -148,10 +160,18 @@ pub enum CommandKind {
     PostcopyResume = 9,
     /// Postcopy recovery bitmap request (variable payload).
     RecvBitmap = 10,
+    /// QEMU 10.0: the source is about to switch over (payload length 0).
+    /// Sent after the last iterative pass of a precopy migration, just
+    /// before the RAM section's END, when the migration property
+    /// `send-switchover-start` is on (the default, except for machine
+    /// types ≤ 9.2 such as `pc-q35-7.2`).
+    SwitchoverStart = 11,
 }
 
 impl CommandKind {
-    /// The kind for a command number, `None` for 0 and ≥ 11.
+    /// The kind for a command number of any supported QEMU, `None` for 0
+    /// and ≥ 12 (which numbers a given version defines:
+    /// [`CommandKind::max_for`]).
     pub fn from_u16(cmd: u16) -> Option<Self> {
         Some(match cmd {
             1 => Self::OpenReturnPath,
@@ -164,6 +184,7 @@ impl CommandKind {
             8 => Self::EnableColo,
             9 => Self::PostcopyResume,
             10 => Self::RecvBitmap,
+            11 => Self::SwitchoverStart,
             _ => return None,
         })
     }
@@ -181,6 +202,23 @@ impl CommandKind {
             Self::EnableColo => "ENABLE_COLO",
             Self::PostcopyResume => "POSTCOPY_RESUME",
             Self::RecvBitmap => "RECV_BITMAP",
+            Self::SwitchoverStart => "SWITCHOVER_START",
         }
+    }
+
+    /// The highest command number `dialect` defines (its commands are
+    /// `1..=max_for(dialect)`).
+    pub fn max_for(dialect: Dialect) -> u16 {
+        match dialect {
+            Dialect::Qemu7_2 => Self::RecvBitmap as u16,
+            Dialect::Qemu10_0 => Self::SwitchoverStart as u16,
+        }
+    }
+
+    /// The kind for `cmd` if `dialect` defines it.
+    pub fn for_dialect(cmd: u16, dialect: Dialect) -> Option<Self> {
+        (cmd <= Self::max_for(dialect))
+            .then(|| Self::from_u16(cmd))
+            .flatten()
     }
 }

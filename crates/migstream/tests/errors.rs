@@ -38,11 +38,17 @@ fn unsupported_ram_variants_have_specific_errors() {
         e.be64(ram_flags::HOOK);
     }));
     assert!(matches!(e, StreamError::RdmaHook { .. }), "{e}");
+    // QEMU 8.0+ (10.0): a multifd sync point, named as such.
+    let e = err(&after_part(|e| {
+        e.be64(ram_flags::MULTIFD_FLUSH);
+    }));
+    assert!(matches!(e, StreamError::Multifd { offset: 73 }), "{e}");
+    assert!(e.to_string().contains("disable the multifd"), "{e}");
     for flags in [
         ram_flags::FULL,
         ram_flags::PAGE | ram_flags::ZERO,
         0,
-        0x200,
+        0x200 | ram_flags::PAGE,
         0x800,
     ] {
         let e = err(&after_part(|e| {

@@ -73,6 +73,9 @@ pub enum SpecError {
         /// The placeholder text.
         placeholder: String,
     },
+    /// `image_suite` without `image_recipe`.
+    #[error("VM {0:?}: image_suite needs image_recipe (it chooses the Debian release of an image vmcsnap builds; a user's image brings its own)")]
+    SuiteNeedsRecipe(String),
     /// `image` and `image_recipe` are both set.
     #[error("VM {0:?}: image and image_recipe are mutually exclusive: keep one")]
     ImageAndRecipe(String),

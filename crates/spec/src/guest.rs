@@ -6,8 +6,8 @@
 //! fields below applies to it.
 //!
 //! A VM with `image` (a qcow2 or raw root disk the user brings) or
-//! `image_recipe` (an image `vmcsnap image build` makes) is an **image
-//! VM**: a Debian/Ubuntu system that boots through its own bootloader
+//! `image_recipe` (an image `vmcsnap image build` makes, from the Debian
+//! release `image_suite`) is an **image VM**: a Debian/Ubuntu system that boots through its own bootloader
 //! (SeaBIOS + GRUB on q35) or directly from a `kernel`, runs on a qcow2
 //! overlay of the image, may get extra `disks` and a cloud-init NoCloud seed.
 //!
@@ -184,7 +184,23 @@ pub enum ImageSource<'a> {
     },
     /// An image `vmcsnap image build` makes (`image_recipe`); the agent
     /// checks the name.
-    Recipe(&'a str),
+    Recipe {
+        /// `image_recipe`.
+        name: &'a str,
+        /// `image_suite` (default bookworm).
+        suite: ImageSuite,
+    },
+}
+
+/// `image_suite`: the Debian release a recipe image is built from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageSuite {
+    /// Debian 12 (kernel 6.1).
+    #[default]
+    Bookworm,
+    /// Debian 13 (kernel 6.12).
+    Trixie,
 }
 
 /// How an image VM boots.

@@ -40,8 +40,8 @@ pub mod testing;
 pub use addressing::{VmAddress, SUBNET_PREFIX};
 pub use error::SpecError;
 pub use guest::{
-    Boot, DiskFormat, DiskSpec, ExtraDisk, GuestKind, HostAccess, ImageGuest, ImageSource, Machine,
-    SshKeys, IMAGE_MIN_MEMORY_MIB, MICROVM_VIRTIO_SLOTS, Q35_PCI_SLOTS,
+    Boot, DiskFormat, DiskSpec, ExtraDisk, GuestKind, HostAccess, ImageGuest, ImageSource,
+    ImageSuite, Machine, SshKeys, IMAGE_MIN_MEMORY_MIB, MICROVM_VIRTIO_SLOTS, Q35_PCI_SLOTS,
 };
 pub use model::{Accel, ClusterSection, ClusterSpec, VmSpec, MAX_BOOT_TIMEOUT_S, MAX_VMS};
 pub use ssh_key::{check_public_key, KEY_TYPES};

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::addressing::{self, VmAddress};
-use crate::guest::{DiskFormat, DiskSpec, HostAccess, Machine, SshKeys, IMAGE_MIN_MEMORY_MIB};
+use crate::guest::{
+    DiskFormat, DiskSpec, HostAccess, ImageSuite, Machine, SshKeys, IMAGE_MIN_MEMORY_MIB,
+};
 use crate::SpecError;
 
 /// At most this many VMs per cluster (addresses .2 to .250 of the /24).
@@ -94,6 +96,9 @@ pub struct VmSpec {
     /// An image vmcsnap builds (`vmcsnap image build`); excludes `image`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_recipe: Option<String>,
+    /// The Debian release of `image_recipe` (default bookworm).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_suite: Option<ImageSuite>,
     /// Extra disks of an image VM, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub disks: Vec<DiskSpec>,

@@ -29,7 +29,10 @@ impl VmSpec {
                 path,
                 format: self.image_format,
             },
-            (None, Some(recipe)) => ImageSource::Recipe(recipe),
+            (None, Some(recipe)) => ImageSource::Recipe {
+                name: recipe,
+                suite: self.image_suite.unwrap_or_default(),
+            },
             (None, None) => return GuestKind::Lab,
         };
         let boot = match &self.kernel {
@@ -55,6 +58,9 @@ impl VmSpec {
         let vm = || self.name.clone();
         if self.image.is_some() && self.image_recipe.is_some() {
             return Err(SpecError::ImageAndRecipe(vm()));
+        }
+        if self.image_suite.is_some() && self.image_recipe.is_none() {
+            return Err(SpecError::SuiteNeedsRecipe(vm()));
         }
         if !self.is_image() {
             let needs = |field| Err(SpecError::NeedsImage { vm: vm(), field });

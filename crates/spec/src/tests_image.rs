@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use crate::{
-    Boot, ClusterSpec, DiskFormat, ExtraDisk, GuestKind, HostAccess, ImageSource, Machine,
-    SpecError, SshKeys,
+    Boot, ClusterSpec, DiskFormat, ExtraDisk, GuestKind, HostAccess, ImageSource, ImageSuite,
+    Machine, SpecError, SshKeys,
 };
 
 /// A real public key (made with ssh-keygen for these tests).
@@ -44,7 +44,15 @@ fn example_specs_parse_the_lab_ones_unchanged_and_redis_as_image_vms() {
                     let GuestKind::Image(g) = v.kind() else {
                         panic!("{}: not an image VM", v.name)
                     };
-                    assert_eq!(g.source, ImageSource::Recipe("redis"), "{}", v.name);
+                    assert_eq!(
+                        g.source,
+                        ImageSource::Recipe {
+                            name: "redis",
+                            suite: ImageSuite::Bookworm
+                        },
+                        "{}",
+                        v.name
+                    );
                     assert!(!g.cloud_init, "{}", v.name);
                 }
             } else {
@@ -140,7 +148,13 @@ fn recipe_vm_and_keys_file_and_host_access() {
     .unwrap();
     assert_eq!(s.cluster.host_access, HostAccess::None);
     let g = image_kind(&s);
-    assert_eq!(g.source, ImageSource::Recipe("redis"));
+    assert_eq!(
+        g.source,
+        ImageSource::Recipe {
+            name: "redis",
+            suite: ImageSuite::Bookworm
+        }
+    );
     assert_eq!(g.ssh_keys, Some(&SshKeys::File("keys.pub".into())));
     let s = parse("[cluster]\nname='c'\nhost_access='host'\n[[vm]]\nname='a'\nmemory_mib=64\n")
         .unwrap();
@@ -394,6 +408,33 @@ fn disk_mib_on_an_image_vm_is_rejected() {
         "{e}"
     );
     assert!(e.to_string().contains("disks = [{ size_mib = N }]"), "{e}");
+}
+
+#[test]
+fn image_suite_chooses_the_recipes_debian_release() {
+    let suite = |fields: &str| match image_kind(&vm(fields).unwrap()).source {
+        ImageSource::Recipe { name, suite } => (name.to_string(), suite),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        suite("image_recipe='redis'\nimage_suite='trixie'"),
+        ("redis".into(), ImageSuite::Trixie)
+    );
+    for f in [
+        "image_recipe='redis'\nimage_suite='bookworm'",
+        "image_recipe='redis'",
+    ] {
+        assert_eq!(suite(f), ("redis".into(), ImageSuite::Bookworm));
+    }
+    for fields in ["image='/i'\nimage_suite='trixie'", "image_suite='trixie'"] {
+        assert_eq!(
+            vm(fields).unwrap_err(),
+            SpecError::SuiteNeedsRecipe("a".into()),
+            "{fields}"
+        );
+    }
+    let e = vm("image_recipe='redis'\nimage_suite='sid'").unwrap_err();
+    assert!(e.to_string().contains("trixie"), "{e}");
 }
 
 #[test]

@@ -209,7 +209,9 @@ pub enum Command {
               value_parser = clap::value_parser!(u32).range(0..=64))]
         prefetch_blocks: Option<u32>,
         /// Testing, with --cluster: make VM's Cohort fail in place of LOAD_FIN once every VM
-        /// has loaded (cohort-fail-when-peers-loaded=VM), to check what an abandoned restore leaves.
+        /// has loaded (cohort-fail-when-peers-loaded=VM), to check what an abandoned restore
+        /// leaves; or hold the background push (background-held-until=PATH) or START
+        /// (start-held-until=PATH) until PATH exists, to kill the agent at that stage.
         #[arg(long, hide = true, value_name = "FAULT", requires = "cluster")]
         inject_fault: Option<String>,
         /// Return once every page is loaded, with the full report (full load time, demand
@@ -404,6 +406,10 @@ pub enum ImageCmd {
     Build {
         /// Recipe name.
         name: String,
+        /// Debian release: bookworm (12, kernel 6.1) or trixie (13, kernel
+        /// 6.12); each is cached apart (a VM asks with image_suite).
+        #[arg(long, default_value = "bookworm", value_name = "SUITE")]
+        suite: vmcsnap_guest::image::Suite,
         /// Debian packages to add (comma-separated).
         #[arg(long, value_delimiter = ',', value_name = "P,...")]
         packages: Vec<String>,

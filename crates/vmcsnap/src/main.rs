@@ -450,22 +450,24 @@ fn image(cmd: ImageCmd) -> Result<()> {
     match cmd {
         ImageCmd::Build {
             name,
+            suite,
             packages,
             json,
         } => {
-            let recipe = image::ImageRecipe::named(&name, &packages)?;
+            let recipe = image::ImageRecipe::named(&name, &packages)?.with_suite(suite);
             let t = Instant::now();
             let b = image::ensure_image(&root, &recipe, &mut |m| eprintln!("{m}"))?;
             output::json_or(json, &serde_json::to_value(&b)?, || {
                 println!(
-                    "image {} ({}) in {:.1} s: {}",
+                    "image {} {} ({}) in {:.1} s: {}",
                     b.name,
+                    b.suite,
                     b.key,
                     t.elapsed().as_secs_f64(),
                     b.dir.display()
                 );
                 println!("  disk    {}", b.disk.display());
-                println!("  kernel  {}", b.kernel.display());
+                println!("  kernel  {} ({})", b.kernel.display(), b.kernel_version);
                 println!("  initrd  {}", b.initrd.display());
                 println!("  cmdline {}", b.cmdline);
             })
@@ -478,8 +480,9 @@ fn image(cmd: ImageCmd) -> Result<()> {
                 }
                 for i in &list {
                     println!(
-                        "{:<12} {} {:>5} MiB on disk  kernel {}  built in {:.0} s  packages: {}",
+                        "{:<12} {:<8} {} {:>5} MiB on disk  kernel {}  built in {:.0} s  packages: {}",
                         i.name,
+                        i.suite,
                         i.key,
                         i.disk_bytes >> 20,
                         i.kernel_version,

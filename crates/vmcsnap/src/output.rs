@@ -347,8 +347,10 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         .chain(own_disks.iter().map(|e| serde_json::json!({ "error": e })))
         .collect();
     let verify_ok = report.as_ref().is_some_and(|r| r.is_ok()) && own_disks.is_empty();
+    let into = restores_into(&img.manifest().qemu.version);
     let v = serde_json::json!({
         "path": dir,
+        "restores_into": into,
         "manifest": serde_json::to_value(img.manifest())?,
         "stats": {
             "pages_total": st.pages_total, "pages_stored": st.pages_stored, "pages_zero": st.pages_zero,
@@ -430,6 +432,10 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
             st.device_state_bytes, m.device_state_format
         );
         println!("  fafl       {} pages", img.fafl().len());
+        println!(
+            "  qemu       {}",
+            restores_into_line(&m.qemu.version, &into)
+        );
         if let Some(r) = &report {
             println!("  verify     {r}");
         }
@@ -453,6 +459,28 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The QEMU releases (`"7.2"`, `"10.0"`) a snapshot taken under QEMU
+/// `version` restores into (docs/qemu-upgrade-restore.md).
+pub(crate) fn restores_into(version: &str) -> Vec<&'static str> {
+    vmcsnap_agent::restore::versions::restores_into(version)
+        .into_iter()
+        .map(|d| d.release())
+        .collect()
+}
+
+pub(crate) fn restores_into_line(version: &str, into: &[&str]) -> String {
+    match into {
+        [] => {
+            format!("taken under QEMU {version:?}, which vmcsnap does not know: restores nowhere")
+        }
+        [one] => format!("taken under {version}: restores into QEMU {one} only"),
+        many => format!(
+            "taken under {version}: restores into QEMU {}",
+            many.join(" and ")
+        ),
+    }
 }
 
 /// `restore`: the restore report.

@@ -106,6 +106,7 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         .with_context(|| format!("cluster snapshot {}", dir.display()))?;
     let mut problems = Vec::new();
     let mut checked = Vec::new();
+    let mut qemu_lines = Vec::new();
     if verify {
         for vm in &m.vms {
             let vdir = dir.join(&vm.snapshot);
@@ -118,9 +119,17 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
                     for e in vmcsnap_agent::disk_set::own_disk_problems(&vdir, img.manifest()) {
                         problems.push(format!("VM {}: {e}", vm.name));
                     }
-                    checked.push(
-                        json!({ "vm": vm.name, "ok": r.is_ok(), "pages_checked": r.pages_checked }),
-                    );
+                    let version = &img.manifest().qemu.version;
+                    let into = crate::output::restores_into(version);
+                    qemu_lines.push(format!(
+                        "  qemu       {}: {}",
+                        vm.name,
+                        crate::output::restores_into_line(version, &into)
+                    ));
+                    checked.push(json!({
+                        "vm": vm.name, "ok": r.is_ok(), "pages_checked": r.pages_checked,
+                        "restores_into": into,
+                    }));
                 }
                 Err(e) => problems.push(format!("VM {}: {e}", vm.name)),
             }
@@ -178,6 +187,9 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
                 "  backoff    avg {} ms, max {} ms",
                 b["avg_ms"], b["max_ms"]
             );
+        }
+        for l in &qemu_lines {
+            println!("{l}");
         }
         if verify {
             println!(

@@ -93,7 +93,9 @@ fn qemu_that_fails_after_start_is_quoted_and_leaves_nothing() {
     let broken = env.run_dir().join("broken-qemu");
     std::fs::write(
         &broken,
-        "#!/bin/sh\necho 'qemu-system-x86_64: this build is broken' >&2\nexit 1\n",
+        // It tells its version (up asks it first), then fails to start.
+        "#!/bin/sh\n[ \"$1\" = --version ] && { echo 'QEMU emulator version 7.2.22'; exit 0; }\n\
+         echo 'qemu-system-x86_64: this build is broken' >&2\nexit 1\n",
     )
     .unwrap();
     std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -105,6 +107,31 @@ fn qemu_that_fails_after_start_is_quoted_and_leaves_nothing() {
         "VM \"a\"",
     );
     assert!(err.contains("this build is broken"), "{err}");
+    assert!(env.shm_files().is_empty());
+}
+
+/// A QEMU that cannot even tell its version fails `up` before anything
+/// starts, quoting what it said.
+#[test]
+fn qemu_that_cannot_tell_its_version_is_quoted() {
+    let _l = cluster_lock();
+    let mut env = Env::new();
+    let broken = env.run_dir().join("broken-qemu");
+    std::fs::write(
+        &broken,
+        "#!/bin/sh\necho 'qemu-system-x86_64: this build is broken' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    env.extra_env
+        .push(("VMCSNAP_QEMU".into(), broken.display().to_string()));
+    let err = expect_error(
+        &env,
+        &format!("[cluster]\nname = 'c'\naccel = 'tcg'\n{VM}"),
+        "--version",
+    );
+    assert!(err.contains("this build is broken"), "{err}");
+    assert!(!env.run_dir().join("cluster/a").exists(), "{err}");
     assert!(env.shm_files().is_empty());
 }
 

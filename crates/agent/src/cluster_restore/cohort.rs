@@ -31,6 +31,9 @@ pub struct Worker {
     pub cmds: Sender<Cmd>,
     /// The VM's start gate.
     pub gate: StartGate,
+    /// Testing (`crate::fault`, `start-held-until=PATH`): START opens the
+    /// gate only once this file exists.
+    pub start_held_until: Option<PathBuf>,
 }
 
 impl CohortWorker for Worker {
@@ -38,7 +41,21 @@ impl CohortWorker for Worker {
         let _ = self.cmds.send(Cmd::Load);
     }
     fn start(&mut self) {
-        self.gate.open();
+        let Some(path) = self.start_held_until.clone() else {
+            self.gate.open();
+            return;
+        };
+        crate::log(format!(
+            "cluster restore: injected fault start-held-until: START waits for {}",
+            path.display()
+        ));
+        let gate = self.gate.clone();
+        std::thread::spawn(move || {
+            while !path.exists() && !gate.is_aborted() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            gate.open();
+        });
     }
     fn abandon(&mut self, _reason: &str) {
         self.gate.abort();
@@ -75,6 +92,8 @@ pub struct Job {
     /// The injected fault for this VM (`crate::fault`): what it does in
     /// place of LOAD_FIN once this many VMs have loaded.
     pub when_peers_loaded: Option<(WhenPeersLoaded, usize)>,
+    /// Testing: the page source's background push waits for this file.
+    pub hold_background_until: Option<PathBuf>,
 }
 
 /// How many VMs of a cluster restore have loaded (for the injected faults
@@ -141,6 +160,7 @@ pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
         dir: job.dir.clone(),
         gate: job.gate.clone(),
         events: ev_tx,
+        hold_background_until: job.hold_background_until.clone(),
     });
     let (inbox, switch, vm, replay) = (
         job.inbox.clone(),

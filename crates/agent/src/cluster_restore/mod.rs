@@ -19,6 +19,7 @@
 //! - `hotrestore-rl`: elastic working set with LP-revised sizes, and starts
 //!   in restore-line order by the Coordinator's Checker.
 
+pub mod adopt;
 mod cohort;
 mod report;
 
@@ -116,8 +117,14 @@ pub fn restore_cluster(
 ) -> Result<ClusterRestoreReport, AgentError> {
     // The journal (see `restore_journal`) is begun once the plan is known,
     // and ended here whatever happened.
-    let r = restore_cluster_journaled(cluster, run, opts, early, progress);
+    let vms = Mutex::new(Vec::new());
+    let r = restore_cluster_journaled(cluster, run, opts, early, progress, &vms);
     crate::restore_journal::end(run);
+    // Only now: should this agent die before the journal's end, the next
+    // one adopts the restore from the page sources' files.
+    for vm in vms.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        let _ = std::fs::remove_dir_all(restore::page_source::dir_of(&run.vm_dir(&vm)));
+    }
     if let Some(ctx) = early {
         ctx.loads.clear();
     }
@@ -138,6 +145,7 @@ fn restore_cluster_journaled(
     opts: Options,
     early: Option<&crate::loading::Ctx<'_>>,
     progress: &mut dyn FnMut(&str),
+    journaled: &Mutex<Vec<String>>,
 ) -> Result<ClusterRestoreReport, AgentError> {
     let t0 = Instant::now();
     let start_unix_us = crate::snapshot::unix_us();
@@ -156,9 +164,12 @@ fn restore_cluster_journaled(
     })?;
     let plan = plan(&m, &dir, opts.mode)?;
     let mut saved = Vec::new();
+    let qemu_bin = crate::qemu::find_qemu()?;
     for v in &plan.vms {
         let img = crate::frozen_disks::open_image(&v.dir)
             .map_err(|e| AgentError::BadRequest(format!("VM {}: {e}", v.name)))?;
+        // Every VM's QEMU version before any VM starts.
+        restore::check_versions(&img, &opts.snapshot, &qemu_bin)?;
         saved.push(restore::saved_vm(&img, &opts.snapshot)?);
     }
     let first = saved.first().ok_or_else(|| {
@@ -184,8 +195,10 @@ fn restore_cluster_journaled(
             vms: plan.vms.iter().map(|v| v.name.clone()).collect(),
         },
     )?;
-    if let Some(RestoreFault { vm, .. }) = &opts.fault {
-        if !plan.vms.iter().any(|v| &v.name == vm) {
+    *journaled.lock().unwrap_or_else(|p| p.into_inner()) =
+        plan.vms.iter().map(|v| v.name.clone()).collect();
+    if let Some(vm) = opts.fault.as_ref().and_then(RestoreFault::vm) {
+        if !plan.vms.iter().any(|v| v.name == vm) {
             return Err(AgentError::BadRequest(format!(
                 "the fault names VM {vm:?}, which is not in cluster snapshot {:?} (its VMs: {})",
                 opts.snapshot,
@@ -511,12 +524,25 @@ fn run_protocol(
                 loads: loads.clone(),
                 loaded: loaded.clone(),
                 when_peers_loaded: match &opts.fault {
-                    Some(f) if f.vm == v.name => Some((f.kind, plan.vms.len())),
+                    Some(RestoreFault::PeersLoaded { vm, kind }) if *vm == v.name => {
+                        Some((*kind, plan.vms.len()))
+                    }
+                    _ => None,
+                },
+                hold_background_until: match &opts.fault {
+                    Some(RestoreFault::BackgroundHeldUntil(p)) => Some(p.clone()),
                     _ => None,
                 },
             };
             restores.push(s.spawn(move || cohort::restore_thread(run, job)));
-            let mut worker = cohort::Worker { cmds: cmd_tx, gate };
+            let mut worker = cohort::Worker {
+                cmds: cmd_tx,
+                gate,
+                start_held_until: match &opts.fault {
+                    Some(RestoreFault::StartHeldUntil(p)) => Some(p.clone()),
+                    _ => None,
+                },
+            };
             let (name, t) = (v.name.clone(), timeouts.clone());
             cohorts.push(s.spawn(move || {
                 let co = Cohort::new(epoch, name.clone(), COORDINATOR.to_string(), t);

@@ -18,6 +18,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use vmcsnap_spec::ClusterSpec;
 
+use super::control::Control;
 use super::page_source::{self, Ended, SourceJob};
 use super::run::{fail, saved_vm, Report};
 use super::{feed, finish};
@@ -60,7 +61,7 @@ pub fn stop_page_source(run: &RunDir, vm: &str) {
 
 /// Makes the restored VM of `job` (QEMU `qemu_pid`) a member of `cluster`,
 /// creating the cluster from the snapshot if none was recorded.
-fn join(
+pub fn join(
     run: &RunDir,
     cluster: &mut Option<Cluster>,
     job: &SourceJob,
@@ -117,8 +118,19 @@ pub fn adopt(
     qemu_pid: u32,
     note: &mut dyn FnMut(&mut Option<Cluster>, &str),
 ) -> Result<Report, AgentError> {
-    let name = job.member.config.name.clone();
     join(run, cluster, job, qemu_pid)?;
+    finish_adopted(run, cluster, job, note)
+}
+
+/// Waits for the page source of the adopted VM of `job` (a member of
+/// `cluster` already) to end, and finishes its restore.
+pub fn finish_adopted(
+    run: &RunDir,
+    cluster: &mut Option<Cluster>,
+    job: &SourceJob,
+    note: &mut dyn FnMut(&mut Option<Cluster>, &str),
+) -> Result<Report, AgentError> {
+    let name = job.member.config.name.clone();
     let dir = page_source::dir_of(&run.vm_dir(&name));
     let source = page_source::running(&dir);
     note(
@@ -173,4 +185,91 @@ pub fn adopt(
         report.full_load_ms
     ));
     Ok(report)
+}
+
+/// Where an adopted VM of a cluster restore is on its way to running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// Its guest runs (its agent sent START's `cont`).
+    Running,
+    /// Loaded, paused, waiting for START.
+    ForStart,
+}
+
+/// How long QEMU may still take to load the device state of a VM whose
+/// agent died while it did.
+const PREPARE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where the adopted `vm` is: waits while QEMU still loads the device state
+/// (its page source sent RUN, or will).
+pub fn waiting(vm: &mut Vm) -> Result<Waiting, AgentError> {
+    let t = std::time::Instant::now();
+    loop {
+        let st = vm.execute("query-status", serde_json::Value::Null)?;
+        match st["status"].as_str().unwrap_or("") {
+            "running" => return Ok(Waiting::Running),
+            "inmigrate" if t.elapsed() < PREPARE_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            "inmigrate" => {
+                return Err(fail(
+                    &vm.name,
+                    format!("QEMU did not load the device state within {PREPARE_TIMEOUT:?}"),
+                ))
+            }
+            "paused" | "prelaunch" => return Ok(Waiting::ForStart),
+            other => {
+                return Err(fail(
+                    &vm.name,
+                    format!("its QEMU is {other:?}, neither running nor waiting for START"),
+                ))
+            }
+        }
+    }
+}
+
+/// START for an adopted VM that waited for it, as its agent would have
+/// given it: the background push held for the start's quiet time, `cont`.
+/// [`started`] then records the start.
+pub fn start(vm: &mut Vm, job: &SourceJob, run: &RunDir) -> Result<(), AgentError> {
+    let dir = page_source::dir_of(&run.vm_dir(&vm.name));
+    let mut obs = page_source::read_observed(&dir);
+    obs.start_received_ms = Some(ms_since(job.finish.t0_unix_us));
+    page_source::write_observed(&dir, &obs);
+    page_source::hold(&dir, &mut Control::new(&dir), job.plan.start_quiet_ms);
+    vm.execute("cont", serde_json::Value::Null)?;
+    Ok(())
+}
+
+/// Records the start of a VM [`start`]ed by this agent, once its guest
+/// runs: when (RESUME), the accessed-bit counters then, and what its page
+/// source had loaded by then.
+pub fn started(vm: &mut Vm, job: &SourceJob, run: &RunDir) -> Result<(), AgentError> {
+    let dir = page_source::dir_of(&run.vm_dir(&vm.name));
+    let ev = vm.qmp()?.wait_event("RESUME", Duration::from_secs(60));
+    let resumed_us = match ev {
+        Ok(e) => e.timestamp_us,
+        Err(e) => {
+            // The event may have come before this connection listened.
+            if waiting(vm)? != Waiting::Running {
+                return Err(fail(&vm.name, format!("the guest did not start: {e}")));
+            }
+            super::run::unix_us(std::time::SystemTime::now())
+        }
+    };
+    let mut obs = page_source::read_observed(&dir);
+    if crate::accessed::clear(vm.pid).is_ok() {
+        obs.at_start = finish::ram_use_now(vm.pid, &vm.config.ram_file);
+    }
+    obs.latency_ms = Some(resumed_us.saturating_sub(job.finish.t0_unix_us) as f64 / 1000.0);
+    if let Some(n) = page_source::counters(&dir, &mut Control::new(&dir)) {
+        (obs.bytes_before, obs.pages_before) = (n.bytes_read, n.pages_read);
+    }
+    page_source::write_observed(&dir, &obs);
+    vm.config.paused = false;
+    Ok(())
+}
+
+fn ms_since(t0_unix_us: u64) -> f64 {
+    super::run::unix_us(std::time::SystemTime::now()).saturating_sub(t0_unix_us) as f64 / 1000.0
 }

@@ -3,10 +3,11 @@
 //! thread watches for the guest's start (QMP RESUME), reports progress
 //! (and, in a cluster restore, the Cohort's events), gives the fault path its
 //! CPU priorities ([`super::priority`]), and finally records what the
-//! restore learned ([`super::finish`]). The source of a restore of one VM is
-//! a process of its own that outlives the agent ([`super::page_source`],
-//! followed through its event pipe); a cluster restore's runs in a thread
-//! here, where START holds its background push.
+//! restore learned ([`super::finish`]). The source is a process of its own
+//! that outlives the agent ([`super::page_source`], followed through its
+//! event pipe); in a cluster restore START holds its background push, and
+//! the counters of what it loaded are read, on its control socket
+//! ([`super::control`]).
 //!
 //! The guest's way to running ([`Phase`]):
 //!
@@ -29,17 +30,17 @@
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use vmcsnap_image::PageKey;
-use vmcsnap_migstream::postcopy::{self, BackgroundHold, PageId, SourceConfig, SourceEvent};
+use vmcsnap_migstream::postcopy::SourceEvent;
 
+use super::control::Control;
 use super::finish;
 use super::page_source::{self, Ended, FinishJob, Observed, SourceJob, SourcePlan};
-use super::pages::ImagePages;
 use super::priority::{self, Priorities};
 use super::run::{fail, unix_us, Job, Report, RestoreEvent, TRACE_WINDOW};
 use crate::accessed::{self, RamUse};
@@ -169,6 +170,11 @@ fn source_job(job: &Job, background_after: Option<Duration>, member: VmRecord) -
             background_after_ms: background_after.map(|d| d.as_millis() as u64),
             prefetch_blocks: opts.prefetch_blocks,
             priorities: opts.priorities,
+            start_quiet_ms: opts.start_quiet.as_millis() as u64,
+            hold_until_exists: opts
+                .cluster
+                .as_ref()
+                .and_then(|c| c.hold_background_until.clone()),
         },
         finish: FinishJob {
             snapshot: opts.snapshot.clone(),
@@ -191,51 +197,46 @@ fn source_job(job: &Job, background_after: Option<Duration>, member: VmRecord) -
     }
 }
 
-/// Where the pages come from: this process (a cluster restore, whose
-/// START holds the background push), or a page-source process of its own
-/// reached through its event pipe (see [`page_source`]).
-enum Source<'a> {
-    InProcess {
-        scfg: Box<SourceConfig>,
-        pages: Box<ImagePages<'a>>,
-        stream: UnixStream,
-    },
-    Process {
-        dir: PathBuf,
-        events: std::fs::File,
-    },
+/// The page-source process of the restore (see [`page_source`]), followed
+/// through its event pipe.
+struct Source {
+    dir: PathBuf,
+    events: std::fs::File,
 }
 
-impl Source<'_> {
-    /// Runs (or follows) the source to its end, sending its events to `tx`.
-    fn run(self, prio: Option<Priorities>, tx: &mpsc::Sender<(Input, Instant)>) -> Ended {
-        let ended = match self {
-            Source::InProcess {
-                scfg,
-                mut pages,
-                stream,
-            } => {
-                // The return-path reader (started first) inherits the fault
-                // path's priority; the sender follows its work.
-                if let Some(p) = prio {
-                    let _ = priority::set_current_thread(p.fault_path);
-                }
-                let started = SystemTime::now();
-                let r = postcopy::run_source(&scfg, &mut *pages, stream, &mut |ev| {
-                    if let (SourceEvent::Work(w), Some(p)) = (&ev, prio) {
-                        let _ = priority::set_current_thread(p.for_work(*w));
-                    }
-                    let _ = tx.send((Input::Source(ev), Instant::now()));
-                });
-                Ended::of(&r, started)
-            }
-            Source::Process { dir, events } => page_source::follow(&dir, events, &mut |ev| {
-                let _ = tx.send((Input::Source(ev), Instant::now()));
-            }),
-        };
+impl Source {
+    /// Follows the source to its end, sending its events to `tx`.
+    fn run(self, tx: &mpsc::Sender<(Input, Instant)>) -> Ended {
+        let ended = page_source::follow(&self.dir, self.events, &mut |ev| {
+            let _ = tx.send((Input::Source(ev), Instant::now()));
+        });
         let ok = matches!(ended, Ended::Done(_));
         let _ = tx.send((Input::SourceDone { ok }, Instant::now()));
         ended
+    }
+}
+
+/// What the page source has read so far, asked on its control socket in a
+/// cluster restore (a restore of one VM takes it from the source's result).
+struct Loaded<'a> {
+    control: Option<Control>,
+    dir: &'a Path,
+}
+
+impl Loaded<'_> {
+    /// (bytes, pages) read; zeros where unknown.
+    fn now(&mut self) -> (u64, u64) {
+        let Some(c) = self.control.as_mut() else {
+            return (0, 0);
+        };
+        page_source::counters(self.dir, c).map_or((0, 0), |n| (n.bytes_read, n.pages_read))
+    }
+
+    /// Holds the background push for `quiet` from now.
+    fn hold(&mut self, quiet: Duration) {
+        if let Some(c) = self.control.as_mut() {
+            page_source::hold(self.dir, c, quiet.as_millis() as u64);
+        }
     }
 }
 
@@ -247,7 +248,6 @@ pub(super) fn feed(
 ) -> Result<Report, AgentError> {
     let Job {
         opts,
-        img,
         planned,
         t0,
         t0_wall,
@@ -264,6 +264,19 @@ pub(super) fn feed(
     let incoming = vm_dir.join("incoming.sock");
     let _ = std::fs::remove_file(&incoming);
     vm.qmp()?.set_timeout(Duration::from_secs(60));
+    // The QEMU that answered is the release the restore was checked for
+    // (`super::versions`, from `--version` before it started).
+    let v = vm.qmp()?.version();
+    let greeted = vmcsnap_migstream::Dialect::for_qemu(v.major, v.minor, v.micro);
+    if greeted.as_ref().ok() != Some(&job.dialect) {
+        return Err(fail(
+            &name,
+            format!(
+                "its QEMU greets as {}.{}.{} but its binary reported {} before it started",
+                v.major, v.minor, v.micro, job.dialect
+            ),
+        ));
+    }
     vm.execute(
         "migrate-set-capabilities",
         // `events`: QEMU sends MIGRATION status changes, which a failed
@@ -287,9 +300,9 @@ pub(super) fn feed(
     // In a cluster restore QEMU runs with -S: RUN loads the device state
     // while the VM waits for START, and START is a `cont`.
     let prepared = opts.cluster.is_some();
-    let hold = BackgroundHold::default();
     // Only demand faults for `start_quiet` once the guest starts: from RUN
-    // where RUN starts it, from `cont` in a cluster restore (`hold`).
+    // where RUN starts it, from `cont` in a cluster restore (a hold asked
+    // on the source's control socket).
     let quiet = opts.start_quiet;
     let background_after = match (opts.no_background, prepared || opts.paused) {
         (true, _) => Some(TRACE_WINDOW.max(quiet)),
@@ -298,54 +311,20 @@ pub(super) fn feed(
     };
     let sjob = source_job(job, background_after, member);
     let ps_dir = page_source::dir_of(&vm_dir);
-    let mut counters = None;
-    let source = if prepared {
-        let to_id = |k: &PageKey| PageId {
-            block: k.ram_block,
-            page: k.page,
-        };
-        let device_state = img
-            .device_state()
-            .map_err(|e| fail(&name, format!("device state: {e}")))?;
-        let scfg = SourceConfig {
-            before_run: planned.plan.before_run.iter().map(to_id).collect(),
-            demand_cluster: planned.plan.demand_cluster,
-            background: planned.plan.background.iter().map(to_id).collect(),
-            background_after,
-            ..super::pages::source_config(img, device_state, hold.clone())
-        };
-        let pages = ImagePages::new(img, &planned.plan.before_run, opts.prefetch_blocks)
-            .map_err(|e| fail(&name, e))?;
-        counters = Some((pages.bytes_read.clone(), pages.pages_read.clone()));
-        Source::InProcess {
-            scfg: Box::new(scfg),
-            pages: Box::new(pages),
-            stream,
-        }
-    } else {
-        page_source::write_job(&ps_dir, &sjob).map_err(|e| fail(&name, e))?;
-        // The agent's own image, by its /proc link (as for the stream relay).
-        let exe = PathBuf::from(format!("/proc/{}/exe", std::process::id()));
-        let events = page_source::spawn(&exe, &ps_dir, stream).map_err(|e| fail(&name, e))?;
-        Source::Process {
-            dir: ps_dir.clone(),
-            events,
-        }
+    page_source::write_job(&ps_dir, &sjob).map_err(|e| fail(&name, e))?;
+    // The agent's own image, by its /proc link (as for the stream relay).
+    let exe = PathBuf::from(format!("/proc/{}/exe", std::process::id()));
+    let events = page_source::spawn(&exe, &ps_dir, stream).map_err(|e| fail(&name, e))?;
+    let source = Source {
+        dir: ps_dir.clone(),
+        events,
     };
-    let read_now = |i: usize| {
-        counters
-            .as_ref()
-            .map_or(0, |(b, p): &(Arc<AtomicU64>, Arc<AtomicU64>)| {
-                [b, p][i].load(Ordering::Relaxed)
-            })
+    let mut loaded = Loaded {
+        control: prepared.then(|| Control::new(&ps_dir)),
+        dir: &ps_dir,
     };
-    // What the next agent needs should this one die (a page source of its
-    // own only).
-    let observe = |obs: &Observed| {
-        if !prepared {
-            page_source::write_observed(&ps_dir, obs);
-        }
-    };
+    // What the next agent needs should this one die.
+    let observe = |obs: &Observed| page_source::write_observed(&ps_dir, obs);
     let (tx, rx) = mpsc::channel::<(Input, Instant)>();
     let ms_since_t0 = |at: Instant| at.duration_since(t0).as_secs_f64() * 1000.0;
     let tell = |ev: RestoreEvent| {
@@ -368,7 +347,7 @@ pub(super) fn feed(
     });
     let mut st = Started::default();
     let outcome = std::thread::scope(|s| {
-        let h = s.spawn(move || source.run(prio, &tx));
+        let h = s.spawn(move || source.run(&tx));
         let mut last_progress = Instant::now();
         let mut raiser = None;
         let (mut phase, mut since) = (Phase::Loading, Instant::now());
@@ -385,13 +364,19 @@ pub(super) fn feed(
                 Ok((Input::Source(SourceEvent::RunSent), at)) => {
                     st.obs.run_sent_ms = Some(ms_since_t0(at));
                     if let Some(p) = prio {
-                        let pid = vm.pid;
+                        let (pid, dialect) = (vm.pid, job.dialect);
                         let done = &source_done;
                         raiser = Some(s.spawn(move || {
-                            priority::raise_qemu_fault_path(pid, p.fault_path, RAISE_WITHIN, done)
+                            priority::raise_qemu_fault_path(
+                                pid,
+                                dialect,
+                                p.fault_path,
+                                RAISE_WITHIN,
+                                done,
+                            )
                         }));
                     }
-                    st.obs.bytes_before = read_now(0);
+                    st.obs.bytes_before = loaded.now().0;
                     let next = if prepared {
                         "QEMU loads the device state, the guest waits for START"
                     } else {
@@ -458,7 +443,7 @@ pub(super) fn feed(
             match phase {
                 Phase::Preparing => match device_state_loaded(vm) {
                     Ok(true) => {
-                        let n = read_now(1);
+                        let n = loaded.now().1;
                         progress(&format!(
                             "{name}: device state and {n} pages loaded, waiting for START"
                         ));
@@ -481,7 +466,7 @@ pub(super) fn feed(
                     }
                 },
                 Phase::Ready if start_requested => {
-                    hold.hold_until(Instant::now() + quiet);
+                    loaded.hold(quiet);
                     if let Err(e) = vm.execute("cont", Value::Null) {
                         st.failure = Some(e);
                         break;
@@ -507,8 +492,7 @@ pub(super) fn feed(
                             );
                             if prepared {
                                 // Pages pushed while it waited count as loaded before its start.
-                                st.obs.bytes_before = read_now(0);
-                                st.obs.pages_before = read_now(1);
+                                (st.obs.bytes_before, st.obs.pages_before) = loaded.now();
                                 vm.config.paused = false;
                             }
                             phase = Phase::Running;

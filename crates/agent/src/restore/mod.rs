@@ -34,10 +34,12 @@
 //! `vmcsnap inspect --verify` checks a whole image beforehand.
 
 pub mod adopt;
+pub mod control;
 mod disks;
 mod early;
 mod feed;
 mod finish;
+mod firmware;
 pub mod page_source;
 pub mod pages;
 pub mod postmortem;
@@ -46,11 +48,12 @@ mod priority;
 mod run;
 mod start_gate;
 pub mod traces;
+pub mod versions;
 pub mod ws_inputs;
 
 pub use early::vm_status;
 pub use run::{
-    hybrid_size, restore, restore_into, saved_vm, InCluster, Options, Report, RestoreEvent, Saved,
-    WssChoice, CLUSTER_START_QUIET,
+    check_versions, hybrid_size, restore, restore_into, saved_vm, InCluster, Options, Report,
+    RestoreEvent, Saved, WssChoice, CLUSTER_START_QUIET,
 };
 pub use start_gate::StartGate;

@@ -1,5 +1,6 @@
-//! The page source of a restore of one VM as a process of its own, so that
-//! the guest keeps its pages coming when the agent dies.
+//! The page source of a restore (of one VM, or of each VM of a cluster
+//! restore) as a process of its own, so that the guest keeps its pages
+//! coming when the agent dies.
 //!
 //! A lazily or working-set restored guest runs before all its pages are
 //! loaded: every page it touches first is a postcopy request answered by
@@ -23,6 +24,8 @@
 //!                 guest's start, the accessed-bit counters at the start)
 //!  result.json    the page source's outcome, its last act: what it sent,
 //!                 every demand fault, or why it failed
+//!  control.sock   its control socket (super::control): START's hold of
+//!                 the background push, the counters of what it loaded
 //! ```
 //!
 //! While the agent lives it also reads the source's events as they happen
@@ -33,9 +36,26 @@
 //! report, the quality figures and the record of what the restore learned
 //! from the files ([`super::finish`]); then it removes the directory.
 //!
-//! A cluster restore still runs its sources inside the agent: START (the
-//! Coordinator's order of starts) holds each source's background push from
-//! the agent, which a separate process would need a channel for.
+//! A cluster restore runs one such source per VM. What START (the
+//! Coordinator's order of starts) needs of it goes through its control
+//! socket ([`super::control`]): the agent holds the background push for
+//! the start's quiet time just before the guest's `cont`, and reads what
+//! the source had loaded when the guest started. Whichever agent serves
+//! connects to it. A `kill -9` of the agent during a cluster restore:
+//!
+//! ```text
+//!  before every VM's source runs   the next agent kills every QEMU and
+//!                                  source of it and redoes it, eager-rl
+//!  sources serve, some VMs wait    it adopts every VM and gives those
+//!  for START (paused, or QEMU      waiting START together (hold, `cont`):
+//!  loading their device state)     none is left paused
+//!  every guest runs, pages load    it adopts every VM; the guests never
+//!                                  noticed
+//!  then, in both adopted cases     each VM's restore is finished from
+//!                                  these files as its source ends
+//! ```
+//!
+//! ([`crate::cluster_restore::adopt`]; docs/reliability.md.)
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::OwnedFd;
@@ -52,6 +72,7 @@ use vmcsnap_migstream::postcopy::{
 };
 use vmcsnap_workingset::Mode;
 
+use super::control;
 use super::pages::ImagePages;
 use super::priority;
 use crate::accessed::RamUse;
@@ -130,6 +151,14 @@ pub struct SourcePlan {
     pub prefetch_blocks: usize,
     /// Raise the fault path's CPU priority and lower the background's.
     pub priorities: bool,
+    /// A cluster restore: the background is held this long once START
+    /// comes (asked on the control socket by whichever agent starts it).
+    #[serde(default)]
+    pub start_quiet_ms: u64,
+    /// Testing (`crate::fault`, `background-held-until=PATH`): only demand
+    /// faults are served while this file does not exist.
+    #[serde(default)]
+    pub hold_until_exists: Option<PathBuf>,
 }
 
 /// What finishing the restore takes (read by whoever finishes it).
@@ -218,6 +247,13 @@ pub struct Outcome {
     pub pages_background: u64,
     /// From its start until the last page was sent, ms.
     pub all_sent_after_ms: f64,
+    /// Memory-image bytes read in all (what the control socket's counters
+    /// said last).
+    #[serde(default)]
+    pub bytes_read: u64,
+    /// Pages read in all.
+    #[serde(default)]
+    pub pages_read: u64,
 }
 
 impl Outcome {
@@ -236,6 +272,8 @@ impl Outcome {
             pages_on_demand: rep.pages_on_demand,
             pages_background: rep.pages_background,
             all_sent_after_ms: rep.all_sent_after.as_secs_f64() * 1000.0,
+            bytes_read: 0,
+            pages_read: 0,
         }
     }
 }
@@ -361,6 +399,36 @@ pub fn read_observed(dir: &Path) -> Observed {
 /// How the page source ended, if it has.
 pub fn read_result(dir: &Path) -> Result<Option<Ended>, PageSourceError> {
     read_json(&dir.join(RESULT))
+}
+
+/// What the page source of `dir` has read so far: asked on its control
+/// socket, or, once it has ended, from its result. `None` (logged) if
+/// neither says.
+pub fn counters(dir: &Path, c: &mut control::Control) -> Option<control::Counters> {
+    let e = match c.ask(control::Request::Counters) {
+        Ok(n) => return Some(n),
+        Err(e) => e,
+    };
+    match read_result(dir) {
+        Ok(Some(Ended::Done(o))) => Some(control::Counters {
+            bytes_read: o.bytes_read,
+            pages_read: o.pages_read,
+        }),
+        _ => {
+            crate::log(format!("{e}"));
+            None
+        }
+    }
+}
+
+/// Holds the background push of the page source of `dir` for `ms` from
+/// now; nothing to do for a source that has pushed every page.
+pub fn hold(dir: &Path, c: &mut control::Control, ms: u64) {
+    if let Err(e) = c.ask(control::Request::Hold { ms }) {
+        if !matches!(read_result(dir), Ok(Some(Ended::Done(_)))) {
+            crate::log(format!("{e}"));
+        }
+    }
 }
 
 /// The pid of the page source serving from `dir`, if it still runs.
@@ -495,6 +563,20 @@ pub fn follow(dir: &Path, events: std::fs::File, on: &mut dyn FnMut(SourceEvent)
     wait_ended(dir)
 }
 
+/// Testing: holds the background push while `path` does not exist.
+fn hold_until_exists(path: PathBuf, hold: BackgroundHold) {
+    eprintln!(
+        "injected fault: the background push waits for {}",
+        path.display()
+    );
+    std::thread::spawn(move || {
+        while !path.exists() {
+            control::hold_at_least(&hold, Instant::now() + Duration::from_millis(500));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+}
+
 /// The page source's own work (`vmcsnap page-source`): serves `stream`
 /// from the job in `dir`, writes its events to `events` while someone
 /// reads them, and its result to `dir` at the end.
@@ -512,12 +594,13 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
     let img = crate::frozen_disks::open_image(&plan.snap_dir).map_err(|e| bad(e.to_string()))?;
     let device_state = img.device_state().map_err(|e| bad(e.to_string()))?;
     let id = |&(block, page): &(u32, u32)| PageId { block, page };
+    let hold = BackgroundHold::default();
     let scfg = SourceConfig {
         before_run: plan.before_run.iter().map(id).collect(),
         demand_cluster: plan.demand_cluster,
         background: plan.background.iter().map(id).collect(),
         background_after: plan.background_after_ms.map(Duration::from_millis),
-        ..super::pages::source_config(&img, device_state, BackgroundHold::default())
+        ..super::pages::source_config(&img, device_state, hold.clone())
     };
     let keys: Vec<PageKey> = plan
         .before_run
@@ -526,6 +609,18 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
         .collect();
     let mut pages =
         ImagePages::new(&img, &keys, plan.prefetch_blocks).map_err(|e| bad(e.to_string()))?;
+    control::listen(
+        dir,
+        control::Served {
+            bytes: pages.bytes_read.clone(),
+            pages: pages.pages_read.clone(),
+            hold: hold.clone(),
+        },
+    )
+    .map_err(|e| io("listening on the control socket in", dir)(std::io::Error::other(e)))?;
+    if let Some(path) = plan.hold_until_exists.clone() {
+        hold_until_exists(path, hold);
+    }
     let prio = super::feed::priorities().filter(|_| plan.priorities);
     if let Some(p) = prio {
         let _ = priority::set_current_thread(p.fault_path);
@@ -563,7 +658,11 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
         }
     });
     drop(out);
-    let ended = Ended::of(&r, started);
+    let mut ended = Ended::of(&r, started);
+    if let Ended::Done(o) = &mut ended {
+        o.bytes_read = pages.bytes_read.load(std::sync::atomic::Ordering::Relaxed);
+        o.pages_read = pages.pages_read.load(std::sync::atomic::Ordering::Relaxed);
+    }
     write_file(
         dir,
         RESULT,

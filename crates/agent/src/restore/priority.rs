@@ -20,9 +20,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use vmcsnap_migstream::postcopy::Work;
+use vmcsnap_migstream::Dialect;
 
-/// QEMU's threads on the fault path (`-name ...,debug-threads=on`).
-const QEMU_FAULT_PATH_THREADS: [&str; 2] = ["fault-default", "postcopy/listen"];
+/// QEMU's threads on the fault path (`-name ...,debug-threads=on`), as
+/// each release names them (10.0 renamed its migration threads `mig/...`).
+pub fn qemu_fault_path_threads(dialect: Dialect) -> [&'static str; 2] {
+    match dialect {
+        Dialect::Qemu7_2 => ["fault-default", "postcopy/listen"],
+        Dialect::Qemu10_0 => ["mig/dst/fault", "mig/dst/listen"],
+    }
+}
 
 /// Nice values per kind of work (lower = more CPU).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,18 +99,23 @@ fn set_thread(tid: u32, nice: i32) -> std::io::Result<()> {
     }
 }
 
-/// Gives QEMU `pid`'s fault-path threads nice value `nice` as soon as they
-/// exist (QEMU starts them when it processes POSTCOPY_LISTEN and ends them
-/// when postcopy ends); looks for them until both are found, `within` has
-/// passed or `stop` is set. Returns how many were changed.
-pub fn raise_qemu_fault_path(pid: u32, nice: i32, within: Duration, stop: &AtomicBool) -> usize {
+/// Gives QEMU `pid`'s fault-path threads (those of its release
+/// `dialect`) nice value `nice` as soon as they exist (QEMU starts them
+/// when it processes POSTCOPY_LISTEN and ends them when postcopy ends);
+/// looks for them until both are found, `within` has passed or `stop` is
+/// set. Returns how many were changed.
+pub fn raise_qemu_fault_path(
+    pid: u32,
+    dialect: Dialect,
+    nice: i32,
+    within: Duration,
+    stop: &AtomicBool,
+) -> usize {
+    let names = qemu_fault_path_threads(dialect);
     let end = Instant::now() + within;
     let mut done: Vec<u32> = Vec::new();
     let tasks = format!("/proc/{pid}/task");
-    while done.len() < QEMU_FAULT_PATH_THREADS.len()
-        && Instant::now() < end
-        && !stop.load(Ordering::Relaxed)
-    {
+    while done.len() < names.len() && Instant::now() < end && !stop.load(Ordering::Relaxed) {
         let Ok(dir) = std::fs::read_dir(&tasks) else {
             break;
         };
@@ -111,7 +123,7 @@ pub fn raise_qemu_fault_path(pid: u32, nice: i32, within: Duration, stop: &Atomi
             let Ok(tid) = entry.file_name().to_string_lossy().parse::<u32>() else {
                 continue;
             };
-            if done.contains(&tid) || !is_fault_path_thread(&entry.path()) {
+            if done.contains(&tid) || !is_named(&entry.path(), &names) {
                 continue;
             }
             if set_thread(tid, nice).is_ok() {
@@ -123,9 +135,8 @@ pub fn raise_qemu_fault_path(pid: u32, nice: i32, within: Duration, stop: &Atomi
     done.len()
 }
 
-fn is_fault_path_thread(task: &Path) -> bool {
-    std::fs::read_to_string(task.join("comm"))
-        .is_ok_and(|c| QEMU_FAULT_PATH_THREADS.contains(&c.trim()))
+fn is_named(task: &Path, names: &[&str]) -> bool {
+    std::fs::read_to_string(task.join("comm")).is_ok_and(|c| names.contains(&c.trim()))
 }
 
 #[cfg(test)]
@@ -147,13 +158,20 @@ mod tests {
     #[test]
     fn threads_are_found_by_name_and_changed() {
         // Threads of this process named like QEMU's (lowering a priority
-        // needs no privilege).
+        // needs no privilege), under each release's names.
+        for d in Dialect::ALL {
+            threads_of_release_are_found(d);
+        }
+    }
+
+    fn threads_of_release_are_found(dialect: Dialect) {
         let stop = AtomicBool::new(false);
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let rx = std::sync::Mutex::new(rx);
         std::thread::scope(|s| {
             let mut tids = Vec::new();
-            for name in ["fault-default", "postcopy/listen", "CPU 0/TCG"] {
+            let [fault, listen] = qemu_fault_path_threads(dialect);
+            for name in [fault, listen, "CPU 0/TCG"] {
                 let (tid_tx, tid_rx) = std::sync::mpsc::channel();
                 let rx = &rx;
                 std::thread::Builder::new()
@@ -167,7 +185,13 @@ mod tests {
                 tids.push(tid_rx.recv().unwrap());
             }
             let nice = current_nice() + 3;
-            let n = raise_qemu_fault_path(std::process::id(), nice, Duration::from_secs(5), &stop);
+            let n = raise_qemu_fault_path(
+                std::process::id(),
+                dialect,
+                nice,
+                Duration::from_secs(5),
+                &stop,
+            );
             assert_eq!(n, 2);
             let nice_of = |tid: u32| {
                 // SAFETY: getpriority has no memory effects.
@@ -180,7 +204,13 @@ mod tests {
         // Nothing to find: returns once stopped.
         stop.store(true, Ordering::Relaxed);
         assert_eq!(
-            raise_qemu_fault_path(std::process::id(), 0, Duration::from_secs(60), &stop),
+            raise_qemu_fault_path(
+                std::process::id(),
+                Dialect::Qemu7_2,
+                0,
+                Duration::from_secs(60),
+                &stop
+            ),
             0
         );
     }

@@ -88,6 +88,9 @@ pub struct InCluster {
     /// Told when the working set is loaded, when the guest started, and
     /// when every page is loaded.
     pub events: mpsc::Sender<RestoreEvent>,
+    /// Testing (`crate::fault`): the page source pushes no page in the
+    /// background while this file does not exist.
+    pub hold_background_until: Option<PathBuf>,
 }
 
 /// What a restore taking part in a cluster restore reports as it goes.
@@ -428,6 +431,8 @@ pub fn restore_into(
     let name = saved.qemu.name.clone();
     let qemu_bin = qemu::find_qemu()?;
     let qemu_img = qemu::find_qemu_img()?;
+    // Before anything starts: can this QEMU load the snapshot's stream?
+    let dialect = check_versions(&img, &opts.snapshot, &qemu_bin)?;
     // Every writable disk from its own frozen copy, never a live file.
     let frozen = crate::disk_set::frozen_for(&saved.qemu, &img.manifest().disks)
         .map_err(|e| fail(&name, e))?;
@@ -450,6 +455,7 @@ pub fn restore_into(
         snap_dir: dir,
         saved,
         qemu_bin,
+        dialect,
         qemu_img,
         frozen,
         assets,
@@ -468,6 +474,30 @@ pub fn restore_into(
         report.full_load_ms
     ));
     Ok((member, report))
+}
+
+/// The release of `bin`, if it can load the stream of the snapshot in
+/// `img` ([`super::versions`]); otherwise one error naming both versions.
+pub fn check_versions(
+    img: &Image,
+    snapshot: &str,
+    bin: &Path,
+) -> Result<vmcsnap_migstream::Dialect, AgentError> {
+    let taken = &img.manifest().qemu.version;
+    let bad = |e: super::versions::VersionError| AgentError::BadRequest(e.to_string());
+    let into = super::versions::binary_version(snapshot, bin).map_err(bad)?;
+    let d = super::versions::check(snapshot, taken, &into, bin).map_err(bad)?;
+    if release_differs(taken, d) {
+        log(format!(
+            "restore {snapshot}: taken under QEMU {taken}, restored into QEMU {into} ({})",
+            bin.display()
+        ));
+    }
+    Ok(d)
+}
+
+fn release_differs(taken: &str, into: vmcsnap_migstream::Dialect) -> bool {
+    super::versions::release_of(taken) != Some(into)
 }
 
 /// The working-set size a `workingset` restore of the snapshot in `dir`
@@ -501,6 +531,8 @@ pub(super) struct Job<'a> {
     pub(super) snap_dir: &'a Path,
     saved: Saved,
     qemu_bin: PathBuf,
+    /// The release of `qemu_bin` (what the postcopy source speaks to it).
+    pub(super) dialect: vmcsnap_migstream::Dialect,
     qemu_img: PathBuf,
     frozen: Vec<crate::disk_set::Frozen>,
     assets: vmcsnap_guest::GuestAssets,
@@ -613,6 +645,8 @@ fn start_and_feed(
     // A cluster restore starts its guests on START (`cont`).
     config.paused = opts.paused || opts.cluster.is_some();
     (config.data_dir, config.module_dir) = qemu::installation_dirs(&job.qemu_bin);
+    // The firmware the snapshot recorded, whatever this QEMU ships.
+    config.bios = super::firmware::write_from_image(img, &dir).map_err(|e| fail(&name, e))?;
     let mem = img
         .ram_block_id("mem")
         .map(|b| img.ram_blocks()[b as usize].used_length);

@@ -7,7 +7,9 @@
 //!   disk, the VM continues on the overlay); `migrate` with
 //!   `background-snapshot` into the stream relay's pipe (`relay`), sent
 //!   together when nothing runs between them (`pause`). QEMU saves device state, turns on userfaultfd write
-//!   protection and resumes the guest by itself; pages stream out while the
+//!   protection and resumes the guest by itself (QEMU 7.2; 10.0 leaves it
+//!   paused and the agent sends `cont` as soon as QEMU counts its first
+//!   page, see `hot_resume`); pages stream out while the
 //!   guest runs, a page the guest writes is sent first (copy on write).
 //! - **stop-copy**: `stop`, disk snapshot, plain `migrate` of the paused VM,
 //!   `cont` once QEMU reports it completed. Downtime = the whole copy.
@@ -96,6 +98,8 @@ pub fn snapshot(
         vm: vm_name.clone(),
         detail,
     };
+    // A QEMU version vmcsnap does not speak: refused before anything.
+    let dialect = vm.dialect()?;
     // A VM the operator paused is taken as it is and stays paused: no
     // background snapshot (QEMU would resume the guest when it starts
     // one) and no `cont` after. Its "pause" costs the guest nothing.
@@ -148,7 +152,13 @@ pub fn snapshot(
 
     let v = vm.qmp()?.version();
     let mut copts = CaptureOptions::new(opts.mode.capture_mode(), vm.name.clone());
+    // The running QEMU's version: the manifest records it (a restore
+    // refuses an image into an older QEMU) and the reader reads its stream.
     copts.qemu_version = format!("{}.{}.{}", v.major, v.minor, v.micro);
+    copts.reader.dialect = dialect;
+    // The same layout in both versions (FULL sections of stream version 3),
+    // but only the version that wrote them can load them.
+    copts.device_state_format = format!("qemu-{}-device-sections", dialect.release());
     copts.vm_config = opts.vm_config.clone();
     // An image VM's seed and workload files live in its directory, which
     // `down` or a restore replaces: the snapshot keeps its own copies.
@@ -237,6 +247,7 @@ pub fn snapshot(
             vm,
             opts.mode,
             was_running,
+            dialect,
             &sock,
             &mut cap,
             &mut ctx,
@@ -470,6 +481,7 @@ fn run_mode(
     vm: &mut Vm,
     mode: Mode,
     was_running: bool,
+    dialect: vmcsnap_migstream::Dialect,
     sock: &Path,
     cap: &mut CaptureThread,
     ctx: &mut Ctx,
@@ -557,8 +569,9 @@ fn run_mode(
             ctx.t.pause.mark("disk_snapshot", t_disk);
             migrate?;
             if mode == Mode::Hot {
-                // QEMU resumes the guest by itself once write protection is on.
-                ctx.t.resume_us = wait_resume(vm)?;
+                // The guest resumes once write protection is on (by QEMU
+                // itself or by `cont`, as the version does it).
+                ctx.t.resume_us = hot_resume(vm, dialect)?;
                 drop(boost);
                 ctx.t.transient_done_us = unix_us();
                 hooks.running();

@@ -3,6 +3,7 @@
 //! and putting QEMU's settings back (the disks: `disks`).
 
 use super::*;
+use vmcsnap_migstream::{BackgroundResume, Dialect};
 
 /// Makes this QEMU read every page of guest RAM once, while the guest runs.
 ///
@@ -98,6 +99,60 @@ pub(super) fn wait_resume(vm: &mut Vm) -> Result<u64, AgentError> {
             });
         }
     }
+}
+
+/// Hot mode, once `migrate` was accepted: the guest's resume (the RESUME
+/// event's timestamp, µs), as this QEMU version does it.
+pub(super) fn hot_resume(vm: &mut Vm, dialect: Dialect) -> Result<u64, AgentError> {
+    match dialect.background_resume() {
+        BackgroundResume::Qemu => wait_resume(vm),
+        BackgroundResume::Caller => resume_once_protected(vm),
+    }
+}
+
+/// QEMU 10.0: QEMU leaves the guest paused as it was when the background
+/// snapshot started, so `cont` it as soon as guest RAM is write-protected:
+/// the first pages counted (QEMU saves pages only after turning the
+/// protection on) or the migration already `completed`. Returns the
+/// RESUME event's timestamp (µs).
+fn resume_once_protected(vm: &mut Vm) -> Result<u64, AgentError> {
+    let start = Instant::now();
+    loop {
+        let st = vm.execute("query-migrate", Value::Null)?;
+        let status = st["status"].as_str().unwrap_or("");
+        if status == "failed" || status == "cancelled" {
+            return Err(AgentError::Migration {
+                vm: vm.name.clone(),
+                what: "snapshot".into(),
+                detail: st["error-desc"]
+                    .as_str()
+                    .unwrap_or("no detail from QEMU")
+                    .to_string(),
+            });
+        }
+        if status == "completed" || (status == "active" && pages_counted(&st) > 0) {
+            // Inside the pause: `cont` at once (the run state is `paused`,
+            // never `finish-migrate`, in a background snapshot); the
+            // careful way only if QEMU refuses it.
+            if vm.execute("cont", Value::Null).is_err() {
+                cont_when_finalized(vm)?;
+            }
+            return event_ts(vm, "RESUME");
+        }
+        if start.elapsed() > ACCEPT_TIMEOUT {
+            return Err(AgentError::Snapshot {
+                vm: vm.name.clone(),
+                detail: format!("QEMU had not write-protected guest RAM {ACCEPT_TIMEOUT:?} after starting the background snapshot (query-migrate: {st})"),
+            });
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Pages a migration saved so far, by `query-migrate`.
+fn pages_counted(st: &Value) -> u64 {
+    let n = |k: &str| st["ram"][k].as_u64().unwrap_or(0);
+    n("normal") + n("duplicate")
 }
 
 /// The capabilities of a snapshot's migration. `postcopy-ram` is turned
@@ -394,6 +449,16 @@ mod tests {
             vm: "a".into(),
             detail: detail.into(),
         }
+    }
+
+    #[test]
+    fn write_protection_shows_as_pages_counted() {
+        // query-migrate of a background snapshot in setup, then iterating.
+        assert_eq!(pages_counted(&json!({ "status": "setup" })), 0);
+        let active = json!({ "status": "active", "ram": { "normal": 0, "duplicate": 0 } });
+        assert_eq!(pages_counted(&active), 0);
+        let saving = json!({ "status": "active", "ram": { "normal": 3, "duplicate": 40 } });
+        assert_eq!(pages_counted(&saving), 43);
     }
 
     #[test]

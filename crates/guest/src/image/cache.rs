@@ -8,12 +8,14 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::{io_err, ImageError, ImageRecipe};
+use super::{io_err, ImageError, ImageRecipe, Suite};
 
 /// An image found in the cache by [`list_images`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct CachedImage {
     pub name: String,
+    /// The Debian release (manifests written before trixie images: bookworm).
+    pub suite: Suite,
     pub key: String,
     pub dir: PathBuf,
     pub packages: Vec<String>,
@@ -28,9 +30,10 @@ pub struct CachedImage {
 /// The `recipe` file of a built image.
 pub(super) fn manifest(r: &ImageRecipe, key: &str, kernel_version: &str, seconds: f64) -> String {
     format!(
-        "name={}\nkey={key}\npackages={}\nservices={}\nprograms={}\nsize_mib={}\n\
+        "name={}\nsuite={}\nkey={key}\npackages={}\nservices={}\nprograms={}\nsize_mib={}\n\
          kernel_version={kernel_version}\nbuild_seconds={seconds:.1}\n",
         r.name,
+        r.suite,
         r.packages.join(" "),
         r.services.join(" "),
         r.programs.join(" "),
@@ -47,8 +50,13 @@ pub(super) fn parse_manifest(text: &str, dir: &Path, disk_bytes: u64) -> Option<
     };
     let name = get("name").filter(|n| !n.is_empty())?.to_string();
     let key = get("key").filter(|k| k.len() == 16 && k.bytes().all(|b| b.is_ascii_hexdigit()))?;
+    let suite = match get("suite") {
+        None => Suite::Bookworm,
+        Some(s) => Suite::parse(s).ok()?,
+    };
     Some(CachedImage {
         name,
+        suite,
         key: key.to_string(),
         dir: dir.to_path_buf(),
         packages: get("packages")?
@@ -91,7 +99,7 @@ pub fn list_images(cache_root: &Path) -> Result<Vec<CachedImage>, ImageError> {
             None => log::warn!("{}: unreadable recipe manifest, skipped", dir.display()),
         }
     }
-    out.sort_by(|a, b| (&a.name, &a.key).cmp(&(&b.name, &b.key)));
+    out.sort_by(|a, b| (&a.name, a.suite, &a.key).cmp(&(&b.name, b.suite, &b.key)));
     Ok(out)
 }
 

@@ -3,23 +3,25 @@
 //! snapshot) as the host, and no host name is baked into vmcsnap.
 //!
 //! `$VMCSNAP_DEBIAN_MIRROR` wins; otherwise the first `deb` entry for the
-//! suite `bookworm` with the component `main` in `/etc/apt/sources.list`,
+//! image's suite with the component `main` in `/etc/apt/sources.list`,
 //! `/etc/apt/sources.list.d/*.list` (one-line format) or
 //! `/etc/apt/sources.list.d/*.sources` (deb822), in that order (files of a
-//! directory sorted by name, other extensions ignored, as apt does).
+//! directory sorted by name, other extensions ignored, as apt does). A host
+//! has entries for its own release only (a Debian 12 host: bookworm), so
+//! when no entry names the suite, the first entry of any suite vmcsnap
+//! builds ([`Suite::ALL`]) is taken: a Debian archive serves every release.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::ImageError;
+use super::{ImageError, Suite};
 
 /// Environment variable that overrides the mirror taken from apt's sources.
 pub const MIRROR_ENV: &str = "VMCSNAP_DEBIAN_MIRROR";
 
-const SUITE: &str = "bookworm";
-
-/// The Debian mirror URI to build from (see the module documentation).
-pub fn debian_mirror() -> Result<String, ImageError> {
+/// The Debian mirror URI to build `suite` from (see the module
+/// documentation).
+pub fn debian_mirror(suite: Suite) -> Result<String, ImageError> {
     if let Some(m) = std::env::var_os(MIRROR_ENV).filter(|v| !v.is_empty()) {
         return Ok(m.to_string_lossy().into_owned());
     }
@@ -42,23 +44,30 @@ pub fn debian_mirror() -> Result<String, ImageError> {
         .into_iter()
         .filter_map(|p| fs::read_to_string(&p).ok().map(|t| (p, t)))
         .collect();
-    texts
-        .iter()
-        .find_map(|(p, t)| mirror_in(p, t))
-        .ok_or(ImageError::NoMirror)
+    mirror_for(suite, &texts).ok_or(ImageError::NoMirror)
 }
 
-/// The bookworm/main URI in one apt sources file, judged by its name.
-pub fn mirror_in(path: &Path, text: &str) -> Option<String> {
+/// The mirror for `suite` in apt sources files (path, text), in apt's
+/// order: an entry naming `suite`, else one naming another suite vmcsnap
+/// builds.
+pub fn mirror_for(suite: Suite, files: &[(PathBuf, String)]) -> Option<String> {
+    let fallback = Suite::ALL.into_iter().filter(|s| *s != suite);
+    std::iter::once(suite)
+        .chain(fallback)
+        .find_map(|s| files.iter().find_map(|(p, t)| mirror_in(s.name(), p, t)))
+}
+
+/// The `suite`/main URI in one apt sources file, judged by its name.
+pub fn mirror_in(suite: &str, path: &Path, text: &str) -> Option<String> {
     if path.extension().and_then(|e| e.to_str()) == Some("sources") {
-        mirror_in_deb822(text)
+        mirror_in_deb822(suite, text)
     } else {
-        mirror_in_one_line(text)
+        mirror_in_one_line(suite, text)
     }
 }
 
 /// `deb [options] URI SUITE COMPONENT...` lines.
-pub fn mirror_in_one_line(text: &str) -> Option<String> {
+pub fn mirror_in_one_line(want: &str, text: &str) -> Option<String> {
     text.lines().find_map(|line| {
         let line = line.split('#').next().unwrap_or("").trim();
         let rest = line.strip_prefix("deb")?;
@@ -73,13 +82,13 @@ pub fn mirror_in_one_line(text: &str) -> Option<String> {
         let uri = words.next()?;
         let suite = words.next()?;
         let components: Vec<&str> = words.collect();
-        (suite == SUITE && components.contains(&"main") && is_uri(uri))
+        (suite == want && components.contains(&"main") && is_uri(uri))
             .then(|| uri.trim_end_matches('/').to_string())
     })
 }
 
 /// deb822 stanzas (`Types:`, `URIs:`, `Suites:`, `Components:`, `Enabled:`).
-pub fn mirror_in_deb822(text: &str) -> Option<String> {
+pub fn mirror_in_deb822(suite: &str, text: &str) -> Option<String> {
     let mut stanzas: Vec<Vec<(String, String)>> = vec![Vec::new()];
     for line in text.lines() {
         if line.trim().is_empty() {
@@ -114,7 +123,7 @@ pub fn mirror_in_deb822(text: &str) -> Option<String> {
             .is_none_or(|v| !v.eq_ignore_ascii_case("no"));
         let ok = enabled
             && field("types").contains(&"deb")
-            && field("suites").contains(&SUITE)
+            && field("suites").contains(&suite)
             && field("components").contains(&"main");
         if !ok {
             return None;
@@ -150,12 +159,23 @@ mod tests {
              deb [signed-by=/k.gpg arch=amd64] {A}/ bookworm contrib main # trailing\n\
              deb {B} bookworm main\n"
         );
-        assert_eq!(mirror_in_one_line(&text).as_deref(), Some(A));
+        assert_eq!(mirror_in_one_line("bookworm", &text).as_deref(), Some(A));
         assert_eq!(
-            mirror_in_one_line(&format!("deb {A} bookworm contrib\n")),
+            mirror_in_one_line("bookworm", &format!("deb {A} bookworm contrib\n")),
             None
         );
-        assert_eq!(mirror_in_one_line(&format!("deb {A} trixie main\n")), None);
+        assert_eq!(
+            mirror_in_one_line("bookworm", &format!("deb {A} trixie main\n")),
+            None
+        );
+        assert_eq!(
+            mirror_in_one_line(
+                "trixie",
+                &format!("deb {B} bookworm main\ndeb {A} trixie main\n")
+            )
+            .as_deref(),
+            Some(A)
+        );
     }
 
     #[test]
@@ -167,10 +187,13 @@ mod tests {
              Types: deb\nURIs: {A}\nSuites: bookworm\n  bookworm-updates\nComponents: main\n\
              Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
         );
-        assert_eq!(mirror_in_deb822(&text).as_deref(), Some(A));
-        assert_eq!(mirror_in(Path::new("x.sources"), &text).as_deref(), Some(A));
+        assert_eq!(mirror_in_deb822("bookworm", &text).as_deref(), Some(A));
+        assert_eq!(
+            mirror_in("bookworm", Path::new("x.sources"), &text).as_deref(),
+            Some(A)
+        );
         // The same text read as a .list file has no one-line entries.
-        assert_eq!(mirror_in(Path::new("x.list"), &text), None);
+        assert_eq!(mirror_in("bookworm", Path::new("x.list"), &text), None);
     }
 
     #[test]
@@ -186,8 +209,8 @@ mod tests {
             "deb \"http://x.invalid\" bookworm main",
             "\u{0}\u{ff}garbage\n:::\n",
         ] {
-            assert_eq!(mirror_in_one_line(text), None, "{text:?}");
-            assert_eq!(mirror_in_deb822(text), None, "{text:?}");
+            assert_eq!(mirror_in_one_line("bookworm", text), None, "{text:?}");
+            assert_eq!(mirror_in_deb822("bookworm", text), None, "{text:?}");
         }
         for text in [
             "Types: deb\nURIs:\nSuites: bookworm\nComponents: main\n",
@@ -195,14 +218,46 @@ mod tests {
             " continuation first\nTypes deb\n",
             "Types: deb\nURIs: http://x.invalid\nSuites: bookworm\nComponents: main\nEnabled: no\n",
         ] {
-            assert_eq!(mirror_in_deb822(text), None, "{text:?}");
+            assert_eq!(mirror_in_deb822("bookworm", text), None, "{text:?}");
         }
+    }
+
+    #[test]
+    fn a_suite_without_its_own_entry_takes_another_suites_archive() {
+        let files = |list: &[(&str, String)]| -> Vec<(PathBuf, String)> {
+            list.iter()
+                .map(|(p, t)| (PathBuf::from(p), t.clone()))
+                .collect()
+        };
+        // A Debian 12 host: bookworm only, in deb822.
+        let host = files(&[(
+            "debian.sources",
+            format!("Types: deb\nURIs: {A}\nSuites: bookworm bookworm-updates\nComponents: main\n"),
+        )]);
+        for s in Suite::ALL {
+            assert_eq!(mirror_for(s, &host).as_deref(), Some(A), "{s}");
+        }
+        // An entry naming the suite wins over an earlier one of another suite.
+        let both = files(&[
+            ("a.list", format!("deb {A} bookworm main\n")),
+            ("b.list", format!("deb {B} trixie main\n")),
+        ]);
+        assert_eq!(mirror_for(Suite::Trixie, &both).as_deref(), Some(B));
+        assert_eq!(mirror_for(Suite::Bookworm, &both).as_deref(), Some(A));
+        // Other suites (sid, security) are no fallback: their layout differs.
+        let other = files(&[(
+            "a.list",
+            format!("deb {A} sid main\ndeb {B}-security trixie-security main\n"),
+        )]);
+        assert_eq!(mirror_for(Suite::Trixie, &other), None);
     }
 
     #[test]
     fn this_host_has_a_mirror() {
         // The image build depends on it; the check reads /etc/apt only.
-        let m = debian_mirror().unwrap_or_else(|e| panic!("{e}"));
-        assert!(is_uri(&m), "{m}");
+        for s in Suite::ALL {
+            let m = debian_mirror(s).unwrap_or_else(|e| panic!("{e}"));
+            assert!(is_uri(&m), "{m}");
+        }
     }
 }

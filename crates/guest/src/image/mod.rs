@@ -1,5 +1,5 @@
-//! Real distro images for the lab: Debian bookworm with systemd, built from
-//! Debian's own packages, cached like the guest assets.
+//! Real distro images for the lab: Debian bookworm (12) or trixie (13) with
+//! systemd, built from Debian's own packages, cached like the guest assets.
 //!
 //! [`ensure_image`] builds an [`ImageRecipe`] once per input key
 //! ([`image_key`]: the recipe and the embedded `guest/image/*.sh` and C
@@ -8,8 +8,8 @@
 //! * `disk.qcow2`: the root file system (ext4 on the whole disk, no partition
 //!   table, label `root`), made by `mmdebstrap --mode=root --variant=minbase`
 //!   and `mkfs.ext4 -d` + `qemu-img convert`, nothing mounted;
-//! * `vmlinuz`, `initrd.img`: the image's own Debian cloud kernel (6.1) and
-//!   initramfs, for direct kernel boot (`-kernel`/`-initrd`, no boot loader);
+//! * `vmlinuz`, `initrd.img`: the image's own Debian cloud kernel (6.1 on
+//!   bookworm, 6.12 on trixie) and initramfs, for direct kernel boot (`-kernel`/`-initrd`, no boot loader);
 //! * `packages.txt` (every package and version), `kernel-version`, `recipe`
 //!   (what it was built from, see [`list_images`]) and `complete`.
 //!
@@ -42,7 +42,7 @@ use std::process::Command;
 use std::time::Instant;
 
 pub use cache::{list_images, CachedImage};
-pub use recipe::{ImageRecipe, BUILTIN_RECIPES, DEFAULT_SIZE_MIB, IMAGE_PROGRAMS};
+pub use recipe::{ImageRecipe, Suite, BUILTIN_RECIPES, DEFAULT_SIZE_MIB, IMAGE_PROGRAMS};
 
 use crate::{run_streaming, FileLock, GuestError};
 
@@ -82,6 +82,8 @@ const EMBEDDED: &[(&str, &str)] = &[
 pub struct BuiltImage {
     /// Recipe name.
     pub name: String,
+    /// The Debian release it was built from.
+    pub suite: Suite,
     /// `<cache_root>/image-<name>-<key>/`
     pub dir: PathBuf,
     /// The root file system, qcow2 (use it as the backing file of an overlay:
@@ -96,6 +98,10 @@ pub struct BuiltImage {
     pub cmdline: String,
     /// [`image_key`] of the recipe.
     pub key: String,
+    /// The kernel's release (`uname -r` in the guest, e.g.
+    /// `6.12.57+deb13-cloud-amd64`), from the build's `kernel-version`;
+    /// empty if that file is missing.
+    pub kernel_version: String,
 }
 
 /// What went wrong, phrased so the user knows what to do next.
@@ -108,10 +114,10 @@ pub enum ImageError {
     #[error("building image {0:?} needs root (mmdebstrap --mode=root): run vmcsnap as root, or build it once as root with `vmcsnap image build {0}`")]
     NotRoot(String),
     /// No Debian mirror configured.
-    #[error("no Debian mirror for bookworm main found in /etc/apt/sources.list or /etc/apt/sources.list.d/: add one there, or set VMCSNAP_DEBIAN_MIRROR to the archive's URI")]
+    #[error("no Debian mirror with main for bookworm or trixie found in /etc/apt/sources.list or /etc/apt/sources.list.d/: add one there, or set VMCSNAP_DEBIAN_MIRROR to the archive's URI")]
     NoMirror,
     /// The build script failed.
-    #[error("building image {name:?} failed ({status}); last lines of the build:\n{tail}\nFix the cause shown above (a missing host package: mmdebstrap, e2fsprogs, qemu-utils, gcc; a package name not in bookworm main; no access to the Debian mirror) and try again; nothing was cached.")]
+    #[error("building image {name:?} failed ({status}); last lines of the build:\n{tail}\nFix the cause shown above (a missing host package: mmdebstrap, e2fsprogs, qemu-utils, gcc; a package name not in the suite's main; no access to the Debian mirror) and try again; nothing was cached.")]
     Build {
         name: String,
         status: String,
@@ -154,12 +160,16 @@ pub fn image_cmdline() -> String {
 fn built_in(dir: &Path, recipe: &ImageRecipe, key: &str) -> Option<BuiltImage> {
     let b = BuiltImage {
         name: recipe.name.clone(),
+        suite: recipe.suite,
         dir: dir.to_path_buf(),
         disk: dir.join("disk.qcow2"),
         kernel: dir.join("vmlinuz"),
         initrd: dir.join("initrd.img"),
         cmdline: image_cmdline(),
         key: key.to_string(),
+        kernel_version: fs::read_to_string(dir.join("kernel-version"))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default(),
     };
     let complete = [&dir.join("complete"), &b.disk, &b.kernel, &b.initrd]
         .iter()
@@ -167,15 +177,21 @@ fn built_in(dir: &Path, recipe: &ImageRecipe, key: &str) -> Option<BuiltImage> {
     complete.then_some(b)
 }
 
-/// The newest complete image in the cache named `name` (built with
-/// `vmcsnap image build NAME --packages ...`), whatever its packages.
-pub fn find_image(cache_root: &Path, name: &str) -> Result<Option<BuiltImage>, ImageError> {
+/// The newest complete image in the cache named `name` and built from
+/// `suite` (with `vmcsnap image build NAME --suite SUITE --packages ...`),
+/// whatever its packages.
+pub fn find_image(
+    cache_root: &Path,
+    name: &str,
+    suite: Suite,
+) -> Result<Option<BuiltImage>, ImageError> {
     let mut found: Vec<(std::time::SystemTime, BuiltImage)> = list_images(cache_root)?
         .into_iter()
-        .filter(|i| i.name == name)
+        .filter(|i| i.name == name && i.suite == suite)
         .filter_map(|i| {
             let recipe = ImageRecipe {
                 name: i.name.clone(),
+                suite: i.suite,
                 ..ImageRecipe::base()
             };
             let b = built_in(&i.dir, &recipe, &i.key)?;
@@ -232,7 +248,7 @@ pub fn ensure_image(
         // Not complete and nobody is building (we hold the lock): debris.
         cache::remove_unless_mounted(&final_dir)?;
     }
-    let mirror = mirror::debian_mirror()?;
+    let mirror = mirror::debian_mirror(recipe.suite)?;
     let (bash, work, src) = crate::build_workspace(
         cache_root,
         &format!(".image-{name}-{key}-"),
@@ -242,7 +258,8 @@ pub fn ensure_image(
     )?;
     let out = work.path().join("out");
     progress(&format!(
-        "image {name}: building (key {key}, mirror {mirror}) into {}",
+        "image {name}: building {} (key {key}, mirror {mirror}) into {}",
+        recipe.suite,
         final_dir.display()
     ));
     let started = Instant::now();
@@ -251,6 +268,7 @@ pub fn ensure_image(
         .arg(&out)
         .env("TMPDIR", work.path())
         .env("IMAGE_NAME", name)
+        .env("IMAGE_SUITE", recipe.suite.name())
         .env("IMAGE_MIRROR", &mirror)
         .env("IMAGE_PACKAGES", recipe.packages.join(" "))
         .env("IMAGE_SERVICES", recipe.services.join(" "))

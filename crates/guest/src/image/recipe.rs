@@ -5,7 +5,8 @@
 //! `guest/image/build-image.sh`), the units the workload waits for, the
 //! programs of `guest/src` compiled into `/usr/local/bin`, and the disk size.
 //! Built-in: [`ImageRecipe::base`] and [`ImageRecipe::redis`]; any other
-//! name is `base` plus the packages given ([`ImageRecipe::named`]).
+//! name is `base` plus the packages given ([`ImageRecipe::named`]). Each is
+//! built from one Debian [`Suite`] (bookworm unless asked otherwise).
 
 use sha2::{Digest, Sha256};
 
@@ -20,13 +21,65 @@ pub const IMAGE_PROGRAMS: &[&str] = &["redisload"];
 /// Default virtual disk size (MiB): ext4, sparse in the qcow2.
 pub const DEFAULT_SIZE_MIB: u64 = 2048;
 
+/// The Debian release an image is built from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Suite {
+    /// Debian 12, kernel 6.1.
+    #[default]
+    Bookworm,
+    /// Debian 13, kernel 6.12 (under QEMU 7.2's TCG the agent runs it with
+    /// `-cpu max,-cx16`).
+    Trixie,
+}
+
+impl Suite {
+    /// Every suite vmcsnap builds, oldest first.
+    pub const ALL: [Suite; 2] = [Suite::Bookworm, Suite::Trixie];
+
+    /// Debian's name of the suite (`bookworm`, `trixie`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Suite::Bookworm => "bookworm",
+            Suite::Trixie => "trixie",
+        }
+    }
+
+    /// The suite called `name`, or an error listing the ones vmcsnap builds.
+    pub fn parse(name: &str) -> Result<Suite, ImageError> {
+        Suite::ALL
+            .into_iter()
+            .find(|s| s.name() == name)
+            .ok_or_else(|| {
+                ImageError::InvalidRecipe(format!(
+                    "Debian suite {name:?}: vmcsnap builds bookworm (Debian 12) and trixie (Debian 13)"
+                ))
+            })
+    }
+}
+
+impl std::fmt::Display for Suite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Suite {
+    type Err = ImageError;
+    fn from_str(s: &str) -> Result<Suite, ImageError> {
+        Suite::parse(s)
+    }
+}
+
 /// What to build; see the module documentation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageRecipe {
     /// `[a-z0-9][a-z0-9.-]*`, at most 40 characters: the cache directory's
     /// and `/etc/vmcsnap-image`'s name.
     pub name: String,
-    /// Debian packages (bookworm, main) on top of the base set.
+    /// The Debian release.
+    pub suite: Suite,
+    /// Debian packages (the suite's main) on top of the base set.
     pub packages: Vec<String>,
     /// Units `vmcsnap-workload.service` starts after (besides network-online).
     pub services: Vec<String>,
@@ -41,6 +94,7 @@ impl ImageRecipe {
     pub fn base() -> Self {
         ImageRecipe {
             name: "base".into(),
+            suite: Suite::Bookworm,
             packages: Vec::new(),
             services: Vec::new(),
             programs: Vec::new(),
@@ -53,6 +107,7 @@ impl ImageRecipe {
     pub fn redis() -> Self {
         ImageRecipe {
             name: "redis".into(),
+            suite: Suite::Bookworm,
             packages: vec!["redis-server".into(), "redis-tools".into()],
             services: vec!["redis-server.service".into()],
             programs: vec!["redisload".into()],
@@ -67,6 +122,12 @@ impl ImageRecipe {
             "redis" => Some(Self::redis()),
             _ => None,
         }
+    }
+
+    /// This recipe built from `suite`.
+    pub fn with_suite(mut self, suite: Suite) -> Self {
+        self.suite = suite;
+        self
     }
 
     /// The built-in recipe `name` with `extra` packages added, or, for any
@@ -151,6 +212,7 @@ impl ImageRecipe {
         };
         field("format", super::FORMAT.as_bytes());
         field("name", self.name.as_bytes());
+        field("suite", self.suite.name().as_bytes());
         for (tag, list) in [
             ("package", &self.packages),
             ("service", &self.services),
@@ -190,6 +252,23 @@ mod tests {
         assert!(r.packages.contains(&"redis-server".to_string()));
         assert_eq!(r.programs, ["redisload"]);
         assert_eq!(ImageRecipe::builtin("nope"), None);
+        assert_eq!(ImageRecipe::redis().suite, Suite::Bookworm);
+    }
+
+    #[test]
+    fn suites_parse_by_debian_name_and_nothing_else() {
+        for s in Suite::ALL {
+            assert_eq!(Suite::parse(s.name()).unwrap(), s);
+            assert_eq!(s.to_string(), s.name());
+        }
+        assert_eq!("trixie".parse::<Suite>().unwrap(), Suite::Trixie);
+        for bad in ["", "Trixie", "sid", "bullseye", "trixie ", "13"] {
+            let e = Suite::parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("bookworm") && e.contains("trixie"),
+                "{bad:?}: {e}"
+            );
+        }
     }
 
     #[test]
@@ -262,6 +341,7 @@ mod tests {
         let mut v = r.clone();
         v.size_mib += 1;
         variants.push(v);
+        variants.push(r.clone().with_suite(Suite::Trixie));
         for v in &variants {
             assert_ne!(v.key_with(&files), k, "{v:?}");
         }

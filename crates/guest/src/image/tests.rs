@@ -93,7 +93,22 @@ fn manifest_round_trips_and_rejects_garbage() {
     assert_eq!(m.kernel_version, "6.1.0-50-cloud-amd64");
     assert_eq!(m.build_seconds, 41.2);
     assert_eq!(m.disk_bytes, 7);
+    assert_eq!(m.suite, Suite::Bookworm);
+    let t = r.clone().with_suite(Suite::Trixie);
+    let m = parse_manifest(
+        &manifest(&t, "0123456789abcdef", "k", 1.0),
+        Path::new("/d"),
+        0,
+    );
+    assert_eq!(m.unwrap().suite, Suite::Trixie);
+    // Manifests written before trixie images have no suite: bookworm.
+    let old = "name=x\nkey=0123456789abcdef\npackages=\nsize_mib=1024\n";
+    assert_eq!(
+        parse_manifest(old, Path::new("/d"), 0).unwrap().suite,
+        Suite::Bookworm
+    );
     for bad in [
+        "name=x\nsuite=sid\nkey=0123456789abcdef\npackages=\nsize_mib=1",
         "",
         "name=\nkey=0123456789abcdef\npackages=\nsize_mib=1",
         "name=x\nkey=0123\npackages=\nsize_mib=1",
@@ -155,6 +170,33 @@ fn list_images_skips_incomplete_and_foreign_directories() {
         (list[0].name.as_str(), list[0].dir.as_path()),
         ("redis", good.as_path())
     );
+}
+
+#[test]
+fn find_image_takes_the_suite_asked_for() {
+    let root = tempfile::tempdir().unwrap();
+    let fake = |suite: Suite, key: &str| {
+        let r = ImageRecipe::named("pg", &[]).unwrap().with_suite(suite);
+        let dir = root.path().join(format!("image-pg-{key}"));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("recipe"), manifest(&r, key, "k", 1.0)).unwrap();
+        for f in ["complete", "disk.qcow2", "vmlinuz", "initrd.img"] {
+            fs::write(dir.join(f), "").unwrap();
+        }
+        fs::write(dir.join("kernel-version"), format!("{suite}-kernel\n")).unwrap();
+        dir
+    };
+    let trixie = fake(Suite::Trixie, "1111111111111111");
+    assert_eq!(
+        find_image(root.path(), "pg", Suite::Bookworm).unwrap(),
+        None
+    );
+    let bookworm = fake(Suite::Bookworm, "0000000000000000");
+    for (suite, dir) in [(Suite::Bookworm, &bookworm), (Suite::Trixie, &trixie)] {
+        let b = find_image(root.path(), "pg", suite).unwrap().unwrap();
+        assert_eq!((b.suite, &b.dir), (suite, dir));
+        assert_eq!(b.kernel_version, format!("{suite}-kernel"));
+    }
 }
 
 /// One real build of a small recipe: layout, cache hit, no debris. Needs

@@ -1,5 +1,7 @@
 //! Feeds arbitrary bytes to the stream reader. The first byte selects
-//! reader options and the source's read size, the rest is the stream.
+//! reader options (bit 0: pages may be missing; bits 1-2: vmdesc policy;
+//! bit 3: QEMU 10.0's dialect, else 7.2) and the source's read size
+//! (bits 6-7), the rest is the stream.
 //! Every input must end in an error or a clean end: no panic, no hang, no
 //! huge allocation.
 #![no_main]
@@ -7,7 +9,7 @@
 use std::io::Read;
 
 use libfuzzer_sys::fuzz_target;
-use vmcsnap_migstream::{Event, ReaderOptions, StreamReader, VmDescPolicy};
+use vmcsnap_migstream::{Dialect, Event, ReaderOptions, StreamReader, VmDescPolicy};
 
 /// A source that returns at most `chunk` bytes per read, like a socket.
 struct Chunked<'a> {
@@ -36,6 +38,11 @@ fuzz_target!(|input: &[u8]| {
             _ => VmDescPolicy::Optional,
         },
         max_device_state_bytes: 1 << 20,
+        dialect: if sel & 8 != 0 {
+            Dialect::Qemu10_0
+        } else {
+            Dialect::Qemu7_2
+        },
         ..ReaderOptions::default()
     };
     let chunk = [1usize, 7, 4096, usize::MAX][usize::from(sel >> 6)];

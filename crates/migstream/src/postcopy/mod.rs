@@ -1,8 +1,16 @@
-//! A postcopy migration **source**: feeds an unmodified QEMU 7.2
+//! A postcopy migration **source**: feeds an unmodified QEMU 7.2 or 10.0
 //! destination (`-incoming defer`, `postcopy-ram` on, `migrate-incoming
 //! uri=unix:PATH`) from a snapshot, so that vmcsnap decides which pages the
 //! destination gets before its guest starts and in which order the rest
 //! follow.
+//!
+//! The stream below is the same for both releases: QEMU 10.0's destination
+//! handles every item of it, and every return-path message it sends with
+//! these capabilities, as 7.2 does (10.0's additions, SWITCHOVER_START and
+//! SWITCHOVER_ACK, belong to capabilities left off: `switchover-ack`,
+//! multifd). What differs per release around the stream (the firmware
+//! block's size, the destination's thread names, which snapshots a release
+//! can load) is handled by the agent (docs/qemu-upgrade-restore.md).
 //!
 //! [`run_source`] connects nothing itself: it is handed the connected
 //! socket, writes the whole stream, serves the destination's page requests
