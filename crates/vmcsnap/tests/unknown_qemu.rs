@@ -1,8 +1,11 @@
 //! A QEMU version vmcsnap does not speak is one clear error at `up`, before
 //! anything is asked of the VM (issue 30). The QEMU here is a stand-in (a
-//! small Python program given as `VMCSNAP_QEMU`) that answers QMP like a
-//! QEMU 9.2.0 and records every command it gets: only the greeting's
-//! `qmp_capabilities` (and the teardown's `quit`) may come.
+//! small Python program given as `VMCSNAP_QEMU`) whose `--version` says
+//! what `FAKE_QEMU_VERSION` holds, that answers QMP like a QEMU 9.2.0 and
+//! records every command it gets. Two lines of defence: `up` asks the
+//! binary's `--version` before starting anything; and a QEMU whose QMP
+//! greeting reports a version vmcsnap does not speak is refused after the
+//! greeting's `qmp_capabilities` (and the teardown's `quit`), nothing else.
 
 mod common;
 
@@ -11,6 +14,10 @@ use common::Env;
 const FAKE_QEMU: &str = r#"#!/usr/bin/env python3
 import json, os, socket, sys, threading
 args = sys.argv[1:]
+if "--version" in args:
+    print("QEMU emulator version " + os.environ["FAKE_QEMU_VERSION"])
+    sys.exit(0)
+open(os.environ["FAKE_QEMU_RECORD"] + ".started", "w").close()
 qmp = [a.split(",")[0][len("unix:"):] for i, a in enumerate(args) if i > 0 and args[i - 1] == "-qmp"]
 record = os.environ["FAKE_QEMU_RECORD"]
 
@@ -44,8 +51,9 @@ for p in qmp[1:]:
 serve(qmp[0])
 "#;
 
-#[test]
-fn up_on_an_unknown_qemu_version_fails_naming_it_before_touching_the_vm() {
+/// `up` with the stand-in whose `--version` says `version`: its error, and
+/// the QMP commands the stand-in got (`None`: it was never started).
+fn up_on_fake(version: &str) -> (String, Option<String>) {
     let dir = tempfile::tempdir().unwrap();
     let fake = dir.path().join("qemu-system-x86_64");
     std::fs::write(&fake, FAKE_QEMU).unwrap();
@@ -54,6 +62,8 @@ fn up_on_an_unknown_qemu_version_fails_naming_it_before_touching_the_vm() {
     let mut env = Env::with_qemu(&fake);
     env.extra_env
         .push(("FAKE_QEMU_RECORD".into(), record.display().to_string()));
+    env.extra_env
+        .push(("FAKE_QEMU_VERSION".into(), version.to_string()));
     let spec = env.write_spec(
         "[cluster]\nname = \"uq\"\naccel = \"tcg\"\n\n[[vm]]\nname = \"a\"\nmemory_mib = 128\n",
     );
@@ -64,7 +74,25 @@ fn up_on_an_unknown_qemu_version_fails_naming_it_before_touching_the_vm() {
         stderr.contains("QEMU 9.2.0 is not supported") && stderr.contains("install-qemu.sh"),
         "{stderr}"
     );
-    let commands = std::fs::read_to_string(&record).unwrap_or_default();
+    let started = record.with_extension("started").exists();
+    let commands = started.then(|| std::fs::read_to_string(&record).unwrap_or_default());
+    eprintln!("up said: {stderr}");
+    // Torn down: no QEMU, socket or RAM file left (the agent exits idle).
+    env.assert_clean();
+    (stderr.into_owned(), commands)
+}
+
+#[test]
+fn up_on_a_qemu_binary_of_an_unknown_version_fails_before_starting_it() {
+    let (_, commands) = up_on_fake("9.2.0");
+    assert_eq!(commands, None, "the QEMU was started");
+}
+
+#[test]
+fn a_qemu_that_greets_with_an_unknown_version_is_asked_nothing_more() {
+    // --version says 10.0.2 (it passes the first check); QMP says 9.2.0.
+    let (_, commands) = up_on_fake("10.0.2");
+    let commands = commands.expect("the stand-in QEMU was started");
     assert!(
         commands
             .lines()
@@ -72,7 +100,4 @@ fn up_on_an_unknown_qemu_version_fails_naming_it_before_touching_the_vm() {
         "the VM was asked for more than its greeting: {commands}"
     );
     assert!(commands.contains("qmp_capabilities"), "{commands}");
-    eprintln!("up said: {stderr}");
-    // Torn down: no QEMU, socket or RAM file left (the agent exits idle).
-    env.assert_clean();
 }
