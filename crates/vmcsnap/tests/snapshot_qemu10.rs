@@ -15,10 +15,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{cluster_lock, last_field, qemu10, Env};
+use common::{cluster_lock, compare_with_reference, last_field, qemu10, Env};
 
 const SPEC: &str = r#"
 [cluster]
@@ -55,29 +55,6 @@ fn wait_writes(env: &Env, vm: &str, after: u64, what: &str) {
     env.wait_console(vm, what, Duration::from_secs(120), |c| {
         last_field(c, "memtouch:", "writes").unwrap_or(0) > after
     });
-}
-
-/// Compares every page of RAM block `mem` in the image with `reference`.
-fn compare_with_reference(dir: &Path, reference: &Path) {
-    let img = vmcsnap_agent::frozen_disks::open_image(dir).unwrap();
-    let id = img.ram_block_id("mem").expect("RAM block mem");
-    let ps = img.page_size();
-    let reference = std::fs::read(reference).unwrap();
-    let pages = img.ram_block_pages(id) as usize;
-    assert_eq!(reference.len(), pages * ps, "reference size vs RAM block");
-    let mut image = vec![0xAAu8; pages * ps];
-    img.read_ram_block(id, &mut image)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let mismatches: Vec<usize> = (0..pages)
-        .filter(|p| image[p * ps..(p + 1) * ps] != reference[p * ps..(p + 1) * ps])
-        .collect();
-    assert!(
-        mismatches.is_empty(),
-        "{}: {} of {pages} pages differ from the RAM at the pause (first: {:?})",
-        dir.display(),
-        mismatches.len(),
-        &mismatches[..mismatches.len().min(10)]
-    );
 }
 
 #[test]

@@ -77,6 +77,13 @@ pub struct Counters {
     pub pages_read: u64,
 }
 
+/// The answer to a line that is not a [`Request`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refused {
+    /// Why the line was not understood.
+    pub error: String,
+}
+
 /// The source's side: its counters and the hold of its background push.
 #[derive(Clone)]
 pub struct Served {
@@ -140,7 +147,10 @@ fn serve_one(conn: UnixStream, served: &Served) {
         let Ok(line) = line else { return };
         let answer = match serde_json::from_str::<Request>(&line) {
             Ok(req) => serde_json::to_string(&served.answer(req)).expect("serialises"),
-            Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
+            Err(e) => serde_json::to_string(&Refused {
+                error: e.to_string(),
+            })
+            .expect("serialises"),
         };
         if out.write_all(format!("{answer}\n").as_bytes()).is_err() {
             return;

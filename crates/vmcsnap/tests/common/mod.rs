@@ -273,6 +273,32 @@ pub fn qemu10() -> PathBuf {
     .clone()
 }
 
+/// Compares every page of RAM block `mem` in the image with `reference`
+/// (the guest RAM file as it was during the snapshot's pause).
+pub fn compare_with_reference(dir: &Path, reference: &Path) -> (u64, u64) {
+    let img = vmcsnap_agent::frozen_disks::open_image(dir).unwrap();
+    let id = img.ram_block_id("mem").expect("RAM block mem");
+    let ps = img.page_size();
+    let reference = std::fs::read(reference).unwrap();
+    let pages = img.ram_block_pages(id) as usize;
+    assert_eq!(reference.len(), pages * ps, "reference size vs RAM block");
+    let mut image = vec![0xAAu8; pages * ps];
+    let (stored, zero) = img
+        .read_ram_block(id, &mut image)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mismatches: Vec<usize> = (0..pages)
+        .filter(|p| image[p * ps..(p + 1) * ps] != reference[p * ps..(p + 1) * ps])
+        .collect();
+    assert!(
+        mismatches.is_empty(),
+        "{}: {} of {pages} pages differ from the RAM at the pause (first: {:?})",
+        dir.display(),
+        mismatches.len(),
+        &mismatches[..mismatches.len().min(10)]
+    );
+    (stored, zero)
+}
+
 pub fn tail(s: &str, n: usize) -> &str {
     let start = s.len().saturating_sub(n);
     let start = (start..s.len())
