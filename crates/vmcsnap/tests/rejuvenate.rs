@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cluster_lock, last_field, Env};
+use common::{cluster_lock, last_field, uptime, Env};
 
 const SPEC: &str = r#"
 [cluster]
@@ -35,19 +35,6 @@ memtouch -m 24 &
 pingpong client {ip:srv} 7000 &
 """
 "#;
-
-/// Guest uptime in seconds from the last `vmcsnap-stat` line.
-fn uptime(console: &str) -> f64 {
-    console
-        .lines()
-        .rev()
-        .filter(|l| l.starts_with("vmcsnap-stat"))
-        .find_map(|l| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_prefix("uptime=")?.parse().ok())
-        })
-        .expect("no vmcsnap-stat line")
-}
 
 /// The `disk_reads` of every `pagecache:` line: block-device reads the guest
 /// needed to read /data/blob once (0 when it came from the page cache).

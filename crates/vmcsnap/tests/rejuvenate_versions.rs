@@ -11,7 +11,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{cluster_lock, last_field, qemu10, Env};
+use common::{cluster_lock, last_field, qemu10, uptime, Env};
 
 const SPEC: &str = r#"
 [cluster]
@@ -42,19 +42,6 @@ fn qemu7() -> PathBuf {
         .output()
         .unwrap();
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
-/// Guest uptime in seconds from the last `vmcsnap-stat` line.
-fn uptime(console: &str) -> f64 {
-    console
-        .lines()
-        .rev()
-        .filter(|l| l.starts_with("vmcsnap-stat"))
-        .find_map(|l| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_prefix("uptime=")?.parse().ok())
-        })
-        .expect("no vmcsnap-stat line")
 }
 
 fn pingpong_total(env: &Env) -> u64 {

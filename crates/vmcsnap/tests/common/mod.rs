@@ -299,6 +299,19 @@ pub fn compare_with_reference(dir: &Path, reference: &Path) -> (u64, u64) {
     (stored, zero)
 }
 
+/// Guest uptime in seconds from the last `vmcsnap-stat` line.
+pub fn uptime(console: &str) -> f64 {
+    console
+        .lines()
+        .rev()
+        .filter(|l| l.starts_with("vmcsnap-stat"))
+        .find_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("uptime=")?.parse().ok())
+        })
+        .expect("no vmcsnap-stat line")
+}
+
 pub fn tail(s: &str, n: usize) -> &str {
     let start = s.len().saturating_sub(n);
     let start = (start..s.len())
