@@ -228,6 +228,16 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // A failed test says what its agent saw (CI keeps no run dir).
+            let log = std::fs::read_to_string(self.run_dir().join("agent.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            eprintln!(
+                "--- last lines of the agent log ---\n{}\n---",
+                tail.join("\n")
+            );
+        }
         let _ = self.vmcsnap(&["down"]);
         for pid in self.processes() {
             // SAFETY: kill(2) with a pid we just read; worst case ESRCH.
