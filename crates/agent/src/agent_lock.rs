@@ -110,6 +110,21 @@ impl AgentLock {
     }
 }
 
+/// Whether some process holds `run`'s agent lock now (a live agent, or
+/// one whose threads are still exiting). Probed with a shared lock taken
+/// and dropped at once; an agent starting in that instant fails its own
+/// and exits [`EXIT_ANOTHER_AGENT`], which its starter handles by trying
+/// again.
+pub fn is_held(run: &RunDir) -> bool {
+    let Ok(file) = File::open(lock_path(run)) else {
+        return false;
+    };
+    // SAFETY: flock on a descriptor this function owns; closing it (drop)
+    // releases a lock we got.
+    let got = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0;
+    !got
+}
+
 /// The pid the holder of the lock wrote in `file`; a holder that has just
 /// taken it may not have written it yet, so a moment is allowed for that.
 fn holder(file: &mut File) -> Option<u32> {
@@ -151,5 +166,17 @@ mod tests {
         // SAFETY: F_GETFD on a descriptor we own.
         let flags = unsafe { libc::fcntl(again.fd(), libc::F_GETFD) };
         assert!(flags & libc::FD_CLOEXEC != 0, "inherited by children");
+    }
+
+    #[test]
+    fn is_held_says_whether_an_agent_holds_the_lock_and_takes_none() {
+        let d = tempfile::tempdir().unwrap();
+        let run = RunDir::new(d.path());
+        assert!(!is_held(&run), "no lock file");
+        let held = AgentLock::acquire(&run).unwrap();
+        assert!(is_held(&run));
+        drop(held);
+        assert!(!is_held(&run), "released");
+        AgentLock::acquire(&run).expect("the probe kept the lock");
     }
 }

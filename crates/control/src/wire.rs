@@ -110,6 +110,18 @@ fn exchange(
         .and_then(|()| read_line(&mut reader));
     let mut next = match first {
         Ok(Some(line)) => line,
+        // A reset means our request was still unread when the agent's end
+        // closed (an agent killed or exiting with us in its backlog, or
+        // before it read the line): it was never run, whatever listens now.
+        Err(ControlError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+            return Err(ControlError::NoAgent {
+                path: socket.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    "the agent went away before reading the request (it was exiting or was killed); the request was not run",
+                ),
+            })
+        }
         Ok(None) | Err(ControlError::Hangup | ControlError::Io(_)) if agent_gone(socket) => {
             return Err(ControlError::NoAgent {
                 path: socket.to_path_buf(),
@@ -227,8 +239,13 @@ mod tests {
         let e = call(&path, &Request::Down, None, &mut |_| {}).unwrap_err();
         assert_eq!(e.to_string(), "bad spec");
         let e = call(&path, &Request::Down, None, &mut |_| {}).unwrap_err();
+        // Dropped unread: a reset (not run), or a broken pipe if the
+        // drop came before our write.
         assert!(
-            matches!(e, ControlError::Hangup | ControlError::Io(_)),
+            matches!(
+                e,
+                ControlError::Hangup | ControlError::Io(_) | ControlError::NoAgent { .. }
+            ),
             "{e}"
         );
     }
@@ -271,6 +288,37 @@ mod tests {
             panic!("{e:?}")
         };
         assert_eq!(source.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+    }
+
+    /// Regression (CI, rejuvenate.rs): `status` reached a killed agent's
+    /// listener in the ~200 ms its threads took to exit; the reset came
+    /// out as "control channel I/O error: Connection reset by peer" because
+    /// something listened again at the socket by the time the client
+    /// looked. A reset before any reply means the request was never read.
+    #[test]
+    fn a_reset_before_any_reply_is_a_request_not_sent_even_if_an_agent_listens_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.sock");
+        let old = UnixListener::bind(&path).unwrap();
+        let pending = UnixStream::connect(&path).unwrap(); // never accepted
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let path2 = path.clone();
+        let t = std::thread::spawn(move || {
+            rx.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            drop(old); // the old agent's last thread exits
+            std::fs::remove_file(&path2).unwrap();
+            let _new = UnixListener::bind(&path2).unwrap(); // a new agent
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        tx.send(()).unwrap();
+        let e = exchange(pending, &path, &Request::Status, None, &mut |_| {}).unwrap_err();
+        t.join().unwrap();
+        let ControlError::NoAgent { source, .. } = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(source.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+        assert!(e.to_string().contains("not run"), "{e}");
     }
 
     #[test]

@@ -92,7 +92,10 @@ pub fn ensure_agent(run_dir: &RunDir, exit_when_idle: bool) -> Result<u32> {
                 lost = true;
                 deadline = (Instant::now() + START_BOUND).min(t0 + LOST_BOUND);
             }
-            if !sock.exists() {
+            // A killed agent leaves its socket file, and holds the lock
+            // until its last thread has exited (a fraction of a second):
+            // once the lock is free, nobody else will answer.
+            if !sock.exists() || !vmcsnap_agent::agent_lock::is_held(run_dir) {
                 std::thread::sleep(Duration::from_millis(50));
                 child = spawn(run_dir, exit_when_idle)?;
                 lost = false;
@@ -154,11 +157,14 @@ pub fn request_started(run_dir: &RunDir, req: &Request) -> Result<serde_json::Va
 }
 
 /// Whether a failure to reach the agent means the request never left:
-/// the connection itself failed (the socket is gone, or nothing listens).
+/// the connection itself failed (the socket is gone, or nothing listens),
+/// or was reset before the agent read the request.
 fn not_sent(e: &std::io::Error) -> bool {
     matches!(
         e.kind(),
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+        std::io::ErrorKind::NotFound
+            | std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionReset
     )
 }
 

@@ -126,6 +126,9 @@ fn a_cli_whose_agent_loses_the_start_talks_to_the_slow_winner() {
     let locked = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     assert_eq!(locked, 0);
     let listener = UnixListener::bind(env.run_dir().join("agent.sock")).unwrap();
+    // Before the winner starts its 12 s (taken after, it made the check
+    // below fail by a few ms under load).
+    let t = Instant::now();
     let winner = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(12));
         let mut answered = 0;
@@ -148,13 +151,40 @@ fn a_cli_whose_agent_loses_the_start_talks_to_the_slow_winner() {
         }
         answered
     });
-    let t = Instant::now();
     let out = env.vmcsnap(&["agent", "start"]);
     assert_eq!(started_pid(&out), 4242, "not the winner's pid");
     assert!(t.elapsed() >= Duration::from_secs(12), "answered early?");
     assert!(winner.join().unwrap() > 0);
     assert_eq!(agents(&env), Vec::<u32>::new(), "our agent stayed");
     drop(lock);
+}
+
+/// Regression (rejuvenate.rs, 1 in 20 runs): an agent killed with
+/// `kill -9` keeps its listener and lock for the ~200 ms its threads take
+/// to exit, and leaves its socket file. The CLI's own agent lost the start
+/// to it and exited; the CLI waited for the socket file to go, which it
+/// never does, and failed after 10 s ("the agent did not answer"). Now it
+/// starts its agent again once the lock is free.
+#[test]
+fn a_cli_whose_agent_loses_to_a_dying_agent_starts_its_own_once_it_is_gone() {
+    let env = Env::new();
+    let lock = std::fs::File::create(env.run_dir().join(FILE_NAME)).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    let locked = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(locked, 0);
+    let listener = UnixListener::bind(env.run_dir().join("agent.sock")).unwrap();
+    let dying = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(800));
+        // Its last thread exits: the listener closes (the socket file
+        // stays), then the lock goes.
+        drop(listener);
+        drop(lock);
+    });
+    let out = env.vmcsnap(&["agent", "start"]);
+    let pid = started_pid(&out);
+    dying.join().unwrap();
+    assert_eq!(agents(&env), vec![pid], "not our own agent");
+    env.ok(&["agent", "stop"]);
 }
 
 /// Splits children into those that have exited and those still running.
