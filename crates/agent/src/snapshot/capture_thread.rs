@@ -33,6 +33,11 @@ struct Shared {
     stalled: AtomicBool,
     /// Set when the capture thread has returned.
     ended: AtomicBool,
+    /// When QEMU was asked to connect (`migrate` sent): the accept
+    /// deadline counts from then, not from the capture's start, which in a
+    /// cluster snapshot precedes the protocol (and every VM's first read
+    /// of its RAM, 32 s under load once) by any time.
+    connect_asked: Mutex<Option<Instant>>,
 }
 
 impl Shared {
@@ -65,36 +70,22 @@ pub(super) struct CaptureThread {
 
 impl CaptureThread {
     /// Starts capturing from `listener` into `final_dir`, watched for
-    /// stalls of `stall` (see the module doc).
+    /// stalls of `stall` (see the module doc). QEMU must connect within
+    /// `accept` of [`CaptureThread::expect_connection`].
     pub(super) fn start(
         listener: UnixListener,
         final_dir: PathBuf,
         opts: CaptureOptions,
         fault: Option<Fault>,
         stall: Duration,
+        accept: Duration,
     ) -> CaptureThread {
         let shared = Arc::new(Shared::default());
         let (tx, rx) = mpsc::channel();
         let sh = shared.clone();
         let handle = std::thread::spawn(move || -> Result<Captured, String> {
             let _end = EndGuard(sh.clone());
-            listener.set_nonblocking(true).map_err(|e| e.to_string())?;
-            let deadline = Instant::now() + ACCEPT_TIMEOUT;
-            let stream = loop {
-                match listener.accept() {
-                    Ok((s, _)) => break s,
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        if sh.abort.load(Ordering::SeqCst) {
-                            return Err("aborted before QEMU connected".into());
-                        }
-                        if Instant::now() > deadline {
-                            return Err(format!("QEMU did not connect within {ACCEPT_TIMEOUT:?}"));
-                        }
-                        std::thread::sleep(Duration::from_micros(500));
-                    }
-                    Err(e) => return Err(format!("accept: {e}")),
-                }
-            };
+            let stream = accept_qemu(&listener, &sh, accept)?;
             stream.set_nonblocking(false).map_err(|e| e.to_string())?;
             if let Ok(c) = stream.try_clone() {
                 *sh.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
@@ -136,6 +127,17 @@ impl CaptureThread {
             progress: rx,
             result: None,
         }
+    }
+
+    /// QEMU is asked to connect now (just before `migrate`): from now on
+    /// it has the accept timeout to do so.
+    pub(super) fn expect_connection(&self) {
+        let mut asked = self
+            .shared
+            .connect_asked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        asked.get_or_insert_with(Instant::now);
     }
 
     /// Whether a lack of progress counts as a stall from now on: armed
@@ -217,6 +219,34 @@ impl CaptureThread {
     }
 }
 
+/// Waits for QEMU's connection on `listener`: for as long as QEMU has not
+/// been asked to connect, then for at most `timeout` after that.
+fn accept_qemu(
+    listener: &UnixListener,
+    sh: &Shared,
+    timeout: Duration,
+) -> Result<UnixStream, String> {
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => return Ok(s),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if sh.abort.load(Ordering::SeqCst) {
+                    return Err("aborted before QEMU connected".into());
+                }
+                let asked = *sh.connect_asked.lock().unwrap_or_else(|p| p.into_inner());
+                if asked.is_some_and(|t| t.elapsed() > timeout) {
+                    return Err(format!(
+                        "QEMU did not connect within {timeout:?} of being asked to"
+                    ));
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            Err(e) => return Err(format!("accept: {e}")),
+        }
+    }
+}
+
 /// How long [`CaptureThread::abort`] waits for the capture to end.
 const ABORT_WAIT: Duration = Duration::from_secs(5);
 
@@ -257,5 +287,63 @@ impl<R: std::io::Read> std::io::Read for Counting<R> {
         let n = self.inner.read(buf)?;
         self.shared.received.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn started(dir: &std::path::Path, accept: Duration) -> (CaptureThread, PathBuf) {
+        let sock = dir.join("cap.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let cap = CaptureThread::start(
+            listener,
+            dir.join("img"),
+            CaptureOptions::new(vmcsnap_capture::CaptureMode::StopCopy, "t"),
+            None,
+            Duration::from_secs(60),
+            accept,
+        );
+        (cap, sock)
+    }
+
+    fn ended(cap: &mut CaptureThread) -> bool {
+        let t = Instant::now();
+        while !cap.finished() && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        cap.finished()
+    }
+
+    /// Regression (cluster_restore_agent_killed.rs under load): a cluster
+    /// snapshot's captures start before the protocol; every VM's first
+    /// read of its RAM took 32 s, and the 30 s accept timeout, counted
+    /// from the capture's start, had passed before `migrate` was sent:
+    /// "QEMU did not connect within 30s" on both VMs.
+    #[test]
+    fn the_accept_timeout_counts_from_the_request_to_connect() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut cap, sock) = started(d.path(), Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!cap.finished(), "timed out before QEMU was asked");
+        cap.expect_connection();
+        let mut qemu = UnixStream::connect(&sock).unwrap();
+        use std::io::Write;
+        let _ = qemu.write_all(b"not a migration stream");
+        drop(qemu);
+        assert!(ended(&mut cap));
+        let e = cap.error().expect("garbage is an error").to_string();
+        assert!(!e.contains("did not connect"), "{e}");
+    }
+
+    #[test]
+    fn qemu_that_never_connects_once_asked_is_an_error() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut cap, _sock) = started(d.path(), Duration::from_millis(50));
+        cap.expect_connection();
+        assert!(ended(&mut cap));
+        let e = cap.error().expect("an error").to_string();
+        assert!(e.contains("did not connect within"), "{e}");
     }
 }

@@ -209,6 +209,7 @@ pub fn snapshot(
         copts,
         opts.fault,
         STALL_TIMEOUT,
+        ACCEPT_TIMEOUT,
     );
     let mut ctx = Ctx {
         t: Timings::default(),
@@ -552,6 +553,7 @@ fn run_mode(
                 copy_reference(vm, ctx)?;
                 ctx.t.pause.mark("agent", unix_us());
             }
+            cap.expect_connection();
             let mut replies = vm.execute_pipelined(commands)?;
             let (migrate, _) = replies.pop().expect("a reply per command");
             let (disk, t_disk) = replies.pop().expect("a reply per command");
@@ -603,6 +605,7 @@ fn run_mode(
         Mode::Precopy => {
             progress(&format!("{}: live pre-copy", vm.name));
             ctx.migrating = true;
+            cap.expect_connection();
             vm.execute("migrate", uri)?;
             wait_migration(vm, &["pre-switchover"], cap, hooks, progress)?;
             let seen = unix_us();
