@@ -211,12 +211,12 @@ def cpr_round(cpr):
     return ms
 
 
-def measure_size(mem, reps, q7, q10, guest):
+def measure_size(mem, reps, q7, q10, guest, rows):
+    """Appends one row per (round, version) to `rows` as it goes (kept if a later step fails)."""
     sides = [Side("7.2", q7, mem, guest), Side("10.0", q10, mem, guest)]
     # QEMU's own cpr-transfer runs a lab guest of this script's (not for the Redis VM).
     cpr = rc.CprGuest(q10, mem, tempfile.mkdtemp(prefix="vmcsnap-bench-qvcpr-", dir="/var/tmp")) \
         if guest == "lab" else None
-    rows = []
     try:
         for s in sides:
             s.up()
@@ -253,7 +253,6 @@ def measure_size(mem, reps, q7, q10, guest):
             shutil.rmtree(cpr.work, ignore_errors=True)
         for s in sides:
             s.down()
-    return rows
 
 
 def summarize(rows, sizes):
@@ -343,21 +342,33 @@ def main():
     stem = "qemu_versions" if a.guest == "lab" else f"qemu_versions-{a.guest}"
     q7, q10 = rc.qemu7(), rc.qemu10()
     load_before, t0 = os.getloadavg(), time.time()
-    rows = []
+    rows, failures = [], []
+    os.makedirs(a.out, exist_ok=True)
     for mem in sizes:
         print(f"== {mem} MiB", file=sys.stderr)
-        rows += measure_size(mem, a.reps, q7, q10, a.guest)
-    summary = summarize(rows, sizes)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, f"{stem}.json"), "w") as f:
-        json.dump({"bench": "qemu_versions", "guest": a.guest, "command": " ".join(["bench/qemu_versions.py"] + sys.argv[1:]),
-                   "unix_time": t0, "duration_s": time.time() - t0, "reps": a.reps, "sizes_mib": sizes,
-                   "qemu7": q7, "qemu10": q10, "cpus": os.cpu_count(), "warm_page_cache": True,
-                   "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-                   "summary": summary, "rows": rows}, f, indent=1)
-    plot(summary, os.path.join(a.out, f"{stem}.png"), a.guest)
-    print_table(summary)
-    print(f"wrote {a.out}/{stem}.json, {stem}.png")
+        try:
+            measure_size(mem, a.reps, q7, q10, a.guest, rows)
+        except (benchlib.Failed, SystemExit) as e:  # rejuvenate_cpr's helpers exit on failure
+            # Kept in the JSON, and the other sizes still run.
+            failures.append({"memory_mib": mem, "rounds_done": sum(r["memory_mib"] == mem for r in rows),
+                             "error": str(e)})
+            print(f"{mem} MiB FAILED: {e}", file=sys.stderr)
+        # Summarized over the sizes with at least one full round of both versions.
+        done = [m for m in sizes if {r["qemu"] for r in rows if r["memory_mib"] == m} == {"7.2", "10.0"}]
+        summary = summarize(rows, done)
+        with open(os.path.join(a.out, f"{stem}.json"), "w") as f:
+            json.dump({"bench": "qemu_versions", "guest": a.guest,
+                       "command": " ".join(["bench/qemu_versions.py"] + sys.argv[1:]),
+                       "unix_time": t0, "duration_s": time.time() - t0, "reps": a.reps, "sizes_mib": sizes,
+                       "qemu7": q7, "qemu10": q10, "cpus": os.cpu_count(), "warm_page_cache": True,
+                       "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+                       "failures": failures, "summary": summary, "rows": rows}, f, indent=1)
+    if summary:
+        plot(summary, os.path.join(a.out, f"{stem}.png"), a.guest)
+        print_table(summary)
+    for fl in failures:
+        print(f"{fl['memory_mib']} MiB failed after {fl['rounds_done']} rows: {fl['error'].strip().splitlines()[-1]}")
+    print(f"wrote {a.out}/{stem}.json" + (f", {stem}.png" if summary else ""))
 
 
 if __name__ == "__main__":
