@@ -14,6 +14,7 @@
 //! | `commit-stall-deadline=SECONDS` | the image's commit hangs (as fsync on a hung disk) until the agent gives up on it, after SECONDS |
 //! | `panic-when-paused` | the request's handler panics right after the VM was paused, as a bug in the agent would |
 //! | `precopy-untracked-write=PAGE` | pre-copy only: in the switch-over pause, page PAGE of guest RAM is changed through the RAM file, a write QEMU's dirty tracking never sees (as TCG can miss one); the original bytes are put back before the guest resumes |
+//! | `ram-read-delay=SECONDS` | a first hot snapshot's read of guest RAM (before the pause) takes SECONDS longer, as it does for a large guest on a busy host |
 //! | `hang-when-paused` | the request's handler stops for [`HANG_WHEN_PAUSED`] right after the VM was paused (in a hot snapshot, with QEMU's priority raised), then fails: time for a test to kill the agent there |
 //!
 //! A cluster restore may carry a [`RestoreFault`] (the CLI's hidden
@@ -58,6 +59,9 @@ pub enum Fault {
     PrecopyUntrackedWrite(u64),
     /// The handler stops once the VM is paused, then fails.
     HangWhenPaused,
+    /// A first hot snapshot's read of guest RAM takes this many seconds
+    /// longer.
+    RamReadDelay(u64),
 }
 
 /// How long `hang-when-paused` holds the VM paused.
@@ -93,7 +97,7 @@ impl crate::snapshot::Hooks for PanicWhenPaused {
 
 /// A FAULT that is not one of the documented ones.
 #[derive(Debug, thiserror::Error)]
-#[error("{value:?} is not a fault vmcsnap can inject; use capture-error-after=BYTES, capture-stall-after=BYTES, commit-stall-deadline=SECONDS, precopy-untracked-write=PAGE, panic-when-paused or hang-when-paused")]
+#[error("{value:?} is not a fault vmcsnap can inject; use capture-error-after=BYTES, capture-stall-after=BYTES, commit-stall-deadline=SECONDS, precopy-untracked-write=PAGE, ram-read-delay=SECONDS, panic-when-paused or hang-when-paused")]
 pub struct BadFault {
     value: String,
 }
@@ -117,6 +121,7 @@ impl std::str::FromStr for Fault {
             "capture-stall-after" => Ok(Fault::CaptureStallAfter(n)),
             "commit-stall-deadline" => Ok(Fault::CommitStall(n)),
             "precopy-untracked-write" => Ok(Fault::PrecopyUntrackedWrite(n)),
+            "ram-read-delay" => Ok(Fault::RamReadDelay(n)),
             _ => Err(bad()),
         }
     }
@@ -252,6 +257,7 @@ impl<R: Read> Read for FaultyReader<R> {
                 Fault::CommitStall(_)
                 | Fault::PanicWhenPaused
                 | Fault::HangWhenPaused
+                | Fault::RamReadDelay(_)
                 | Fault::PrecopyUntrackedWrite(_),
             ) => return self.inner.read(buf),
             Some(Fault::CaptureErrorAfter(n) | Fault::CaptureStallAfter(n)) => n,
@@ -294,6 +300,10 @@ mod tests {
         assert_eq!(
             "precopy-untracked-write=0".parse::<Fault>().unwrap(),
             Fault::PrecopyUntrackedWrite(0)
+        );
+        assert_eq!(
+            "ram-read-delay=35".parse::<Fault>().unwrap(),
+            Fault::RamReadDelay(35)
         );
         assert_eq!(
             "hang-when-paused".parse::<Fault>().unwrap(),

@@ -118,7 +118,8 @@ pub enum Command {
         /// reading (capture-stall-after=BYTES) part-way, or its commit hang until given up on
         /// after SECONDS (commit-stall-deadline=SECONDS), to check what a failure leaves; or,
         /// pre-copy, change page PAGE of guest RAM behind QEMU's back in the switch-over pause
-        /// (precopy-untracked-write=PAGE, put back before the guest resumes).
+        /// (precopy-untracked-write=PAGE, put back before the guest resumes); or make a first
+        /// hot snapshot's read of guest RAM SECONDS longer (ram-read-delay=SECONDS).
         #[arg(long, hide = true, value_name = "FAULT", conflicts_with = "cluster")]
         inject_fault: Option<String>,
         /// How the memory image is stored: zstd (default: compressed locality blocks, equal

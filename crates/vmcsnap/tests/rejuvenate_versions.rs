@@ -4,9 +4,13 @@
 //! 10.0 with its memory and TCP connection kept; the way back, which the
 //! lab guest's microvm cannot make, is refused before the VM is touched; a
 //! new QEMU that fails falls back to the kept copy of the old one, whether
-//! that runs from the system or from an `install-qemu.sh` prefix.
+//! that runs from the system or from an `install-qemu.sh` prefix. A q35
+//! VM (`pc-q35-7.2`, Debian image) is upgraded warm from 7.2 to 10.0 and,
+//! having a versioned machine type, back again, its data and connection
+//! kept.
 
 mod common;
+mod redis_story;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -392,6 +396,97 @@ fn cpr_transfer_on_qemu_10_0_keeps_the_guest() {
     assert_eq!(r["fell_back_to_old_binary"], false, "{r}");
     assert_same_connection(&env, conn, "warm after cpr");
     assert_memtouch_clean(&env, "srv");
+    env.ok(&["down"]);
+    env.assert_clean();
+}
+
+/// Two q35 VMs of the `redis` image (machine `pc-q35-7.2`): a Redis server
+/// and a client driving redisload against it, which checks every key it
+/// wrote (the image VMs' memtouch) over one TCP connection.
+const Q35_SPEC: &str = r#"
+[cluster]
+name = "rjq"
+accel = "auto"
+boot_timeout_s = 900
+
+[[vm]]
+name = "primary"
+image_recipe = "redis"
+memory_mib = 512
+cloud_init = false
+
+[[vm]]
+name = "client"
+image_recipe = "redis"
+memory_mib = 384
+cloud_init = false
+workload = """
+redisload {ip:primary} 6379 -k 2000 -r 200 -i 2 -V 6 &
+"""
+"#;
+
+/// The machine type on VM `name`'s QEMU command line.
+fn machine_of(env: &Env, name: &str) -> String {
+    let pid = status_of(env, name)["pid"].as_u64().unwrap();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let i = args.iter().position(|a| a == "-M" || a == "-machine");
+    let m = i.and_then(|i| args.get(i + 1)).cloned().unwrap_or_default();
+    m.split(',').next().unwrap_or("").to_string()
+}
+
+/// A warm restart of `vm` onto `qemu`: same machine type, the new binary,
+/// redisload on its first connection with every key reading back.
+fn q35_warm_to(env: &Env, vm: &str, qemu: &Path, before: redis_story::Load, what: &str) {
+    let r = rejuvenate(env, vm, "warm", Some(qemu));
+    assert_eq!(r["fell_back_to_old_binary"], false, "{what}: {r}");
+    assert!(same_file(&exe_of(&r["new_pid"]), qemu), "{what}: {r}");
+    assert!(r["state_bytes"].as_u64().unwrap() < 4 << 20, "{what}: {r}");
+    assert_eq!(machine_of(env, vm), "pc-q35-7.2", "{what}");
+    assert_eq!(status_of(env, vm)["state"], "running", "{what}");
+    let (keys, errors) = redis_story::next_full_check(env, what);
+    assert!(
+        keys > 0 && errors == 0,
+        "{what}: full check {keys} keys, {errors} errors"
+    );
+    let after = redis_story::load(env).unwrap();
+    assert!(
+        after.sets > before.sets && after.errors == 0 && after.conn == before.conn,
+        "{what}: the load did not carry on over its connection: {before:?} -> {after:?}"
+    );
+}
+
+/// q35 VMs started under QEMU 7.2 move warm to 10.0 (the server, then the
+/// client, whose redisload process and connection live in the moved RAM),
+/// and the server back to 7.2 (q35's versioned machine type allows it):
+/// each time on the same machine type, the same TCP connection, every key
+/// reading back.
+#[test]
+fn q35_vms_upgrade_warm_from_7_2_to_10_0_and_back_keeping_data_and_connection() {
+    let _l = cluster_lock();
+    let (q7, q10) = (qemu7(), qemu10());
+    let env = Env::with_qemu(&q7);
+    let spec = env.write_spec(Q35_SPEC);
+    env.ok(&["up", spec.to_str().unwrap()]);
+    for vm in ["primary", "client"] {
+        assert!(same_file(&exe_of(&status_of(&env, vm)["pid"]), &q7));
+        assert_eq!(machine_of(&env, vm), "pc-q35-7.2");
+    }
+    let (keys, errors) = redis_story::next_full_check(&env, "after up");
+    assert!(
+        keys > 0 && errors == 0,
+        "first full check: {keys} keys, {errors} errors"
+    );
+    let l0 = redis_story::load(&env).unwrap();
+
+    q35_warm_to(&env, "primary", &q10, l0, "server 7.2 -> 10.0");
+    let l1 = redis_story::load(&env).unwrap();
+    q35_warm_to(&env, "client", &q10, l1, "client 7.2 -> 10.0");
+    let l2 = redis_story::load(&env).unwrap();
+    q35_warm_to(&env, "primary", &q7, l2, "server 10.0 -> 7.2");
     env.ok(&["down"]);
     env.assert_clean();
 }

@@ -112,6 +112,17 @@ pub fn snapshot(
         ));
         opts.mode = Mode::StopCopy;
     }
+    // A first hot snapshot reads all of guest RAM once, while the guest
+    // runs: before anything of the snapshot exists, and before the capture
+    // starts waiting for QEMU's connection (a bounded wait), since the read
+    // takes 20 s for a 4 GiB guest under TCG and longer on a busy host.
+    if opts.mode == Mode::Hot && !vm.ram_populated {
+        let delay = match opts.fault {
+            Some(crate::fault::Fault::RamReadDelay(s)) => Duration::from_secs(s),
+            _ => Duration::ZERO,
+        };
+        populate_ram(vm, &*hooks, progress, delay)?;
+    }
     let root = opts
         .target
         .as_ref()
@@ -489,9 +500,6 @@ fn run_mode(
     hooks: &mut dyn Hooks,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(), AgentError> {
-    if mode == Mode::Hot && !vm.ram_populated {
-        populate_ram(vm, hooks, progress)?;
-    }
     vm.execute(
         "migrate-set-parameters",
         json!({ "max-bandwidth": SNAPSHOT_BANDWIDTH }),

@@ -14,13 +14,15 @@ use vmcsnap_migstream::{BackgroundResume, Dialect};
 /// of 20-40 ms once populated (measured). QMP `pmemsave` of guest-physical
 /// RAM to /dev/null, in chunks so that QEMU's main loop is never blocked
 /// for long, reads every page without pausing the guest. Needed once per
-/// QEMU process. (A pre-copy migration cancelled after its first pass does
+/// QEMU process. `delay` (the injected fault `ram-read-delay`) is added
+/// to the read, as a large guest or a busy host would take. (A pre-copy migration cancelled after its first pass does
 /// the same but may complete on its own for an idle guest, which leaves the
 /// disks inactive: QEMU 7.2 then aborts at the next migration.)
 pub(super) fn populate_ram(
     vm: &mut Vm,
     hooks: &dyn Hooks,
     progress: &mut dyn FnMut(&str),
+    delay: Duration,
 ) -> Result<(), AgentError> {
     /// Bytes read per `pmemsave` (about 10 ms of QEMU's main loop under TCG).
     const CHUNK: u64 = 8 << 20;
@@ -31,6 +33,13 @@ pub(super) fn populate_ram(
         "{}: first hot snapshot of this QEMU: reading guest RAM once so that the pause stays short",
         vm.name
     ));
+    if !delay.is_zero() {
+        crate::log(format!(
+            "VM {}: injected fault ram-read-delay: reading guest RAM {delay:?} longer",
+            vm.name
+        ));
+        std::thread::sleep(delay);
+    }
     let ram = vm.config.ram_kib() * 1024;
     let ranges = [
         (0, ram.min(LOW_RAM)),

@@ -1,5 +1,7 @@
 //! The Redis story of `redis_cluster.rs` (7.2) and `redis_qemu10.rs`
-//! (10.0), in one place.
+//! (10.0), in one place; its probes of redisload (`load`,
+//! `next_full_check`) serve `rejuvenate_q35.rs` too.
+#![allow(dead_code)] // each test file uses a part
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -30,7 +32,7 @@ fn info(env: &Env, host: &str, section: &str, field: &str) -> Option<String> {
     })
 }
 
-fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+pub fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
     let t = Instant::now();
     while !ok() {
         assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
@@ -59,12 +61,12 @@ fn replicates(env: &Env, what: &str) {
 
 /// redisload's lines on the client's console.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
-struct Load {
-    sets: u64,
-    acked: u64,
-    errors: u64,
-    conn: u64,
-    reconnects: u64,
+pub struct Load {
+    pub sets: u64,
+    pub acked: u64,
+    pub errors: u64,
+    pub conn: u64,
+    pub reconnects: u64,
 }
 
 fn field(line: &str, key: &str) -> Option<u64> {
@@ -72,7 +74,7 @@ fn field(line: &str, key: &str) -> Option<u64> {
         .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }
 
-fn load(env: &Env) -> Option<Load> {
+pub fn load(env: &Env) -> Option<Load> {
     let c = env.console("client");
     let l = c
         .lines()
@@ -97,7 +99,7 @@ fn full_checks(env: &Env) -> Vec<(u64, u64)> {
 }
 
 /// Waits for a full check after the ones seen so far, and returns it.
-fn next_full_check(env: &Env, what: &str) -> (u64, u64) {
+pub fn next_full_check(env: &Env, what: &str) -> (u64, u64) {
     let before = full_checks(env).len();
     wait_until(
         &format!("{what}: a full check of every key"),
