@@ -126,6 +126,7 @@ pub(crate) fn dispatch(
                 .map_err(|e: crate::fault::BadFault| AgentError::BadRequest(e.to_string()))?;
             let t = std::time::Instant::now();
             let reports = c.rejuvenate(vm.as_deref(), mode, qemu.as_deref(), fault, progress)?;
+            crate::metrics::record_rejuvenations(&reports);
             let total_ms = t.elapsed().as_secs_f64() * 1000.0;
             let unix_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -183,6 +184,7 @@ pub(crate) fn dispatch(
                 _ => Box::new(crate::snapshot::NoHooks),
             };
             let report = crate::snapshot::snapshot(m, run, opts, hooks.as_mut(), progress)?;
+            crate::metrics::record_snapshot(&report);
             Ok(to_json(&report))
         }
         Request::ClusterSnapshot {
@@ -203,6 +205,7 @@ pub(crate) fn dispatch(
                 cut_probes,
             };
             let report = crate::cluster_snapshot::snapshot_cluster(c, run, opts, progress)?;
+            crate::metrics::record_cluster_snapshot(&report);
             Ok(to_json(&report))
         }
         Request::Restore {
@@ -248,6 +251,7 @@ pub(crate) fn dispatch(
             };
             let early = (!wait).then_some(ctx);
             let report = crate::restore::restore(cluster, run, opts, early, progress)?;
+            crate::metrics::record_restore(&report);
             Ok(to_json(&report))
         }
         Request::ClusterRestore {
@@ -275,6 +279,7 @@ pub(crate) fn dispatch(
             let early = (!wait).then_some(ctx);
             let report =
                 crate::cluster_restore::restore_cluster(cluster, run, opts, early, progress)?;
+            crate::metrics::record_cluster_restore(&report);
             Ok(to_json(&report))
         }
         Request::Stop { vm } => {

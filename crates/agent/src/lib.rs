@@ -42,6 +42,7 @@ pub mod host_port;
 pub mod image_vm;
 pub mod intent;
 pub mod loading;
+pub mod metrics;
 pub mod paths;
 pub mod qemu;
 pub mod qemu_crossing;

@@ -436,6 +436,13 @@ pub enum AgentCmd {
         /// (internal) Continue from the handover file of `agent restart`.
         #[arg(long, hide = true, value_name = "FILE")]
         resume: Option<PathBuf>,
+        /// Serve per-VM metrics (pause, backoff, snapshot bytes, restore
+        /// latency, demand faults, rejuvenation downtime) in the Prometheus
+        /// text format at http://ADDR/metrics, e.g. 127.0.0.1:9187. An agent
+        /// the CLI starts on demand (or `agent restart` starts) takes it
+        /// from $VMCSNAP_METRICS_LISTEN instead.
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<std::net::SocketAddr>,
     },
     /// Restart the agent in place (a new build of vmcsnap takes over); the
     /// VMs, their QMP sockets and the switch's connections are kept.

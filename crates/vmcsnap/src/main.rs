@@ -372,10 +372,13 @@ fn run(cli: Cli) -> Result<()> {
             AgentCmd::Run {
                 exit_when_idle,
                 resume,
+                metrics_listen,
             } => vmcsnap_agent::serve(AgentOptions {
                 run_dir,
                 exit_when_idle,
                 resume,
+                metrics_listen: metrics_listen
+                    .map_or_else(metrics_listen_from_env, |a| Ok(Some(a)))?,
             })
             .context("agent failed"),
             AgentCmd::Restart => {
@@ -600,6 +603,18 @@ fn availability(run_dir: &RunDir, t_vmm: f64, t_os: f64, json: bool) -> Result<(
 /// Sends `req` to the agent of the run directory holding `sock`. If no
 /// agent answers but the run directory records VMs (their agent died), a
 /// new agent is started first: it adopts them, and the request goes to it.
+/// The metrics address of an agent without `--metrics-listen`:
+/// `VMCSNAP_METRICS_LISTEN`, which an agent started on demand or restarted
+/// in place inherits.
+fn metrics_listen_from_env() -> Result<Option<std::net::SocketAddr>> {
+    match std::env::var("VMCSNAP_METRICS_LISTEN") {
+        Ok(a) if !a.is_empty() => a.parse().map(Some).with_context(|| {
+            format!("VMCSNAP_METRICS_LISTEN={a:?} is no address: give IP:PORT, e.g. 127.0.0.1:9187")
+        }),
+        _ => Ok(None),
+    }
+}
+
 /// `VMCSNAP_QEMU` as the CLI sees it, as an absolute path: the agent runs
 /// with its own environment and working directory, so the CLI resolves it.
 fn qemu_from_env() -> Result<Option<PathBuf>> {
