@@ -133,7 +133,7 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         .map_err(AgentError::io("writing", run.agent_pid()))?;
     if let Some(addr) = opts.metrics_listen {
         let bound = crate::metrics::serve(addr)?;
-        log(format!("metrics at http://{bound}/metrics"));
+        tracing::info!(address = %bound, "metrics at http://{bound}/metrics");
     }
     log(format!(
         "agent {} serving {}",

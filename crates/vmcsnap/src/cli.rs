@@ -3,7 +3,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 /// Hot snapshots and fast restore for clusters of QEMU/KVM virtual machines.
 #[derive(Debug, Parser)]
@@ -443,6 +443,12 @@ pub enum AgentCmd {
         /// from $VMCSNAP_METRICS_LISTEN instead.
         #[arg(long, value_name = "ADDR")]
         metrics_listen: Option<std::net::SocketAddr>,
+        /// How the agent writes its log: `text` (default) or `json` (one
+        /// object a line, with the fields of the operation's span: operation,
+        /// vm, snapshot). An agent the CLI starts on demand takes it from
+        /// $VMCSNAP_LOG_FORMAT instead.
+        #[arg(long, value_enum, value_name = "FORMAT")]
+        log_format: Option<LogFormat>,
     },
     /// Restart the agent in place (a new build of vmcsnap takes over); the
     /// VMs, their QMP sockets and the switch's connections are kept.
@@ -451,6 +457,15 @@ pub enum AgentCmd {
     Start,
     /// Stop the agent (refused while a cluster is up).
     Stop,
+}
+
+/// The agent's log format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]

@@ -2,6 +2,8 @@
 //! `VMCSNAP_METRICS_LISTEN` for the agent the CLI starts on demand): a hot
 //! snapshot of a real VM shows up in the pause histogram and the snapshot
 //! bytes, scraped over loopback, and the whole text parses as OpenMetrics.
+//! The same agent logs JSON (`VMCSNAP_LOG_FORMAT=json`), its snapshot's
+//! lines inside a span with the operation, the VM and the snapshot.
 
 mod common;
 
@@ -104,6 +106,8 @@ fn a_snapshot_is_counted_in_the_scraped_pause_histogram() {
     let mut env = Env::new();
     env.extra_env
         .push(("VMCSNAP_METRICS_LISTEN".into(), format!("127.0.0.1:{port}")));
+    env.extra_env
+        .push(("VMCSNAP_LOG_FORMAT".into(), "json".into()));
     let spec = env.write_spec(SPEC);
     env.ok(&["up", spec.to_str().unwrap()]);
     let pause = r#"vmcsnap_snapshot_pause_seconds_count{vm="a"}"#;
@@ -128,4 +132,29 @@ fn a_snapshot_is_counted_in_the_scraped_pause_histogram() {
     let again = parse(&scrape(port));
     assert_eq!(again.get(pause), Some(&2.0), "{again:?}");
     env.ok(&["down"]);
+
+    // The agent's log lines are JSON objects (other lines there are what
+    // child processes wrote); the snapshot's are in its span.
+    let log = std::fs::read_to_string(env.run_dir().join("agent.log")).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(lines.len() > 3, "{log}");
+    assert!(
+        lines.iter().all(|l| l["fields"]["message"].is_string()),
+        "{log}"
+    );
+    let in_span = lines.iter().find(|l| {
+        l["span"]["operation"] == "snapshot"
+            && l["span"]["vm"] == "a"
+            && l["span"]["snapshot"]
+                .as_str()
+                .is_some_and(|s| s.contains("m1"))
+    });
+    assert!(
+        in_span.is_some(),
+        "no line of the snapshot m1 in its span: {log}"
+    );
 }
