@@ -11,7 +11,7 @@ use vmcsnap_control::{ConsoleResult, Request, StatusResult};
 use vmcsnap_spec::ClusterSpec;
 
 use crate::cluster::Cluster;
-use crate::{log, AgentError, RunDir};
+use crate::{AgentError, RunDir};
 
 /// Facts about this agent image, for `ping`.
 pub(crate) struct AgentInfo {
@@ -77,11 +77,13 @@ pub(crate) fn dispatch(
             if let Some(dir) = spec_path.parent().filter(|d| d.is_absolute()) {
                 spec.resolve_relative_paths(dir);
             }
-            log(format!(
+            tracing::info!(
+                cluster = %spec.cluster.name,
+                spec = %spec_path.display(),
                 "up {} from {}",
                 spec.cluster.name,
                 spec_path.display()
-            ));
+            );
             let c = Cluster::up(run, spec, progress)?;
             let result = to_json(&c.up_result());
             *cluster = Some(c);
@@ -124,8 +126,12 @@ pub(crate) fn dispatch(
                 .map(|f| f.parse())
                 .transpose()
                 .map_err(|e: crate::fault::BadFault| AgentError::BadRequest(e.to_string()))?;
+            let vm_field = vm.as_deref().unwrap_or("*");
+            let _span = tracing::info_span!("rejuvenate", operation = "rejuvenate", vm = %vm_field)
+                .entered();
             let t = std::time::Instant::now();
             let reports = c.rejuvenate(vm.as_deref(), mode, qemu.as_deref(), fault, progress)?;
+            crate::metrics::record_rejuvenations(&reports);
             let total_ms = t.elapsed().as_secs_f64() * 1000.0;
             let unix_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -182,7 +188,15 @@ pub(crate) fn dispatch(
                 Some(crate::fault::Fault::HangWhenPaused) => Box::new(crate::fault::HangWhenPaused),
                 _ => Box::new(crate::snapshot::NoHooks),
             };
+            let _span = tracing::info_span!(
+                "snapshot",
+                operation = "snapshot",
+                vm = %vm,
+                snapshot = opts.name.as_deref().unwrap_or("(default name)")
+            )
+            .entered();
             let report = crate::snapshot::snapshot(m, run, opts, hooks.as_mut(), progress)?;
+            crate::metrics::record_snapshot(&report);
             Ok(to_json(&report))
         }
         Request::ClusterSnapshot {
@@ -202,7 +216,14 @@ pub(crate) fn dispatch(
                 name,
                 cut_probes,
             };
+            let _span = tracing::info_span!(
+                "cluster_snapshot",
+                operation = "cluster-snapshot",
+                snapshot = opts.name.as_deref().unwrap_or("(default name)")
+            )
+            .entered();
             let report = crate::cluster_snapshot::snapshot_cluster(c, run, opts, progress)?;
+            crate::metrics::record_cluster_snapshot(&report);
             Ok(to_json(&report))
         }
         Request::Restore {
@@ -247,7 +268,11 @@ pub(crate) fn dispatch(
                 observer: None,
             };
             let early = (!wait).then_some(ctx);
+            let _span =
+                tracing::info_span!("restore", operation = "restore", snapshot = %opts.snapshot)
+                    .entered();
             let report = crate::restore::restore(cluster, run, opts, early, progress)?;
+            crate::metrics::record_restore(&report);
             Ok(to_json(&report))
         }
         Request::ClusterRestore {
@@ -273,8 +298,15 @@ pub(crate) fn dispatch(
                 fault,
             };
             let early = (!wait).then_some(ctx);
+            let _span = tracing::info_span!(
+                "cluster_restore",
+                operation = "cluster-restore",
+                snapshot = %opts.snapshot
+            )
+            .entered();
             let report =
                 crate::cluster_restore::restore_cluster(cluster, run, opts, early, progress)?;
+            crate::metrics::record_cluster_restore(&report);
             Ok(to_json(&report))
         }
         Request::Stop { vm } => {
@@ -287,7 +319,7 @@ pub(crate) fn dispatch(
             let name = c.spec.cluster.name.clone();
             progress(&format!("stopping {} VMs", c.members.len()));
             c.teardown();
-            log(format!("down {name}"));
+            tracing::info!(cluster = %name, "down {name}");
             Ok(json!({ "cluster": name }))
         }
         Request::Gc => Ok(to_json(&crate::gc::collect(run, cluster)?)),

@@ -156,6 +156,9 @@ pub enum AgentError {
     /// vmcsnap does not know.
     #[error(transparent)]
     Crossing(#[from] crate::qemu_crossing::CrossingError),
+    /// The metrics endpoint could not be served.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
     /// A migration (state save or load) failed.
     #[error("VM {vm:?}: {what} failed: {detail}")]
     Migration {

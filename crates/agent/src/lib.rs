@@ -42,6 +42,7 @@ pub mod host_port;
 pub mod image_vm;
 pub mod intent;
 pub mod loading;
+pub mod metrics;
 pub mod paths;
 pub mod qemu;
 pub mod qemu_crossing;
@@ -68,8 +69,12 @@ pub use server::{serve, AgentOptions};
 /// The snapshot image format (re-exported for the CLI and tests).
 pub use vmcsnap_image as image;
 
-/// One line of the agent's log, through `tracing` (the binary installs
-/// the subscriber that writes it, timestamped, to the agent's stderr).
+/// One line of the agent's log: a `tracing` event at level INFO, inside
+/// whatever span the request opened (operation, vm, snapshot). The binary
+/// installs the subscriber that writes it, timestamped, to the agent's
+/// stderr, as text or JSON (`--log-format`). New code logs with
+/// `tracing::info!`/`warn!` and fields directly; this stays for the calls
+/// not converted yet.
 pub fn log(msg: impl AsRef<str>) {
     tracing::info!("{}", msg.as_ref());
 }

@@ -53,6 +53,9 @@ pub struct AgentOptions {
     /// Continue from a handover file written by the previous image of this
     /// process (`vmcsnap agent restart`).
     pub resume: Option<std::path::PathBuf>,
+    /// Serve the metrics (Prometheus/OpenMetrics text, `GET /metrics`) on
+    /// this address ([`crate::metrics`]).
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// What `status` and `console` answer while an operation holds the cluster.
@@ -128,6 +131,10 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
     };
     std::fs::write(run.agent_pid(), format!("{}\n", std::process::id()))
         .map_err(AgentError::io("writing", run.agent_pid()))?;
+    if let Some(addr) = opts.metrics_listen {
+        let bound = crate::metrics::serve(addr)?;
+        tracing::info!(address = %bound, "metrics at http://{bound}/metrics");
+    }
     log(format!(
         "agent {} serving {}",
         std::process::id(),

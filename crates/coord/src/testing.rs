@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::restore::{self, Cohort, CohortAction, Coordinator, Deps, Policy};
+use crate::restore::{self, Cohort, CohortAction, Coordinator, Edge, Policy, Rdg};
 use crate::snapshot::{self, Initiator, Peer, PeerAction};
 use crate::transport::Envelope;
 use crate::NodeId;
@@ -89,12 +89,20 @@ pub fn exercise_lines(text: &str) -> Exercised {
     let peers: Vec<NodeId> = VMS.iter().map(|s| s.to_string()).collect();
     let mut initiator = Initiator::new(EPOCH, INITIATOR.into(), peers.clone(), t_snap.clone());
     let mut peer = Peer::new(EPOCH, "a".into(), INITIATOR.into(), t_snap);
-    let deps = Deps::new().after("b", "a").ring(["b", "c"]);
+    // b sends to a; b and c form a ring.
+    let edges = vec![
+        Edge::new("b", "a", 1),
+        Edge::new("b", "c", 1),
+        Edge::new("c", "b", 1),
+    ];
+    let rdg = match Rdg::new(peers.clone(), edges) {
+        Ok(r) => r,
+        Err(e) => panic!("the sample graph is valid: {e}"),
+    };
     let mut coordinator = match Coordinator::new(
         EPOCH,
         INITIATOR.into(),
-        peers,
-        deps,
+        &rdg,
         Policy::RestoreLine,
         t_rest.clone(),
     ) {

@@ -26,8 +26,8 @@ fn completed(r: &Run) {
 }
 
 /// a sends to b, b sends to c.
-fn chain() -> Deps {
-    Deps::new().after("a", "b").after("b", "c")
+fn chain() -> Links {
+    vec![("a", "b"), ("b", "c")]
 }
 
 #[test]
@@ -72,7 +72,7 @@ fn independent_policy_starts_each_vm_when_loaded() {
 
 #[test]
 fn ring_starts_together_after_both_loaded_and_before_its_dependent() {
-    let deps = Deps::new().ring(["x", "y"]).after("z", "x");
+    let deps = vec![("x", "y"), ("y", "x"), ("z", "x")];
     let s = Setup::new(&["x", "y", "z"], deps, Policy::RestoreLine)
         .plan("z", 1, 5)
         .plan("x", 40, 5)
@@ -114,13 +114,15 @@ fn orphan_starts_as_soon_as_it_is_loaded() {
 
 /// A cluster with every shape: a chain, a ring with an external dependency
 /// and a dependent, an orphan.
-fn mixed() -> (Vec<&'static str>, Deps) {
-    let deps = Deps::new()
-        .after("a", "b")
-        .after("b", "c")
-        .ring(["x", "y"])
-        .after("y", "c")
-        .after("z", "x");
+fn mixed() -> (Vec<&'static str>, Links) {
+    let deps = vec![
+        ("a", "b"),
+        ("b", "c"),
+        ("x", "y"),
+        ("y", "x"),
+        ("y", "c"),
+        ("z", "x"),
+    ];
     (vec!["a", "b", "c", "x", "y", "z", "o"], deps)
 }
 
@@ -247,15 +249,8 @@ fn closing_the_inbox_ends_the_linger() {
         retry: Duration::from_millis(500),
         ..Timeouts::default()
     };
-    let mut coord = Coordinator::new(
-        1,
-        MGR.into(),
-        vec!["vm1".into()],
-        Deps::new(),
-        Policy::RestoreLine,
-        t,
-    )
-    .unwrap();
+    let mut coord =
+        Coordinator::new(1, MGR.into(), &rdg(&["vm1"], &[]), Policy::RestoreLine, t).unwrap();
     let (dtx, drx) = mpsc::channel();
     let h = thread::spawn(move || {
         let o = run_coordinator(&mut coord, &mgr, &irx, &mut |e| {

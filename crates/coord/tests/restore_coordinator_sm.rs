@@ -22,9 +22,13 @@ fn ms(x: u64) -> Duration {
     Duration::from_millis(x)
 }
 
-fn coord(cohorts: &[&str], deps: Deps, policy: Policy) -> Coordinator {
-    let cohorts = cohorts.iter().map(|s| s.to_string()).collect();
-    Coordinator::new(E, "mgr".into(), cohorts, deps, policy, t()).unwrap()
+/// A coordinator of `cohorts` whose VMs send to each other along `links`
+/// (`(from, to)`: `to` must run before `from`).
+fn coord(cohorts: &[&str], links: &[(&str, &str)], policy: Policy) -> Coordinator {
+    let names = cohorts.iter().map(|s| s.to_string()).collect();
+    let edges = links.iter().map(|&(a, b)| Edge::new(a, b, 1)).collect();
+    let rdg = Rdg::new(names, edges).unwrap();
+    Coordinator::new(E, "mgr".into(), &rdg, policy, t()).unwrap()
 }
 
 fn from(c: &str, msg: Msg) -> Envelope<Msg> {
@@ -86,14 +90,14 @@ fn start_sent(c: &Coordinator) -> Vec<Vec<String>> {
 }
 
 /// a sends to b, b sends to c: c starts first, then b, then a.
-fn chain() -> Deps {
-    Deps::new().after("a", "b").after("b", "c")
+fn chain() -> &'static [(&'static str, &'static str)] {
+    &[("a", "b"), ("b", "c")]
 }
 
 #[test]
 fn start_sends_load_to_every_cohort_once() {
     let now = Instant::now();
-    let mut c = coord(&["a", "b", "c"], Deps::new(), Policy::RestoreLine);
+    let mut c = coord(&["a", "b", "c"], &[], Policy::RestoreLine);
     assert_eq!(c.state(), CoordinatorState::NotStarted);
     assert_eq!(c.next_wakeup(), None);
     let out = c.start(now);
@@ -114,7 +118,7 @@ fn start_sends_load_to_every_cohort_once() {
 
 #[test]
 fn message_before_start_is_ignored() {
-    let mut c = coord(&["a"], Deps::new(), Policy::RestoreLine);
+    let mut c = coord(&["a"], &[], Policy::RestoreLine);
     assert!(c.on_message(load_fin("a"), Instant::now()).is_empty());
     assert_eq!(c.ignored().unexpected, 1);
     assert_eq!(c.state(), CoordinatorState::NotStarted);
@@ -122,7 +126,7 @@ fn message_before_start_is_ignored() {
 
 #[test]
 fn no_cohorts_is_done_at_once() {
-    let mut c = coord(&[], Deps::new(), Policy::RestoreLine);
+    let mut c = coord(&[], &[], Policy::RestoreLine);
     assert!(c.start(Instant::now()).is_empty());
     assert_eq!(c.state(), CoordinatorState::Done);
     assert!(c.is_finished());
@@ -209,8 +213,8 @@ fn checker_starts_a_chain_from_its_end() {
 #[test]
 fn ring_starts_together_once_all_members_are_loaded() {
     let now = Instant::now();
-    let deps = Deps::new().ring(["x", "y"]).after("z", "x");
-    let mut c = coord(&["x", "y", "z"], deps, Policy::RestoreLine);
+    let deps = [("x", "y"), ("y", "x"), ("z", "x")];
+    let mut c = coord(&["x", "y", "z"], &deps, Policy::RestoreLine);
     c.start(now);
     assert!(c.on_message(load_fin("z"), now).is_empty());
     assert!(c.on_message(load_fin("x"), now).is_empty(), "y not loaded");
@@ -226,8 +230,8 @@ fn ring_starts_together_once_all_members_are_loaded() {
 fn ring_waits_for_the_external_deps_of_every_member() {
     let now = Instant::now();
     // y sends to w: the whole ring {x, y} starts after w.
-    let deps = Deps::new().ring(["x", "y"]).after("y", "w").after("x", "y");
-    let mut c = coord(&["w", "x", "y"], deps, Policy::RestoreLine);
+    let deps = [("x", "y"), ("y", "x"), ("y", "w")];
+    let mut c = coord(&["w", "x", "y"], &deps, Policy::RestoreLine);
     c.start(now);
     c.on_message(load_fin("x"), now);
     assert!(c.on_message(load_fin("y"), now).is_empty());
@@ -266,7 +270,7 @@ fn independent_policy_starts_each_vm_when_loaded() {
 #[test]
 fn start_is_retransmitted_and_duplicates_are_answered() {
     let now = Instant::now();
-    let mut c = coord(&["a", "b"], Deps::new(), Policy::RestoreLine);
+    let mut c = coord(&["a", "b"], &[], Policy::RestoreLine);
     c.start(now);
     c.on_message(load_fin("a"), now + ms(50));
     // b still loads, a got START at 50: the tick at 100 re-sends only LOAD.
@@ -293,7 +297,7 @@ fn start_is_retransmitted_and_duplicates_are_answered() {
 #[test]
 fn restore_fin_before_the_lost_start_fin_is_remembered() {
     let now = Instant::now();
-    let mut c = coord(&["a"], Deps::new(), Policy::RestoreLine);
+    let mut c = coord(&["a"], &[], Policy::RestoreLine);
     c.start(now);
     c.on_message(load_fin("a"), now);
     assert!(c.on_message(restore_fin("a"), now).is_empty());
@@ -328,14 +332,14 @@ fn fins_that_cannot_be_earned_are_ignored() {
     assert_eq!(c.phase("a"), Some(CohortPhase::Loaded));
 }
 
-fn chain_ab() -> Deps {
-    Deps::new().after("a", "b")
+fn chain_ab() -> &'static [(&'static str, &'static str)] {
+    &[("a", "b")]
 }
 
 #[test]
 fn stale_epoch_and_strangers_are_counted() {
     let now = Instant::now();
-    let mut c = coord(&["a"], Deps::new(), Policy::RestoreLine);
+    let mut c = coord(&["a"], &[], Policy::RestoreLine);
     c.start(now);
     assert!(c
         .on_message(from("a", Msg::LoadFin { epoch: E + 1 }), now)
@@ -356,7 +360,7 @@ fn reason(c: &Coordinator) -> String {
 #[test]
 fn load_deadline_aborts_naming_the_missing() {
     let now = Instant::now();
-    let mut c = coord(&["a", "b"], Deps::new(), Policy::RestoreLine);
+    let mut c = coord(&["a", "b"], &[], Policy::RestoreLine);
     c.start(now);
     c.on_message(load_fin("a"), now);
     let out = c.on_tick(now + Duration::from_secs(5));
@@ -385,7 +389,7 @@ fn start_deadline_runs_from_the_last_load_fin() {
 #[test]
 fn restore_deadline_runs_from_the_last_start_fin() {
     let now = Instant::now();
-    let mut c = coord(&["a"], Deps::new(), Policy::RestoreLine);
+    let mut c = coord(&["a"], &[], Policy::RestoreLine);
     c.start(now);
     c.on_message(load_fin("a"), now);
     let started = now + Duration::from_secs(8);
@@ -437,12 +441,12 @@ fn failed_aborts_everyone_and_lingers() {
 #[test]
 fn abort_before_start_and_after_done() {
     let now = Instant::now();
-    let mut c = coord(&["a"], Deps::new(), Policy::RestoreLine);
+    let mut c = coord(&["a"], &[], Policy::RestoreLine);
     let out = c.abort("operator".into(), now);
     assert_eq!(sends(&out), s(&[("a", "ABORT")]));
     assert_eq!(reason(&c), "operator");
 
-    let mut c = coord(&["a"], Deps::new(), Policy::RestoreLine);
+    let mut c = coord(&["a"], &[], Policy::RestoreLine);
     c.start(now);
     c.on_message(load_fin("a"), now);
     c.on_message(start_fin("a", 1), now);
@@ -467,6 +471,8 @@ fn start_groups_are_exposed() {
     let c = coord(&["a", "b", "c"], chain(), Policy::RestoreLine);
     let g = c.start_groups();
     assert_eq!(g.len(), 3);
-    let a = g.iter().find(|g| g.members == set(&["a"])).unwrap();
-    assert_eq!(a.after, set(&["b"]));
+    let a = g.iter().find(|g| g.members == ["a"]).unwrap();
+    assert_eq!(a.after, ["b"]);
+    // In causal order: c first.
+    assert_eq!(g[0].members, ["c"]);
 }

@@ -1,6 +1,6 @@
 //! The restore state machines in a deterministic discrete-event
 //! simulation: virtual time, 30% message loss, random delays (so
-//! reordering), random dependency graphs (rings found by Deps::from_edges),
+//! reordering), random dependency graphs (rings found by restoreline's Rdg),
 //! both policies, failures mid-load, hundreds of seeds. No threads, no
 //! sleeps.
 
@@ -213,22 +213,16 @@ fn simulate(seed: u64, loss: u64, t: Timeouts, strict: bool) -> (bool, Option<us
             }
         }
     }
-    let deps = Deps::from_edges(edges);
+    let edges = edges.into_iter().map(|(a, b)| Edge::new(a, b, 1)).collect();
+    let rdg = Rdg::new(names.clone(), edges).expect("a valid graph");
     let policy = if rng.chance(25) {
         Policy::Independent
     } else {
         Policy::RestoreLine
     };
     let fails = rng.chance(10).then(|| rng.below(n as u64) as usize);
-    let coord = Coordinator::new(
-        EPOCH,
-        MGR.into(),
-        names.clone(),
-        deps.clone(),
-        policy,
-        t.clone(),
-    )
-    .expect("from_edges gives valid deps");
+    let coord = Coordinator::new(EPOCH, MGR.into(), &rdg, policy, t.clone())
+        .expect("the manager is no cohort");
     let idx = |c: &String| names.iter().position(|n| n == c).unwrap();
     let mut group = vec![(vec![], vec![]); n];
     for g in coord.start_groups() {
@@ -262,7 +256,10 @@ fn simulate(seed: u64, loss: u64, t: Timeouts, strict: bool) -> (bool, Option<us
     };
     sim.run();
 
-    let ctx = format!("seed {seed}, {n} cohorts, {policy:?}, {deps:?}, failing {fails:?}");
+    let ctx = format!(
+        "seed {seed}, {n} cohorts, {policy:?}, {:?}, failing {fails:?}",
+        rdg.edges()
+    );
     assert!(sim.coord.is_finished(), "{ctx}: {:?}", sim.coord.state());
     let completed = sim.coord.state() == CoordinatorState::Done;
     let mut starts = BTreeSet::new();
@@ -309,7 +306,7 @@ fn simulate(seed: u64, loss: u64, t: Timeouts, strict: bool) -> (bool, Option<us
             "{ctx}: {reason}"
         );
     }
-    (completed, fails, !deps.rings.is_empty())
+    (completed, fails, !rdg.rings().is_empty())
 }
 
 #[test]

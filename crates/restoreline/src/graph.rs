@@ -174,8 +174,8 @@ impl Rdg {
     /// The VMs `vm` sends to directly, outside `vm`'s own ring, sorted:
     /// they must be running before `vm` starts (rules 2 and 3). Empty for an
     /// unknown VM. A ring starts as one, so before a ring member starts the
-    /// union of this list over [`Rdg::ring_of`] must be running
-    /// ([`Rdg::startable`] does that).
+    /// union of this list over [`Rdg::ring_of`] must be running (a start
+    /// group's `after` set, [`Rdg::start_groups`]).
     pub fn must_start_before(&self, vm: &str) -> Vec<String> {
         let Some(i) = self.index(vm) else {
             return Vec::new();

@@ -21,8 +21,16 @@
 //! the code is in [`order`]): rings are one group, receivers come before
 //! senders, a sender waits for all its receivers, independent groups are
 //! ordered by name, orphans come last. [`Rdg::check_causal_order`] accepts
-//! any order the rules allow; [`Rdg::startable`] is the restore protocol's
-//! Checker (§4.3): who may start once some VMs have started.
+//! any order the rules allow.
+//!
+//! # The Checker
+//!
+//! [`Rdg::start_groups`] ([`start`]) turns the graph into the groups the
+//! restore protocol starts together (a ring, or one VM) with the VMs each
+//! must wait for; [`Rdg::startable`] is the protocol's Checker (§4.3): the
+//! groups that may start once some VMs are loaded and some run. The
+//! coordinator of `vmcsnap_coord::restore` only asks this; it is the one
+//! implementation of how a cluster restore orders VM starts.
 //!
 //! # The revision and the restore line
 //!
@@ -63,9 +71,11 @@ pub mod dot;
 pub mod graph;
 pub mod lp;
 pub mod order;
+pub mod start;
 
 pub use graph::{Edge, Rdg, RdgError};
 pub use lp::{
     check_sizes, l1_distance, restore_line, revise_wss, revise_wss_scaled, LpError, Revision,
 };
 pub use order::OrderError;
+pub use start::StartGroup;

@@ -1,5 +1,5 @@
-//! The causal restore order (HotRestore §4.2.1, rules 1-6) and the
-//! Checker that tells which VMs may start once others have started (§4.3).
+//! The causal restore order (HotRestore §4.2.1, rules 1-6); the Checker
+//! built on it is in [`start`](crate::start).
 //!
 //! How each rule maps to the code of [`Rdg::causal_order`]:
 //!
@@ -155,25 +155,5 @@ impl Rdg {
             }
         }
         Ok(())
-    }
-
-    /// The Checker of the restore protocol (§4.3): the VMs not in `started`
-    /// that may start now, sorted. A VM may start once every VM its ring
-    /// (or itself, outside a ring) sends to outside the ring has started
-    /// (rules 2 and 3); a ring's members come together (rule 5); orphans and
-    /// VMs that send to nobody may start at any time (rules 1, 4 and 6).
-    /// Names in `started` that are not in the graph are ignored.
-    pub fn startable(&self, started: &BTreeSet<String>) -> Vec<String> {
-        let deps = self.comp_deps();
-        let up = |c: usize| {
-            self.comps[c]
-                .iter()
-                .all(|&i| started.contains(&self.nodes[i]))
-        };
-        (0..self.nodes.len())
-            .filter(|&i| !started.contains(&self.nodes[i]))
-            .filter(|&i| deps[self.comp[i]].iter().all(|&d| up(d)))
-            .map(|i| self.nodes[i].clone())
-            .collect()
     }
 }

@@ -26,7 +26,12 @@ fn no_edges_keeps_sizes() {
     assert_eq!(rev.sizes, s);
     assert_eq!(rev.objective, 0.0);
     assert_eq!(rev.restore_line, names(&["b", "d", "c", "a"]));
-    assert_eq!(g.startable(&BTreeSet::new()), names(&["a", "b", "c", "d"]));
+    let all: BTreeSet<String> = g.nodes().iter().cloned().collect();
+    let groups: Vec<Vec<String>> = (g.startable(&all, &BTreeSet::new()).into_iter())
+        .map(|g| g.members)
+        .collect();
+    assert_eq!(groups, ["a", "b", "c", "d"].map(|n| names(&[n])));
+    assert_eq!(g.start_groups(), g.unordered_groups());
 }
 
 fn one_ring(n: usize) -> Rdg {

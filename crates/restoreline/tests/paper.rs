@@ -77,16 +77,26 @@ fn figure3_rings_orphans_order() {
 #[test]
 fn figure3_checker() {
     let g = figure3();
-    let mut started = BTreeSet::new();
-    assert_eq!(g.startable(&started), v(&["VM1", "VM2", "VM3", "VM5"]));
-    started.extend(v(&["VM1", "VM2"]));
+    let set = |n: &[&str]| -> BTreeSet<String> { n.iter().map(|s| s.to_string()).collect() };
+    let groups = |loaded: &[&str], running: &[&str]| -> Vec<Vec<String>> {
+        let s = g.startable(&set(loaded), &set(running));
+        s.into_iter().map(|g| g.members).collect()
+    };
+    let all = ["VM1", "VM2", "VM3", "VM4", "VM5"];
+    // Loaded, nothing runs: the ring (rules 1, 5) and the orphan (rule 6).
     assert_eq!(
-        g.startable(&started),
-        v(&["VM3", "VM5"]),
-        "VM4 waits for the whole ring"
+        groups(&all, &[]),
+        vec![v(&["VM1", "VM2", "VM3"]), v(&["VM5"])]
     );
-    started.insert("VM3".into());
-    assert_eq!(g.startable(&started), v(&["VM4", "VM5"]));
+    // The ring starts together: not while one member is still loading.
+    assert_eq!(
+        groups(&["VM1", "VM2", "VM4"], &[]),
+        Vec::<Vec<String>>::new()
+    );
+    // VM4 waits for VM3, the ring member it sends to (rule 2) ...
+    assert!(groups(&["VM4"], &["VM1", "VM2"]).is_empty());
+    // ... and starts once it runs.
+    assert_eq!(groups(&["VM4"], &["VM3"]), vec![v(&["VM4"])]);
 }
 
 #[test]

@@ -125,3 +125,53 @@ fn brute_force_and_heuristics_are_not_trivial() {
     assert_eq!(cost(&s, &longest_path(&rdg, &s, 1)), 18); // 10, 11, 12
     assert_eq!(revise_wss_scaled(&rdg, &s, 1).unwrap().objective, 12.0);
 }
+
+/// The Checker on random graphs, with VMs finishing their loads and
+/// starts in a random order: it never deadlocks, starts every VM once,
+/// releases a group only once its members are loaded and the VMs it sends
+/// to run (checked from the edges, not from the groups), and the order of
+/// its decisions is a causal restore order.
+#[test]
+fn random_checker_runs_are_causal_and_never_deadlock() {
+    use std::collections::BTreeSet;
+    let mut rng = XorShift(0xD1B5_4A32_D192_ED03);
+    let mut rings_seen = 0;
+    for _ in 0..300 {
+        let n = rng.range(1, 12) as usize;
+        let rdg = Rdg::new(names(n), random_edges(&mut rng, n, 5)).unwrap();
+        rings_seen += usize::from(!rdg.rings().is_empty());
+        let (mut loading, mut loaded): (Vec<String>, BTreeSet<String>) =
+            (rdg.nodes().to_vec(), BTreeSet::new());
+        let (mut starting, mut running) = (Vec::<String>::new(), BTreeSet::new());
+        let mut decided: Vec<String> = Vec::new();
+        while running.len() < n {
+            for g in rdg.startable(&loaded, &running) {
+                for m in &g.members {
+                    assert!(loaded.remove(m), "{m} started twice or unloaded");
+                    let same_ring = |to: &String| g.members.contains(to);
+                    for e in rdg.edges().iter().filter(|e| &e.from == m) {
+                        assert!(same_ring(&e.to) || running.contains(&e.to), "{e:?}");
+                    }
+                }
+                decided.extend(g.members.iter().cloned());
+                starting.extend(g.members);
+            }
+            // One random event: a load finishes or a started VM runs.
+            let pending = loading.len() + starting.len();
+            assert!(
+                pending > 0,
+                "deadlock: {:?} loaded, {:?} run",
+                loaded,
+                running
+            );
+            let k = rng.range(0, pending as u64 - 1) as usize;
+            if k < loading.len() {
+                loaded.insert(loading.swap_remove(k));
+            } else {
+                running.insert(starting.swap_remove(k - loading.len()));
+            }
+        }
+        rdg.check_causal_order(&decided).unwrap();
+    }
+    assert!(rings_seen > 30, "rings were exercised: {rings_seen}");
+}

@@ -3,7 +3,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 /// Hot snapshots and fast restore for clusters of QEMU/KVM virtual machines.
 #[derive(Debug, Parser)]
@@ -437,6 +437,19 @@ pub enum AgentCmd {
         /// (internal) Continue from the handover file of `agent restart`.
         #[arg(long, hide = true, value_name = "FILE")]
         resume: Option<PathBuf>,
+        /// Serve per-VM metrics (pause, backoff, snapshot bytes, restore
+        /// latency, demand faults, rejuvenation downtime) in the Prometheus
+        /// text format at http://ADDR/metrics, e.g. 127.0.0.1:9187. An agent
+        /// the CLI starts on demand (or `agent restart` starts) takes it
+        /// from $VMCSNAP_METRICS_LISTEN instead.
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<std::net::SocketAddr>,
+        /// How the agent writes its log: `text` (default) or `json` (one
+        /// object a line, with the fields of the operation's span: operation,
+        /// vm, snapshot). An agent the CLI starts on demand takes it from
+        /// $VMCSNAP_LOG_FORMAT instead.
+        #[arg(long, value_enum, value_name = "FORMAT")]
+        log_format: Option<LogFormat>,
     },
     /// Restart the agent in place (a new build of vmcsnap takes over); the
     /// VMs, their QMP sockets and the switch's connections are kept.
@@ -445,6 +458,15 @@ pub enum AgentCmd {
     Start,
     /// Stop the agent (refused while a cluster is up).
     Stop,
+}
+
+/// The agent's log format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]

@@ -24,12 +24,12 @@ fn main() {
     // SAFETY: signal(2) with SIG_DFL for SIGPIPE, before any thread exists.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
-    init_logging(matches!(
-        cli.command,
+    match &cli.command {
         Command::Agent {
-            cmd: AgentCmd::Run { .. }
-        }
-    ));
+            cmd: AgentCmd::Run { log_format, .. },
+        } => init_logging(true, log_format.unwrap_or_else(log_format_from_env)),
+        _ => init_logging(false, cli::LogFormat::Text),
+    }
     if let Err(e) = run(cli) {
         eprintln!("vmcsnap: error: {}", error_chain(e.chain()));
         // An agent that lost the start to another one says so by its exit
@@ -52,16 +52,28 @@ fn main() {
 /// the switch and coordinator through its bridge) go to stderr: the agent
 /// logs at `info` (its stderr is `<run-dir>/agent.log`), the CLI only
 /// warnings. `VMCSNAP_LOG` (e.g. `debug`, `vmcsnap_switch=debug`) overrides.
-fn init_logging(agent: bool) {
+fn init_logging(agent: bool, format: cli::LogFormat) {
     let default = if agent { "info" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("VMCSNAP_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(false)
-        .with_target(agent)
-        .try_init();
+        .with_target(agent);
+    let _ = match format {
+        cli::LogFormat::Text => fmt.try_init(),
+        cli::LogFormat::Json => fmt.json().try_init(),
+    };
+}
+
+/// The log format of an agent without `--log-format`:
+/// `VMCSNAP_LOG_FORMAT` (`json` or `text`), text if unset or unknown.
+fn log_format_from_env() -> cli::LogFormat {
+    match std::env::var("VMCSNAP_LOG_FORMAT").as_deref() {
+        Ok("json") => cli::LogFormat::Json,
+        _ => cli::LogFormat::Text,
+    }
 }
 
 /// The whole cause chain on one line, skipping a cause whose text the
@@ -372,10 +384,14 @@ fn run(cli: Cli) -> Result<()> {
             AgentCmd::Run {
                 exit_when_idle,
                 resume,
+                metrics_listen,
+                log_format: _,
             } => vmcsnap_agent::serve(AgentOptions {
                 run_dir,
                 exit_when_idle,
                 resume,
+                metrics_listen: metrics_listen
+                    .map_or_else(metrics_listen_from_env, |a| Ok(Some(a)))?,
             })
             .context("agent failed"),
             AgentCmd::Restart => {
@@ -600,6 +616,18 @@ fn availability(run_dir: &RunDir, t_vmm: f64, t_os: f64, json: bool) -> Result<(
 /// Sends `req` to the agent of the run directory holding `sock`. If no
 /// agent answers but the run directory records VMs (their agent died), a
 /// new agent is started first: it adopts them, and the request goes to it.
+/// The metrics address of an agent without `--metrics-listen`:
+/// `VMCSNAP_METRICS_LISTEN`, which an agent started on demand or restarted
+/// in place inherits.
+fn metrics_listen_from_env() -> Result<Option<std::net::SocketAddr>> {
+    match std::env::var("VMCSNAP_METRICS_LISTEN") {
+        Ok(a) if !a.is_empty() => a.parse().map(Some).with_context(|| {
+            format!("VMCSNAP_METRICS_LISTEN={a:?} is no address: give IP:PORT, e.g. 127.0.0.1:9187")
+        }),
+        _ => Ok(None),
+    }
+}
+
 /// `VMCSNAP_QEMU` as the CLI sees it, as an absolute path: the agent runs
 /// with its own environment and working directory, so the CLI resolves it.
 fn qemu_from_env() -> Result<Option<PathBuf>> {

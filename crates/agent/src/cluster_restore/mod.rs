@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use vmcsnap_coord::restore::{
     run_cohort, run_coordinator, Cohort, CohortOutcome, Coordinator, CoordinatorEvent,
-    CoordinatorEventKind, CoordinatorOutcome, Deps, Msg, Policy, Timeouts,
+    CoordinatorEventKind, CoordinatorOutcome, Msg, Policy, Timeouts,
 };
 use vmcsnap_coord::transport::InProcessNetwork;
 use vmcsnap_image::cluster::{check_cluster_committed, ClusterManifest};
@@ -439,9 +439,11 @@ fn run_protocol(
     progress: &mut dyn FnMut(&str),
 ) -> (CoordinatorOutcome, Vec<cohort::Outcome>, Vec<(String, u64)>) {
     let mode = opts.mode;
-    let (policy, deps) = match mode {
-        Mode::HotrestoreRl | Mode::EagerRl => (Policy::RestoreLine, rl_deps(&plan.rdg)),
-        _ => (Policy::Independent, Deps::new()),
+    // The order itself is restoreline's (`Rdg::start_groups`); the
+    // coordinator only follows it.
+    let policy = match mode {
+        Mode::HotrestoreRl | Mode::EagerRl => Policy::RestoreLine,
+        _ => Policy::Independent,
     };
     let timeouts = Timeouts::default();
     let epoch = crate::snapshot::unix_us() / 1000;
@@ -455,12 +457,10 @@ fn run_protocol(
         }
     });
     let (ptx, prx) = mpsc::channel::<String>();
-    let names: Vec<String> = plan.vms.iter().map(|v| v.name.clone()).collect();
     let coordinator = Coordinator::new(
         epoch,
         COORDINATOR.to_string(),
-        names.clone(),
-        deps,
+        &plan.rdg,
         policy,
         timeouts.clone(),
     );
@@ -625,21 +625,6 @@ fn protocol_line(ev: &CoordinatorEvent, t0: Instant) -> Option<String> {
         return None;
     }
     Some(format!("protocol: {at:.1} ms: {:?}", ev.kind))
-}
-
-/// The Checker's dependencies: a VM starts after the VMs it sends to; rings
-/// start together.
-fn rl_deps(rdg: &Rdg) -> Deps {
-    let mut d = Deps::new();
-    for ring in rdg.rings() {
-        d = d.ring(ring);
-    }
-    for v in rdg.nodes() {
-        for to in rdg.must_start_before(v) {
-            d = d.after(v.clone(), to);
-        }
-    }
-    d
 }
 
 fn plan_name(vm_dir: &Path) -> String {

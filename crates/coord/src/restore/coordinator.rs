@@ -3,12 +3,27 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use super::deps::{Deps, Policy, StartGroup};
+use serde::{Deserialize, Serialize};
+use vmcsnap_restoreline::{Rdg, StartGroup};
+
 use super::msg::{Msg, RestoreProtocolError, Timeouts};
 use super::report::{CohortPhase, CoordinatorEvent, CoordinatorEventKind, CoordinatorState};
 use crate::snapshot::Ignored;
 use crate::transport::Envelope;
 use crate::NodeId;
+
+/// When the coordinator lets a loaded VM start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Policy {
+    /// HotRestore's restore line: the start groups of the restore
+    /// dependency graph ([`Rdg::start_groups`]): a VM starts once the VMs it
+    /// sends to run, a ring together once all its members are loaded.
+    #[default]
+    RestoreLine,
+    /// Every VM starts as soon as its working set is loaded
+    /// ([`Rdg::unordered_groups`]): the baseline without a restore line.
+    Independent,
+}
 
 #[derive(Debug)]
 struct Slot {
@@ -65,24 +80,24 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    /// A coordinator for restore `epoch`, named `me`, of `cohorts`
-    /// (duplicates ignored). Fails if `deps` is invalid for these cohorts
-    /// ([`Deps::validate`]) or `me` is a cohort.
+    /// A coordinator for restore `epoch`, named `me`, whose cohorts are the
+    /// VMs of `rdg`, started in its order under `policy`. Fails if `me` is
+    /// a cohort.
     pub fn new(
         epoch: u64,
         me: NodeId,
-        cohorts: Vec<NodeId>,
-        deps: Deps,
+        rdg: &Rdg,
         policy: Policy,
         t: Timeouts,
     ) -> Result<Self, RestoreProtocolError> {
-        let cohorts: BTreeSet<NodeId> = cohorts.into_iter().collect();
-        if cohorts.contains(&me) {
+        if rdg.nodes().contains(&me) {
             return Err(RestoreProtocolError::CoordinatorIsCohort(me));
         }
-        let groups = deps.start_groups(&cohorts, policy)?;
-        let slots = cohorts
-            .into_iter()
+        let groups = match policy {
+            Policy::RestoreLine => rdg.start_groups(),
+            Policy::Independent => rdg.unordered_groups(),
+        };
+        let slots = (rdg.nodes().iter().cloned())
             .map(|c| {
                 let slot = Slot {
                     phase: CohortPhase::Loading,
@@ -354,7 +369,8 @@ impl Coordinator {
         v
     }
 
-    /// The groups the Checker starts together and what each waits for.
+    /// The groups the Checker starts together and what each waits for, in
+    /// causal order.
     pub fn start_groups(&self) -> &[StartGroup] {
         &self.groups
     }
@@ -452,13 +468,20 @@ impl Coordinator {
         out.push(envelope(&self.me, to, msg));
     }
 
-    /// The Checker: sends `START` to every group that may start now.
+    /// Asks the Checker ([`StartGroup::may_start`]) and sends `START` to
+    /// every group that may start now.
     fn check(&mut self, now: Instant, out: &mut Vec<Envelope<Msg>>) {
-        let phase = |c: &NodeId| self.slots[c].phase;
+        let with = |f: &dyn Fn(CohortPhase) -> bool| -> BTreeSet<NodeId> {
+            (self.slots.iter())
+                .filter(|(_, s)| f(s.phase))
+                .map(|(c, _)| c.clone())
+                .collect()
+        };
+        let loaded = with(&|p| p == CohortPhase::Loaded);
+        let running = with(&|p| p >= CohortPhase::Started);
         let ready: Vec<Vec<NodeId>> = (self.groups.iter())
-            .filter(|g| g.members.iter().all(|m| phase(m) == CohortPhase::Loaded))
-            .filter(|g| g.after.iter().all(|d| phase(d) >= CohortPhase::Started))
-            .map(|g| g.members.iter().cloned().collect())
+            .filter(|g| g.may_start(&loaded, &running))
+            .map(|g| g.members.clone())
             .collect();
         let resend_at = Some(now + self.t.retry);
         for cohorts in ready {

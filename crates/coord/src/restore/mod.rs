@@ -1,14 +1,16 @@
-//! The cluster-restore protocol of HotRestore: messages, the restore
-//! dependencies and their Checker, the coordinator's and the cohort's
-//! state machines, and blocking drivers for both.
+//! The cluster-restore protocol of HotRestore: messages, the coordinator's
+//! and the cohort's state machines, and blocking drivers for both. The
+//! order in which VMs start is not decided here: the coordinator asks the
+//! Checker of `vmcsnap_restoreline` ([`Rdg::start_groups`],
+//! [`StartGroup::may_start`]), the one implementation of it.
 //!
 //! One [`Coordinator`] restores a cluster with one [`Cohort`] per VM. It
 //! sends `LOAD` to every cohort; each loads its VM's working set (the VM
 //! does not run yet, the other pages keep loading in the background) and
-//! answers `LOAD_FIN`. The coordinator's **Checker** decides when each
-//! loaded VM may start ([`Policy::RestoreLine`]): once every VM it sends to
-//! ([`Deps`]) runs, and for a ring once all its members are loaded (a ring
-//! starts together). The cohort starts the VM on `START`, answers
+//! answers `LOAD_FIN`. The **Checker** decides when each loaded VM may
+//! start ([`Policy::RestoreLine`]): once every VM it sends to (an edge of
+//! the restore dependency graph, [`Rdg`]) runs, and for a ring once all its
+//! members are loaded (a ring starts together). The cohort starts the VM on `START`, answers
 //! `START_FIN` with the guest's start time, and `RESTORE_FIN` once every
 //! page is loaded; when all have, the coordinator sends `ALL_RESTORE_FIN`
 //! and the restore is complete. [`Policy::Independent`] starts every VM as
@@ -29,8 +31,8 @@
 //!   passes; cohorts abandon (stop their VM) on `ABORT`, ignored after
 //!   `Done`.
 //! - Messages of another epoch are ignored and counted.
-//! - [`Coordinator::new`] rejects dependencies the Checker could deadlock
-//!   on ([`Deps::validate`]).
+//! - The rings of an [`Rdg`] are its strongly connected components, so the
+//!   start groups form a DAG and the Checker cannot deadlock.
 //!
 //! # Example
 //!
@@ -66,9 +68,8 @@
 //!     handles.push(thread::spawn(move || run_cohort(cohort, &ep, &rx, &mut Quick(tx))));
 //! }
 //! // web sends to db: db must run before web starts.
-//! let deps = Deps::new().after("web", "db");
-//! let cohorts = vec!["web".into(), "db".into()];
-//! let mut coord = Coordinator::new(1, "manager".into(), cohorts, deps, Policy::RestoreLine, t)?;
+//! let rdg = Rdg::new(vec!["web".into(), "db".into()], vec![Edge::new("web", "db", 1)])?;
+//! let mut coord = Coordinator::new(1, "manager".into(), &rdg, Policy::RestoreLine, t)?;
 //! let outcome = run_coordinator(&mut coord, &coord_ep, &crx, &mut |_ev| {});
 //! assert_eq!(outcome, CoordinatorOutcome::Completed);
 //! let order: Vec<_> = coord.start_order().into_iter().map(|(vm, _)| vm).collect();
@@ -76,22 +77,21 @@
 //! for h in handles {
 //!     assert_eq!(h.join().unwrap(), CohortOutcome::Completed);
 //! }
-//! # Ok::<(), RestoreProtocolError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod cohort;
 mod coordinator;
-mod deps;
 mod driver;
 mod msg;
 mod report;
 
 pub use crate::snapshot::Ignored;
 pub use cohort::{Cohort, CohortAction, CohortState};
-pub use coordinator::Coordinator;
-pub use deps::{Deps, Policy, StartGroup};
+pub use coordinator::{Coordinator, Policy};
 pub use driver::{
     run_cohort, run_coordinator, CohortInput, CohortOutcome, CohortWorker, CoordinatorOutcome,
 };
 pub use msg::{Msg, RestoreProtocolError, Timeouts};
 pub use report::{CohortPhase, CoordinatorEvent, CoordinatorEventKind, CoordinatorState};
+pub use vmcsnap_restoreline::{Edge, Rdg, StartGroup};

@@ -132,40 +132,6 @@ pub enum RestoreProtocolError {
         /// The JSON error.
         source: serde_json::Error,
     },
-    /// [`Deps`](super::Deps) names a VM that is not a cohort of the restore.
-    #[error("{place} names VM {vm:?}, which is not a cohort of this restore; list it among the cohorts or drop it from the dependencies")]
-    UnknownVm {
-        /// The VM.
-        vm: NodeId,
-        /// Where it was named, e.g. `deps of "a"` or `ring 2`.
-        place: String,
-    },
-    /// A VM is a member of two declared rings.
-    #[error("VM {vm:?} is in ring {first} and in ring {second}; rings are the strongly connected components of the dependency graph and never overlap: merge them into one ring")]
-    RingOverlap {
-        /// The VM.
-        vm: NodeId,
-        /// Index of the first ring in `Deps::rings`.
-        first: usize,
-        /// Index of the second one.
-        second: usize,
-    },
-    /// A declared ring has fewer than two members.
-    #[error("ring {index} has {len} member(s); a ring needs at least two VMs (drop it: a lone VM needs no ring)")]
-    RingTooSmall {
-        /// Index of the ring in `Deps::rings`.
-        index: usize,
-        /// Its size.
-        len: usize,
-    },
-    /// The dependencies have a cycle that is not a declared ring: the
-    /// Checker would wait forever.
-    #[error("dependency cycle {} outside the declared rings: the VMs of a cycle must start together; declare them as one ring (Deps::rings), or build the dependencies with Deps::from_edges, which finds the rings itself", .cycle.join(" -> "))]
-    Cycle {
-        /// The cycle, first element repeated at the end (rings shown as
-        /// `ring{a, b}`).
-        cycle: Vec<String>,
-    },
     /// The coordinator's own name is among the cohorts.
     #[error(
         "the coordinator's name {0:?} is also a cohort's; give the coordinator a name of its own"

@@ -138,11 +138,21 @@ impl CohortWorker for FakeWorker {
     }
 }
 
+/// Who sends to whom: `(from, to)`, so `to` must run before `from`.
+pub type Links = Vec<(&'static str, &'static str)>;
+
+/// The restore dependency graph of `cohorts` with `links` (weight 1).
+pub fn rdg(cohorts: &[&str], links: &[(&str, &str)]) -> Rdg {
+    let names = cohorts.iter().map(|s| s.to_string()).collect();
+    let edges = links.iter().map(|&(a, b)| Edge::new(a, b, 1)).collect();
+    Rdg::new(names, edges).expect("a valid graph")
+}
+
 pub type Fault = Box<dyn FnMut(&Envelope<Msg>) -> bool + Send>;
 
 pub struct Setup {
     pub cohorts: Vec<String>,
-    pub deps: Deps,
+    pub rdg: Rdg,
     pub policy: Policy,
     pub epoch: u64,
     pub t: Timeouts,
@@ -159,10 +169,10 @@ pub struct Setup {
 }
 
 impl Setup {
-    pub fn new(cohorts: &[&str], deps: Deps, policy: Policy) -> Self {
+    pub fn new(cohorts: &[&str], links: Links, policy: Policy) -> Self {
         Setup {
             cohorts: cohorts.iter().map(|s| s.to_string()).collect(),
-            deps,
+            rdg: rdg(cohorts, &links),
             policy,
             epoch: 1,
             t: Timeouts {
@@ -196,7 +206,7 @@ pub struct Run {
     /// Every cohort of the restore, silent ones included.
     pub names: Vec<String>,
     pub policy: Policy,
-    pub deps: Deps,
+    pub rdg: Rdg,
     pub coordinator: CoordinatorOutcome,
     pub events: Vec<CoordinatorEvent>,
     pub start_order: Vec<(String, u64)>,
@@ -304,15 +314,8 @@ pub fn run(mut s: Setup) -> Run {
         });
     }
     drop(done_tx);
-    let mut coord = Coordinator::new(
-        s.epoch,
-        MGR.into(),
-        s.cohorts.clone(),
-        s.deps.clone(),
-        s.policy,
-        s.t.clone(),
-    )
-    .expect("valid dependencies");
+    let mut coord = Coordinator::new(s.epoch, MGR.into(), &s.rdg, s.policy, s.t.clone())
+        .expect("valid dependencies");
     // The coordinator runs in its own thread so that a hang is caught here.
     let (ctx_out, crx_out) = mpsc::channel();
     thread::spawn(move || {
@@ -359,7 +362,7 @@ pub fn run(mut s: Setup) -> Run {
     Run {
         names: s.cohorts,
         policy: s.policy,
-        deps: s.deps,
+        rdg: s.rdg,
         coordinator,
         events,
         start_order,
@@ -435,8 +438,10 @@ pub fn check_consistent(r: &Run, strict: bool) {
 }
 
 fn check_checker(r: &Run) {
-    let cohorts: BTreeSet<String> = r.names.iter().cloned().collect();
-    let groups = r.deps.start_groups(&cohorts, r.policy).unwrap();
+    let groups = match r.policy {
+        Policy::RestoreLine => r.rdg.start_groups(),
+        Policy::Independent => r.rdg.unordered_groups(),
+    };
     let mut decided = BTreeSet::new();
     for (i, ev) in r.events.iter().enumerate() {
         let CoordinatorEventKind::StartSent { cohorts } = &ev.kind else {
@@ -445,8 +450,7 @@ fn check_checker(r: &Run) {
         for c in cohorts {
             assert!(decided.insert(c.clone()), "{c} got two START decisions");
         }
-        let members: BTreeSet<String> = cohorts.iter().cloned().collect();
-        let g = groups.iter().find(|g| g.members == members);
+        let g = groups.iter().find(|g| &g.members == cohorts);
         let g = g.unwrap_or_else(|| panic!("START to {cohorts:?}, not a start group"));
         for m in &g.members {
             assert!(
