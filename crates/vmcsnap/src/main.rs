@@ -275,6 +275,7 @@ fn run(cli: Cli) -> Result<()> {
             no_priorities,
             start_quiet,
             prefetch_blocks,
+            preempt,
             wait,
             json,
             ..
@@ -299,6 +300,7 @@ fn run(cli: Cli) -> Result<()> {
                     no_priorities,
                     start_quiet_ms: start_quiet,
                     prefetch_blocks,
+                    preempt,
                     wait,
                 },
             )?;

@@ -175,6 +175,7 @@ fn source_job(job: &Job, background_after: Option<Duration>, member: VmRecord) -
                 .cluster
                 .as_ref()
                 .and_then(|c| c.hold_background_until.clone()),
+            preempt: opts.preempt,
         },
         finish: FinishJob {
             snapshot: opts.snapshot.clone(),
@@ -283,6 +284,7 @@ pub(super) fn feed(
         // restore's post-mortem shows (`super::postmortem`).
         json!({ "capabilities": [
             { "capability": "postcopy-ram", "state": true },
+            { "capability": "postcopy-preempt", "state": opts.preempt },
             { "capability": "events", "state": true },
         ] }),
     )?;
@@ -291,10 +293,19 @@ pub(super) fn feed(
         json!({ "uri": format!("unix:{}", incoming.display()) }),
     )?;
     let stream = connect(vm, &incoming)?;
+    // QEMU takes the second connection for the preempt channel (it tells
+    // them apart by order only: docs/qemu-10.0-wire-format.md).
+    let preempt = match opts.preempt {
+        true => Some(connect(vm, &incoming)?),
+        false => None,
+    };
     // To stop the source early (the caller then stops QEMU).
-    let stop = stream
-        .try_clone()
-        .map_err(AgentError::io("cloning the socket to", &incoming))?;
+    let clone = |s: &UnixStream| {
+        s.try_clone()
+            .map_err(AgentError::io("cloning the socket to", &incoming))
+    };
+    let stop = clone(&stream)?;
+    let stop_preempt = preempt.as_ref().map(clone).transpose()?;
     let _ = std::fs::remove_file(&incoming);
 
     // In a cluster restore QEMU runs with -S: RUN loads the device state
@@ -314,7 +325,7 @@ pub(super) fn feed(
     page_source::write_job(&ps_dir, &sjob).map_err(|e| fail(&name, e))?;
     // The agent's own image, by its /proc link (as for the stream relay).
     let exe = PathBuf::from(format!("/proc/{}/exe", std::process::id()));
-    let events = page_source::spawn(&exe, &ps_dir, stream).map_err(|e| fail(&name, e))?;
+    let events = page_source::spawn(&exe, &ps_dir, stream, preempt).map_err(|e| fail(&name, e))?;
     let source = Source {
         dir: ps_dir.clone(),
         events,
@@ -517,6 +528,9 @@ pub(super) fn feed(
             // Ends the source (QEMU fails the incoming migration, or waits
             // paused in postcopy, until the caller stops it).
             let _ = stop.shutdown(std::net::Shutdown::Both);
+            if let Some(p) = &stop_preempt {
+                let _ = p.shutdown(std::net::Shutdown::Both);
+            }
         }
         source_done.store(true, Ordering::Relaxed);
         let raised = raiser.map(|r| r.join().expect("priority thread panicked"));

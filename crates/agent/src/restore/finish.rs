@@ -154,6 +154,8 @@ pub fn report(f: &Finishing) -> Result<Report, AgentError> {
         pages_total: out.pages_total,
         pages_on_demand: out.pages_on_demand,
         pages_background: out.pages_background,
+        pages_on_preempt: out.pages_on_preempt,
+        demand_served_ms: super::run::Spread::of(&out.demand_served_ms),
         qemu_threads_raised: obs.qemu_threads_raised,
         overlay: PathBuf::new(),
         record: record_path,

@@ -171,6 +171,9 @@ pub(super) fn set_caps(
         "migrate-set-capabilities",
         json!({ "capabilities": [
             { "capability": "x-ignore-shared", "state": false },
+            // Off before postcopy-ram: QEMU refuses postcopy-preempt
+            // without it (a VM restored with `--preempt` has it on).
+            { "capability": "postcopy-preempt", "state": false },
             { "capability": "postcopy-ram", "state": false },
             { "capability": "return-path", "state": false },
             { "capability": "background-snapshot", "state": background },
