@@ -274,6 +274,7 @@ pub(crate) fn caps(ignore_shared: bool) -> Value {
     json!({ "capabilities": [
         { "capability": "x-ignore-shared", "state": ignore_shared },
         { "capability": "postcopy-preempt", "state": false },
+        { "capability": "postcopy-blocktime", "state": false },
         { "capability": "postcopy-ram", "state": false },
         { "capability": "return-path", "state": false },
     ] })

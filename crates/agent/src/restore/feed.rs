@@ -285,6 +285,8 @@ pub(super) fn feed(
         json!({ "capabilities": [
             { "capability": "postcopy-ram", "state": true },
             { "capability": "postcopy-preempt", "state": opts.preempt },
+            // How long the vCPUs waited on faults (`vcpu_blocktime_ms`).
+            { "capability": "postcopy-blocktime", "state": true },
             { "capability": "events", "state": true },
         ] }),
     )?;
@@ -557,15 +559,26 @@ pub(super) fn feed(
         Ended::Done(out) => out,
         Ended::Failed { detail, .. } => return Err(fail(&name, detail)),
     };
-    wait_completed(vm)?;
+    let done = wait_completed(vm)?;
     st.obs.qemu_threads_raised = qemu_threads_raised;
-    finish::report(&finish::Finishing {
+    let mut report = finish::report(&finish::Finishing {
         vm: &name,
         job: &sjob.finish,
         obs: &st.obs,
         out: &out,
         at_full_load: st.at_full_load,
-    })
+    })?;
+    report.vcpu_blocktime_ms = vcpu_blocktime_ms(&done);
+    Ok(report)
+}
+
+/// The time the destination's vCPUs spent blocked on postcopy faults,
+/// summed over the vCPUs (QEMU's `postcopy-vcpu-blocktime`, ms), from its
+/// `query-migrate` once completed.
+fn vcpu_blocktime_ms(done: &Value) -> Option<u64> {
+    done["postcopy-vcpu-blocktime"]
+        .as_array()
+        .map(|v| v.iter().filter_map(Value::as_u64).sum())
 }
 
 /// Connects to the destination's incoming socket once QEMU listens.
@@ -596,13 +609,14 @@ fn connect(vm: &mut Vm, path: &Path) -> Result<UnixStream, AgentError> {
     }
 }
 
-/// Waits until the destination reports the migration completed.
-pub(super) fn wait_completed(vm: &mut Vm) -> Result<(), AgentError> {
+/// Waits until the destination reports the migration completed; returns
+/// its `query-migrate` then.
+pub(super) fn wait_completed(vm: &mut Vm) -> Result<Value, AgentError> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let st = vm.execute("query-migrate", Value::Null)?;
         match st["status"].as_str().unwrap_or("") {
-            "completed" => return Ok(()),
+            "completed" => return Ok(st),
             "failed" | "cancelled" => {
                 return Err(fail(
                     &vm.name,

@@ -156,6 +156,7 @@ pub fn report(f: &Finishing) -> Result<Report, AgentError> {
         pages_background: out.pages_background,
         pages_on_preempt: out.pages_on_preempt,
         demand_served_ms: super::run::Spread::of(&out.demand_served_ms),
+        vcpu_blocktime_ms: None,
         qemu_threads_raised: obs.qemu_threads_raised,
         overlay: PathBuf::new(),
         record: record_path,

@@ -180,6 +180,11 @@ pub struct Report {
     /// request's arrival to the page written to its socket, over this
     /// restore's faults (`None` without faults).
     pub demand_served_ms: Option<Spread>,
+    /// How long the guest's vCPUs were blocked on demand faults, summed
+    /// over the vCPUs, as the destination QEMU measured it
+    /// (`postcopy-vcpu-blocktime`, ms; `None` where it did not say, e.g.
+    /// a restore finished by an adopting agent).
+    pub vcpu_blocktime_ms: Option<u64>,
     /// QEMU threads on the fault path given a higher priority (2 when it
     /// worked; `None` if this process may not raise priorities).
     pub qemu_threads_raised: Option<usize>,

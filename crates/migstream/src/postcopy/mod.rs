@@ -82,6 +82,14 @@
 //! * **End**: every page of every block goes out before EOF (§8.3); then
 //!   the destination unregisters userfaultfd, sends SHUT(0) and closes.
 //!
+//! * **Preempt channel** ([`run_source_preempt`], QEMU 10.0's
+//!   `postcopy-preempt`): a second connection, made after the main one,
+//!   carries each requested page as a bare page record (no section; the
+//!   CONTINUE flag refers to that channel's previous record) the moment its
+//!   request is read, and ends with an EOS record before the main channel's
+//!   END; everything else stays on the main connection
+//!   (docs/qemu-10.0-wire-format.md, "postcopy-preempt").
+//!
 //! The destination must have section footers and the configuration
 //! section on (the defaults for every machine type newer than 2.3, §8.9);
 //! the source always writes both.
