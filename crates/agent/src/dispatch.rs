@@ -236,6 +236,7 @@ pub(crate) fn dispatch(
             no_priorities,
             start_quiet_ms,
             prefetch_blocks,
+            preempt,
             wait,
         } => {
             check_start_quiet(start_quiet_ms)?;
@@ -264,6 +265,7 @@ pub(crate) fn dispatch(
                 priorities: !no_priorities,
                 start_quiet: Duration::from_millis(start_quiet_ms.unwrap_or(0)),
                 prefetch_blocks,
+                preempt,
                 cluster: None,
                 observer: None,
             };

@@ -268,10 +268,13 @@ fn port_held(switch: &SwitchHandle, m: &Member) -> Result<u64, AgentError> {
 
 /// The capabilities of a VMM restart's migration. `postcopy-ram` is turned
 /// off: a VM restored through postcopy still has it on, and the stream of
-/// an outgoing migration would then announce postcopy.
+/// an outgoing migration would then announce postcopy; `postcopy-preempt`
+/// with it (QEMU refuses it without postcopy-ram).
 pub(crate) fn caps(ignore_shared: bool) -> Value {
     json!({ "capabilities": [
         { "capability": "x-ignore-shared", "state": ignore_shared },
+        { "capability": "postcopy-preempt", "state": false },
+        { "capability": "postcopy-blocktime", "state": false },
         { "capability": "postcopy-ram", "state": false },
         { "capability": "return-path", "state": false },
     ] })

@@ -142,6 +142,7 @@ fn redo(run: &RunDir, cluster: &mut Option<Cluster>, r: &Restoring) -> Result<()
                 priorities: true,
                 start_quiet: std::time::Duration::ZERO,
                 prefetch_blocks: crate::restore::pages::PREFETCH_BLOCKS,
+                preempt: false,
                 cluster: None,
                 observer: None,
             };

@@ -162,6 +162,10 @@ pub enum Request {
         /// `None`: 1.
         #[serde(default)]
         prefetch_blocks: Option<u32>,
+        /// Send the pages the guest faults on over QEMU's postcopy-preempt
+        /// channel (QEMU 10.0 only; see docs/restore.md).
+        #[serde(default)]
+        preempt: bool,
         /// Answer once every page is loaded (the full report); otherwise
         /// once the guest runs, while the rest loads in the background.
         #[serde(default)]

@@ -73,6 +73,7 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
             no_priorities: false,
             start_quiet_ms: None,
             prefetch_blocks: Some(4),
+            preempt: true,
             wait: false,
         },
         Request::Stop { vm: "beta".into() },

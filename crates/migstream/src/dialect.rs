@@ -94,6 +94,21 @@ impl Dialect {
             Dialect::Qemu10_0 => BackgroundResume::Caller,
         }
     }
+
+    /// Whether a postcopy source may use this release's postcopy-preempt
+    /// channel ([`crate::postcopy::run_source_preempt`]). 10.0's
+    /// destination takes the second connection at any time before RUN and
+    /// ends its preempt thread on its own at the end. 7.2 has the
+    /// capability too, but its destination starts loading only once both
+    /// connections exist, and its preempt thread can only end on an EOS;
+    /// vmcsnap has neither tested nor measured it, so it is refused there
+    /// (docs/qemu-10.0-wire-format.md, "postcopy-preempt").
+    pub fn postcopy_preempt(self) -> bool {
+        match self {
+            Dialect::Qemu7_2 => false,
+            Dialect::Qemu10_0 => true,
+        }
+    }
 }
 
 impl fmt::Display for Dialect {

@@ -209,6 +209,11 @@ pub enum Command {
         #[arg(long, value_name = "N", conflicts_with = "cluster",
               value_parser = clap::value_parser!(u32).range(0..=64))]
         prefetch_blocks: Option<u32>,
+        /// Send the pages the guest faults on over QEMU's postcopy-preempt channel, a second
+        /// connection, so that they never wait behind background pages (QEMU 10.0 only; for
+        /// what it gains, see docs/restore.md).
+        #[arg(long, conflicts_with = "cluster")]
+        preempt: bool,
         /// Testing, with --cluster: make VM's Cohort fail in place of LOAD_FIN once every VM
         /// has loaded (cohort-fail-when-peers-loaded=VM), to check what an abandoned restore
         /// leaves; or hold the background push (background-held-until=PATH) or START

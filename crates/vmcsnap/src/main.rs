@@ -287,6 +287,7 @@ fn run(cli: Cli) -> Result<()> {
             no_priorities,
             start_quiet,
             prefetch_blocks,
+            preempt,
             wait,
             json,
             ..
@@ -311,6 +312,7 @@ fn run(cli: Cli) -> Result<()> {
                     no_priorities,
                     start_quiet_ms: start_quiet,
                     prefetch_blocks,
+                    preempt,
                     wait,
                 },
             )?;

@@ -500,3 +500,70 @@ fn snapshots_of_10_0_restore_under_10_0_in_every_mode_and_never_into_7_2() {
     assert!(env.shm_files().is_empty(), "{:?}", env.shm_files());
     env.assert_clean();
 }
+
+/// `--preempt` (QEMU 10.0's postcopy-preempt channel): a restore is page
+/// for page the image (`--paused`), a running guest's pages requested on
+/// faults all travel on the preempt channel and its workload goes on, and
+/// the restored VM (whose QEMU has the capability on) can be snapshotted
+/// again.
+#[test]
+fn preempt_restores_are_page_exact_and_faulted_pages_take_the_preempt_channel() {
+    let _l = cluster_lock();
+    let q10 = common::qemu10();
+    let env = Env::with_qemu(&q10);
+    let spec = env.write_spec(
+        r#"
+[cluster]
+name = "pre"
+accel = "auto"
+
+[[vm]]
+name = "a"
+memory_mib = 192
+workload = "memtouch -m 24 -r 1500 -H 4 &"
+"#,
+    );
+    env.json(&["up", spec.to_str().unwrap(), "--json"]);
+    env.wait_console("a", "memtouch", Duration::from_secs(90), |c| {
+        common::memtouch_lines(c) >= 2
+    });
+    env.json(&["snapshot", "a", "--mode", "hot", "--name", "p", "--json"]);
+    for mode in ["lazy", "workingset"] {
+        env.ok(&["stop", "a"]);
+        let r = env.json(&[
+            "restore",
+            "--wait",
+            "p",
+            "--mode",
+            mode,
+            "--paused",
+            "--preempt",
+            "--json",
+        ]);
+        assert_eq!(vm_state(&env, "a").as_deref(), Some("paused"), "{mode}");
+        assert_ram_equals_image(&env, "p", "a");
+        assert_eq!(r["pages_on_preempt"], r["demand_faults"], "{mode}: {r}");
+    }
+    env.ok(&["stop", "a"]);
+    let r = env.json(&[
+        "restore",
+        "--wait",
+        "p",
+        "--mode",
+        "lazy",
+        "--preempt",
+        "--json",
+    ]);
+    let faults = r["demand_faults"].as_u64().unwrap();
+    assert!(faults > 0, "a lazily restored guest faults: {r}");
+    // Every demand fault was served on the preempt channel.
+    assert_eq!(r["pages_on_preempt"].as_u64(), Some(faults), "{r}");
+    assert!(r["demand_served_ms"]["p50"].as_f64().is_some(), "{r}");
+    let from = env.console("a").len();
+    assert_memtouch_clean(&env, "a", from, "a restored with --preempt");
+    // Its QEMU has postcopy-preempt on: the snapshot turns it off with
+    // postcopy-ram (QEMU refuses one without the other).
+    env.json(&["snapshot", "a", "--mode", "hot", "--name", "p2", "--json"]);
+    env.ok(&["down"]);
+    env.assert_clean();
+}

@@ -511,6 +511,7 @@ fn run_protocol(
                     priorities: opts.priorities,
                     start_quiet: opts.start_quiet,
                     prefetch_blocks: restore::pages::PREFETCH_BLOCKS,
+                    preempt: false,
                     cluster: None,
                     observer: None,
                 },

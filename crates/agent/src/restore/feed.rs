@@ -175,6 +175,7 @@ fn source_job(job: &Job, background_after: Option<Duration>, member: VmRecord) -
                 .cluster
                 .as_ref()
                 .and_then(|c| c.hold_background_until.clone()),
+            preempt: opts.preempt,
         },
         finish: FinishJob {
             snapshot: opts.snapshot.clone(),
@@ -283,6 +284,9 @@ pub(super) fn feed(
         // restore's post-mortem shows (`super::postmortem`).
         json!({ "capabilities": [
             { "capability": "postcopy-ram", "state": true },
+            { "capability": "postcopy-preempt", "state": opts.preempt },
+            // How long the vCPUs waited on faults (`vcpu_blocktime_ms`).
+            { "capability": "postcopy-blocktime", "state": true },
             { "capability": "events", "state": true },
         ] }),
     )?;
@@ -291,10 +295,19 @@ pub(super) fn feed(
         json!({ "uri": format!("unix:{}", incoming.display()) }),
     )?;
     let stream = connect(vm, &incoming)?;
+    // QEMU takes the second connection for the preempt channel (it tells
+    // them apart by order only: docs/qemu-10.0-wire-format.md).
+    let preempt = match opts.preempt {
+        true => Some(connect(vm, &incoming)?),
+        false => None,
+    };
     // To stop the source early (the caller then stops QEMU).
-    let stop = stream
-        .try_clone()
-        .map_err(AgentError::io("cloning the socket to", &incoming))?;
+    let clone = |s: &UnixStream| {
+        s.try_clone()
+            .map_err(AgentError::io("cloning the socket to", &incoming))
+    };
+    let stop = clone(&stream)?;
+    let stop_preempt = preempt.as_ref().map(clone).transpose()?;
     let _ = std::fs::remove_file(&incoming);
 
     // In a cluster restore QEMU runs with -S: RUN loads the device state
@@ -314,7 +327,7 @@ pub(super) fn feed(
     page_source::write_job(&ps_dir, &sjob).map_err(|e| fail(&name, e))?;
     // The agent's own image, by its /proc link (as for the stream relay).
     let exe = PathBuf::from(format!("/proc/{}/exe", std::process::id()));
-    let events = page_source::spawn(&exe, &ps_dir, stream).map_err(|e| fail(&name, e))?;
+    let events = page_source::spawn(&exe, &ps_dir, stream, preempt).map_err(|e| fail(&name, e))?;
     let source = Source {
         dir: ps_dir.clone(),
         events,
@@ -517,6 +530,9 @@ pub(super) fn feed(
             // Ends the source (QEMU fails the incoming migration, or waits
             // paused in postcopy, until the caller stops it).
             let _ = stop.shutdown(std::net::Shutdown::Both);
+            if let Some(p) = &stop_preempt {
+                let _ = p.shutdown(std::net::Shutdown::Both);
+            }
         }
         source_done.store(true, Ordering::Relaxed);
         let raised = raiser.map(|r| r.join().expect("priority thread panicked"));
@@ -543,15 +559,26 @@ pub(super) fn feed(
         Ended::Done(out) => out,
         Ended::Failed { detail, .. } => return Err(fail(&name, detail)),
     };
-    wait_completed(vm)?;
+    let done = wait_completed(vm)?;
     st.obs.qemu_threads_raised = qemu_threads_raised;
-    finish::report(&finish::Finishing {
+    let mut report = finish::report(&finish::Finishing {
         vm: &name,
         job: &sjob.finish,
         obs: &st.obs,
         out: &out,
         at_full_load: st.at_full_load,
-    })
+    })?;
+    report.vcpu_blocktime_ms = vcpu_blocktime_ms(&done);
+    Ok(report)
+}
+
+/// The time the destination's vCPUs spent blocked on postcopy faults,
+/// summed over the vCPUs (QEMU's `postcopy-vcpu-blocktime`, ms), from its
+/// `query-migrate` once completed.
+fn vcpu_blocktime_ms(done: &Value) -> Option<u64> {
+    done["postcopy-vcpu-blocktime"]
+        .as_array()
+        .map(|v| v.iter().filter_map(Value::as_u64).sum())
 }
 
 /// Connects to the destination's incoming socket once QEMU listens.
@@ -582,13 +609,14 @@ fn connect(vm: &mut Vm, path: &Path) -> Result<UnixStream, AgentError> {
     }
 }
 
-/// Waits until the destination reports the migration completed.
-pub(super) fn wait_completed(vm: &mut Vm) -> Result<(), AgentError> {
+/// Waits until the destination reports the migration completed; returns
+/// its `query-migrate` then.
+pub(super) fn wait_completed(vm: &mut Vm) -> Result<Value, AgentError> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let st = vm.execute("query-migrate", Value::Null)?;
         match st["status"].as_str().unwrap_or("") {
-            "completed" => return Ok(()),
+            "completed" => return Ok(st),
             "failed" | "cancelled" => {
                 return Err(fail(
                     &vm.name,

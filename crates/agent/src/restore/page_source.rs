@@ -58,7 +58,7 @@
 //! ([`crate::cluster_restore::adopt`]; docs/reliability.md.)
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -159,7 +159,14 @@ pub struct SourcePlan {
     /// faults are served while this file does not exist.
     #[serde(default)]
     pub hold_until_exists: Option<PathBuf>,
+    /// Requested pages go on QEMU's postcopy-preempt channel, handed to the
+    /// process as fd [`PREEMPT_FD`].
+    #[serde(default)]
+    pub preempt: bool,
 }
+
+/// Where the page-source process finds the preempt channel's socket.
+pub const PREEMPT_FD: i32 = 3;
 
 /// What finishing the restore takes (read by whoever finishes it).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -245,6 +252,13 @@ pub struct Outcome {
     pub pages_on_demand: u64,
     /// Pages pushed in the background.
     pub pages_background: u64,
+    /// Requested pages sent on the postcopy-preempt channel.
+    #[serde(default)]
+    pub pages_on_preempt: u64,
+    /// Per requested page: its request's arrival to its record written,
+    /// ms (see [`SourceReport::demand_served`]).
+    #[serde(default)]
+    pub demand_served_ms: Vec<f64>,
     /// From its start until the last page was sent, ms.
     pub all_sent_after_ms: f64,
     /// Memory-image bytes read in all (what the control socket's counters
@@ -271,6 +285,12 @@ impl Outcome {
                 .collect(),
             pages_on_demand: rep.pages_on_demand,
             pages_background: rep.pages_background,
+            pages_on_preempt: rep.pages_on_preempt,
+            demand_served_ms: rep
+                .demand_served
+                .iter()
+                .map(|d| d.as_secs_f64() * 1000.0)
+                .collect(),
             all_sent_after_ms: rep.all_sent_after.as_secs_f64() * 1000.0,
             bytes_read: 0,
             pages_read: 0,
@@ -489,9 +509,16 @@ pub fn log_of(dir: &Path) -> PathBuf {
 }
 
 /// Starts `exe page-source --dir dir --detach` on `stream` (QEMU's
-/// incoming socket, connected) and waits for it to detach. Returns the
-/// read end of its event pipe.
-pub fn spawn(exe: &Path, dir: &Path, stream: UnixStream) -> Result<std::fs::File, PageSourceError> {
+/// incoming socket, connected) and, with `preempt`, QEMU's preempt channel
+/// (the second connection) as fd [`PREEMPT_FD`]; waits for it to detach.
+/// Returns the read end of its event pipe.
+#[allow(unsafe_code)]
+pub fn spawn(
+    exe: &Path,
+    dir: &Path,
+    stream: UnixStream,
+    preempt: Option<UnixStream>,
+) -> Result<std::fs::File, PageSourceError> {
     let (read_end, write_end) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| io("creating a pipe for", dir)(e.into()))?;
     let log = log_of(dir);
@@ -510,6 +537,26 @@ pub fn spawn(exe: &Path, dir: &Path, stream: UnixStream) -> Result<std::fs::File
             .stdout(Stdio::from(write_end))
             .stderr(Stdio::from(stderr))
             .process_group(0);
+        if let Some(p) = &preempt {
+            let fd = p.as_raw_fd();
+            // SAFETY: runs in the child between fork and exec, where only
+            // async-signal-safe calls are allowed: dup2 is one, and it
+            // leaves the new fd open across exec (no FD_CLOEXEC).
+            unsafe {
+                cmd.pre_exec(move || {
+                    let r = if fd == PREEMPT_FD {
+                        // Already there: only its FD_CLOEXEC must go.
+                        libc::fcntl(fd, libc::F_SETFD, 0)
+                    } else {
+                        libc::dup2(fd, PREEMPT_FD)
+                    };
+                    if r == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         // The command (holding the pipe's write end) is dropped at the end
         // of this block: the reader then sees EOF once the source ends.
         cmd.status().map_err(io("starting", exe))?
@@ -561,6 +608,20 @@ pub fn follow(dir: &Path, events: std::fs::File, on: &mut dyn FnMut(SourceEvent)
         }
     }
     wait_ended(dir)
+}
+
+/// The preempt channel [`spawn`] left at fd [`PREEMPT_FD`], once.
+#[allow(unsafe_code)]
+fn preempt_channel() -> std::io::Result<UnixStream> {
+    // SAFETY: fcntl(F_GETFD) only asks whether the fd is open.
+    if unsafe { libc::fcntl(PREEMPT_FD, libc::F_GETFD) } == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the fd is open, and nothing else in this process owns it:
+    // `spawn` put it there for this call, which runs once per process.
+    let s = unsafe { UnixStream::from_raw_fd(PREEMPT_FD) };
+    s.peer_addr()?; // a unix socket, connected
+    Ok(s)
 }
 
 /// Testing: holds the background push while `path` does not exist.
@@ -629,8 +690,13 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
     // The first report always goes (the agent's `status` shows the load
     // from it), later ones at most every 200 ms.
     let mut last_progress: Option<Instant> = None;
+    let preempt = if plan.preempt {
+        Some(preempt_channel().map_err(io("taking the preempt channel (fd 3) in", dir))?)
+    } else {
+        None
+    };
     let started = SystemTime::now();
-    let r = postcopy::run_source(&scfg, &mut pages, stream, &mut |ev| {
+    let mut on_event = |ev| {
         if let (SourceEvent::Work(w), Some(p)) = (&ev, prio) {
             let _ = priority::set_current_thread(p.for_work(*w));
         }
@@ -656,7 +722,11 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
                 out = None;
             }
         }
-    });
+    };
+    let r = match preempt {
+        Some(p) => postcopy::run_source_preempt(&scfg, &mut pages, stream, p, &mut on_event),
+        None => postcopy::run_source(&scfg, &mut pages, stream, &mut on_event),
+    };
     drop(out);
     let mut ended = Ended::of(&r, started);
     if let Ended::Done(o) = &mut ended {

@@ -68,6 +68,8 @@ pub struct Options {
     pub start_quiet: Duration,
     /// Locality blocks read ahead after a demand fault's own block.
     pub prefetch_blocks: usize,
+    /// Requested pages over QEMU's postcopy-preempt channel (QEMU 10.0).
+    pub preempt: bool,
     /// A cluster restore: the snapshot's directory (instead of a name under
     /// the snapshots root), the gate that holds the start, and where to
     /// report progress. `None` for a restore of one VM.
@@ -171,6 +173,18 @@ pub struct Report {
     pub pages_on_demand: u64,
     /// Pages pushed in the background.
     pub pages_background: u64,
+    /// Requested pages sent on QEMU's postcopy-preempt channel (`--preempt`;
+    /// 0 without it).
+    pub pages_on_preempt: u64,
+    /// How long the page source took to serve a demand fault: from the
+    /// request's arrival to the page written to its socket, over this
+    /// restore's faults (`None` without faults).
+    pub demand_served_ms: Option<Spread>,
+    /// How long the guest's vCPUs were blocked on demand faults, summed
+    /// over the vCPUs, as the destination QEMU measured it
+    /// (`postcopy-vcpu-blocktime`, ms; `None` where it did not say, e.g.
+    /// a restore finished by an adopting agent).
+    pub vcpu_blocktime_ms: Option<u64>,
     /// QEMU threads on the fault path given a higher priority (2 when it
     /// worked; `None` if this process may not raise priorities).
     pub qemu_threads_raised: Option<usize>,
@@ -181,6 +195,31 @@ pub struct Report {
     /// The guest's clock, set to the host's once it runs (`guest_clock`;
     /// for a restore of one VM; a cluster restore reports its VMs' clocks).
     pub clock: Option<crate::guest_clock::ClockSync>,
+}
+
+/// Median, 90th percentile and maximum of a set of times.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Spread {
+    /// Median, ms.
+    pub p50: f64,
+    /// 90th percentile (nearest rank), ms.
+    pub p90: f64,
+    /// Maximum, ms.
+    pub max: f64,
+}
+
+impl Spread {
+    /// Of `v` (any order); `None` if empty.
+    pub fn of(v: &[f64]) -> Option<Spread> {
+        let mut s = v.to_vec();
+        s.sort_by(f64::total_cmp);
+        let rank = |q: f64| s[((q * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1];
+        (!s.is_empty()).then(|| Spread {
+            p50: rank(0.5),
+            p90: rank(0.9),
+            max: s[s.len() - 1],
+        })
+    }
 }
 
 /// How well the pages loaded first served the guest, from the start to
@@ -433,6 +472,7 @@ pub fn restore_into(
     let qemu_img = qemu::find_qemu_img()?;
     // Before anything starts: can this QEMU load the snapshot's stream?
     let dialect = check_versions(&img, &opts.snapshot, &qemu_bin)?;
+    check_preempt(opts.preempt, dialect)?;
     // Every writable disk from its own frozen copy, never a live file.
     let frozen = crate::disk_set::frozen_for(&saved.qemu, &img.manifest().disks)
         .map_err(|e| fail(&name, e))?;
@@ -494,6 +534,17 @@ pub fn check_versions(
         ));
     }
     Ok(d)
+}
+
+/// A restore that asks for the postcopy-preempt channel needs a release
+/// that has one vmcsnap speaks ([`vmcsnap_migstream::Dialect::postcopy_preempt`]).
+fn check_preempt(preempt: bool, dialect: vmcsnap_migstream::Dialect) -> Result<(), AgentError> {
+    if preempt && !dialect.postcopy_preempt() {
+        return Err(AgentError::BadRequest(format!(
+            "--preempt needs QEMU 10.0 (its postcopy-preempt channel), but this restore would run {dialect}: restore without --preempt, or name a QEMU 10.0 binary with VMCSNAP_QEMU"
+        )));
+    }
+    Ok(())
 }
 
 fn release_differs(taken: &str, into: vmcsnap_migstream::Dialect) -> bool {
@@ -797,5 +848,29 @@ mod tests {
         assert_eq!(q.used, 100, "never more used than loaded");
         let q = Quality::new(0.0, 0, 0, 0);
         assert_eq!((q.hit_rate, q.accuracy), (0.0, 0.0));
+    }
+
+    #[test]
+    fn spread_is_nearest_rank() {
+        assert_eq!(Spread::of(&[]), None);
+        let s = Spread::of(&[3.0]).unwrap();
+        assert_eq!((s.p50, s.p90, s.max), (3.0, 3.0, 3.0));
+        let v: Vec<f64> = (1..=10).rev().map(f64::from).collect();
+        let s = Spread::of(&v).unwrap();
+        assert_eq!((s.p50, s.p90, s.max), (5.0, 9.0, 10.0));
+    }
+
+    #[test]
+    fn preempt_is_refused_on_qemu_7_2_naming_the_way_out() {
+        use vmcsnap_migstream::Dialect;
+        assert!(check_preempt(false, Dialect::Qemu7_2).is_ok());
+        assert!(check_preempt(true, Dialect::Qemu10_0).is_ok());
+        let e = check_preempt(true, Dialect::Qemu7_2)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("QEMU 10.0") && e.contains("without --preempt"),
+            "{e}"
+        );
     }
 }

@@ -180,6 +180,12 @@ pub(super) fn set_caps(
         "migrate-set-capabilities",
         json!({ "capabilities": [
             { "capability": "x-ignore-shared", "state": false },
+            // Off before postcopy-ram: QEMU refuses postcopy-preempt
+            // without it (a VM restored with `--preempt` has it on).
+            { "capability": "postcopy-preempt", "state": false },
+            // Left on by a restore; QEMU refuses background-snapshot
+            // next to it.
+            { "capability": "postcopy-blocktime", "state": false },
             { "capability": "postcopy-ram", "state": false },
             { "capability": "return-path", "state": false },
             { "capability": "background-snapshot", "state": background },

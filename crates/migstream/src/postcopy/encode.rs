@@ -123,6 +123,13 @@ pub(crate) fn page_record(out: &mut Vec<u8>, offset: u64, name: Option<&str>, da
     }
 }
 
+/// The end of the postcopy-preempt channel: a bare `be64 EOS` record (no
+/// section around it), on which the destination's preempt thread stops
+/// reading (docs/qemu-10.0-wire-format.md, "postcopy-preempt").
+pub(crate) fn preempt_eos(out: &mut Vec<u8>) {
+    be64(out, ram_flags::EOS);
+}
+
 /// Merges the pages for which `unsent(page)` holds, out of `pages`, into
 /// byte ranges `(start, length)`.
 pub(crate) fn unsent_ranges(

@@ -82,6 +82,14 @@
 //! * **End**: every page of every block goes out before EOF (§8.3); then
 //!   the destination unregisters userfaultfd, sends SHUT(0) and closes.
 //!
+//! * **Preempt channel** ([`run_source_preempt`], QEMU 10.0's
+//!   `postcopy-preempt`): a second connection, made after the main one,
+//!   carries each requested page as a bare page record (no section; the
+//!   CONTINUE flag refers to that channel's previous record) the moment its
+//!   request is read, and ends with an EOS record before the main channel's
+//!   END; everything else stays on the main connection
+//!   (docs/qemu-10.0-wire-format.md, "postcopy-preempt").
+//!
 //! The destination must have section footers and the configuration
 //! section on (the defaults for every machine type newer than 2.3, §8.9);
 //! the source always writes both.
@@ -95,7 +103,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use error::{Phase, PostcopyError};
-pub use source::run_source;
+pub use source::{run_source, run_source_preempt};
 
 /// A page of the destination: index into [`SourceConfig::blocks`], page
 /// number in it.
@@ -272,6 +280,14 @@ pub struct SourceReport {
     pub requests_already_sent: u64,
     /// Pages sent because of requests (including cluster neighbours).
     pub pages_on_demand: u64,
+    /// Requested pages sent on the postcopy-preempt channel
+    /// ([`run_source_preempt`]; 0 without one).
+    pub pages_on_preempt: u64,
+    /// Per requested page, in the order served: from its request's
+    /// arrival until its record was written to the socket (the part of a
+    /// demand fault's latency the source sees; the destination still has
+    /// to read what is queued ahead of it on that socket).
+    pub demand_served: Vec<Duration>,
     /// Pages sent after RUN in background order.
     pub pages_background: u64,
     /// From the start of [`run_source`] until the last page was written.

@@ -52,6 +52,36 @@ pub fn run_source(
     stream: UnixStream,
     events: &mut dyn FnMut(SourceEvent),
 ) -> Result<SourceReport, PostcopyError> {
+    run(cfg, pages, stream, None, events)
+}
+
+/// [`run_source`] with QEMU's **postcopy-preempt** channel: `preempt` is a
+/// second connection to the destination's `migrate-incoming` socket, made
+/// after `stream` (the destination takes its second connection for the
+/// preempt channel), on a destination whose `postcopy-preempt` capability
+/// is on. Every requested page goes on `preempt` as soon as its request is
+/// read, so it never waits behind background pages queued on `stream`;
+/// everything else (before-run pages, the requested pages' neighbours,
+/// background pages, commands, sections) stays on `stream`. The preempt
+/// channel carries bare page records and ends with an EOS record before
+/// `stream`'s END section (see the [module documentation](super)).
+pub fn run_source_preempt(
+    cfg: &SourceConfig,
+    pages: &mut dyn PageSource,
+    stream: UnixStream,
+    preempt: UnixStream,
+    events: &mut dyn FnMut(SourceEvent),
+) -> Result<SourceReport, PostcopyError> {
+    run(cfg, pages, stream, Some(preempt), events)
+}
+
+fn run(
+    cfg: &SourceConfig,
+    pages: &mut dyn PageSource,
+    stream: UnixStream,
+    preempt: Option<UnixStream>,
+    events: &mut dyn FnMut(SourceEvent),
+) -> Result<SourceReport, PostcopyError> {
     let start = Instant::now();
     validate(cfg)?;
     let socket_err = |what, source| PostcopyError::Socket {
@@ -86,6 +116,10 @@ pub fn run_source(
         pages,
         events,
         stream,
+        preempt: preempt.map(|stream| Preempt {
+            stream,
+            last_block: None,
+        }),
         rx,
         reader: Some(reader),
         start,
@@ -178,6 +212,13 @@ fn validate(cfg: &SourceConfig) -> Result<(), PostcopyError> {
     Ok(())
 }
 
+/// The postcopy-preempt channel and the block of its last record (its
+/// CONTINUE flag refers to that channel's own previous record).
+struct Preempt {
+    stream: UnixStream,
+    last_block: Option<u32>,
+}
+
 /// The open PART section: pages in it, block of its last record.
 struct Section {
     pages: u32,
@@ -189,6 +230,8 @@ struct Sender<'a> {
     pages: &'a mut dyn PageSource,
     events: &'a mut dyn FnMut(SourceEvent),
     stream: UnixStream,
+    /// The postcopy-preempt channel, if the destination has one.
+    preempt: Option<Preempt>,
     rx: Receiver<Vec<FromDest>>,
     reader: Option<JoinHandle<()>>,
     start: Instant,
@@ -199,7 +242,8 @@ struct Sender<'a> {
     /// In `demand` (requested, not yet sent).
     queued: Vec<bool>,
     sent_count: u64,
-    demand: VecDeque<PageId>,
+    /// Requested pages not yet sent, with the arrival of their request.
+    demand: VecDeque<(PageId, Instant)>,
     neighbours: VecDeque<PageId>,
     /// Scratch for [`PageSource::companions`].
     companions: Vec<PageId>,
@@ -288,6 +332,13 @@ impl Sender<'_> {
         self.report.all_sent_after = self.start.elapsed();
         (self.events)(SourceEvent::AllSent);
         self.close_section()?;
+        if self.preempt.is_some() {
+            // Ends the destination's preempt thread before the main
+            // channel's END (QEMU 7.2's thread has no other way out).
+            let mut out = Vec::with_capacity(8);
+            encode::preempt_eos(&mut out);
+            self.write_preempt(&out)?;
+        }
         let mut out = std::mem::take(&mut self.buf);
         out.clear();
         encode::section_open(&mut out, SectionType::End, cfg.ram_section_id);
@@ -341,10 +392,16 @@ impl Sender<'_> {
             {
                 self.work(Work::Demand);
             }
-            if let Some(id) = self.demand.pop_front() {
+            if let Some((id, asked)) = self.demand.pop_front() {
                 let i = self.index(id);
                 self.queued[i] = false;
-                self.send_page(id)?;
+                if self.preempt.is_some() {
+                    self.send_urgent(id)?;
+                    self.report.pages_on_preempt += 1;
+                } else {
+                    self.send_page(id)?;
+                }
+                self.report.demand_served.push(asked.elapsed());
                 self.report.pages_on_demand += 1;
                 self.queue_neighbours(id);
                 continue;
@@ -437,18 +494,7 @@ impl Sender<'_> {
     /// Writes one page record (opening a PART section if none is open);
     /// returns the page bytes sent (0 for a ZERO record).
     fn send_page(&mut self, id: PageId) -> Result<u64, PostcopyError> {
-        let i = self.index(id);
-        debug_assert!(!self.sent[i], "{id:?} sent twice");
-        let nonzero = match self.pages.read_page(id, &mut self.page) {
-            Ok(nonzero) => nonzero && self.page.iter().any(|&b| b != 0),
-            Err(source) => {
-                return Err(PostcopyError::PageSource {
-                    id,
-                    phase: self.phase(),
-                    source,
-                })
-            }
-        };
+        let nonzero = self.read_page(id)?;
         let cfg = self.cfg;
         let mut out = std::mem::take(&mut self.buf);
         out.clear();
@@ -473,15 +519,68 @@ impl Sender<'_> {
         let written = self.write(&out);
         self.buf = out;
         written?;
+        self.mark_sent(id, full);
+        Ok(if nonzero { cfg.page_size as u64 } else { 0 })
+    }
+
+    /// Reads page `id` (never sent before) into `self.page`; whether it is
+    /// not all zeros.
+    fn read_page(&mut self, id: PageId) -> Result<bool, PostcopyError> {
+        debug_assert!(!self.sent[self.index(id)], "{id:?} sent twice");
+        match self.pages.read_page(id, &mut self.page) {
+            Ok(nonzero) => Ok(nonzero && self.page.iter().any(|&b| b != 0)),
+            Err(source) => Err(PostcopyError::PageSource {
+                id,
+                phase: self.phase(),
+                source,
+            }),
+        }
+    }
+
+    /// Counts `id` as sent; reports progress after a full section and at
+    /// the last page.
+    fn mark_sent(&mut self, id: PageId, section_full: bool) {
+        let i = self.index(id);
         self.sent[i] = true;
         self.sent_count += 1;
-        if full || self.sent_count == self.total {
+        if section_full || self.sent_count == self.total {
             (self.events)(SourceEvent::Progress {
                 sent: self.sent_count,
                 total: self.total,
             });
         }
-        Ok(if nonzero { cfg.page_size as u64 } else { 0 })
+    }
+
+    /// Writes the requested page `id` as one bare record on the preempt
+    /// channel (no section: the destination's preempt thread reads page
+    /// records until EOS).
+    fn send_urgent(&mut self, id: PageId) -> Result<(), PostcopyError> {
+        let nonzero = self.read_page(id)?;
+        let cfg = self.cfg;
+        let p = self
+            .preempt
+            .as_mut()
+            .expect("send_urgent with a preempt channel");
+        let name =
+            (p.last_block != Some(id.block)).then(|| cfg.blocks[id.block as usize].name.as_str());
+        p.last_block = Some(id.block);
+        let mut out = std::mem::take(&mut self.buf);
+        out.clear();
+        let offset = u64::from(id.page) * cfg.page_size as u64;
+        encode::page_record(&mut out, offset, name, nonzero.then_some(&self.page[..]));
+        let written = self.write_preempt(&out);
+        self.buf = out;
+        written?;
+        self.mark_sent(id, false);
+        Ok(())
+    }
+
+    fn write_preempt(&mut self, bytes: &[u8]) -> Result<(), PostcopyError> {
+        let p = self.preempt.as_mut().expect("a preempt channel");
+        match p.stream.write_all(bytes) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.write_failed(e)),
+        }
     }
 
     fn close_section(&mut self) -> Result<(), PostcopyError> {
@@ -554,7 +653,7 @@ impl Sender<'_> {
                         continue;
                     }
                     self.queued[i] = true;
-                    self.demand.push_back(id);
+                    self.demand.push_back((id, at));
                     self.report.demand.push((since_run, id));
                     (self.events)(SourceEvent::Demand { id, since_run });
                 }
@@ -621,6 +720,9 @@ impl Sender<'_> {
     /// and joins the thread.
     fn stop_reader(&mut self) {
         let _ = self.stream.shutdown(Shutdown::Both);
+        if let Some(p) = &self.preempt {
+            let _ = p.stream.shutdown(Shutdown::Both);
+        }
         if let Some(h) = self.reader.take() {
             let _ = h.join();
         }
