@@ -5,10 +5,9 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::Value;
 use thiserror::Error;
 
-use crate::{Reply, Request};
+use crate::{Reply, Request, Response};
 
 /// Longest accepted line (a console tail or status fits easily).
 pub const MAX_LINE: usize = 16 << 20;
@@ -83,7 +82,7 @@ pub fn call(
     request: &Request,
     timeout: Option<Duration>,
     progress: &mut dyn FnMut(&str),
-) -> Result<Value, ControlError> {
+) -> Result<Response, ControlError> {
     let stream = UnixStream::connect(socket).map_err(|e| ControlError::NoAgent {
         path: socket.to_path_buf(),
         source: e,
@@ -98,7 +97,7 @@ fn exchange(
     request: &Request,
     timeout: Option<Duration>,
     progress: &mut dyn FnMut(&str),
-) -> Result<Value, ControlError> {
+) -> Result<Response, ControlError> {
     stream.set_read_timeout(timeout)?;
     let mut line = serde_json::to_vec(request).expect("requests serialise");
     line.push(b'\n');
@@ -126,7 +125,7 @@ fn exchange(
             .map_err(|e| ControlError::Protocol(format!("bad reply: {e}")))?;
         match reply {
             Reply::Progress { message } => progress(&message),
-            Reply::Done { result } => return Ok(result),
+            Reply::Done { result } => return Ok(*result),
             Reply::Failed { error } => return Err(ControlError::Failed(error)),
             Reply::Exiting => {
                 return Err(ControlError::NoAgent {
@@ -190,9 +189,7 @@ mod tests {
             .unwrap();
             write_reply(
                 &mut w,
-                &Reply::Done {
-                    result: serde_json::json!({"x": 1}),
-                },
+                &Reply::done(Response::Stop(crate::Stopped { vm: "x".into() })),
             )
             .unwrap();
         });
@@ -202,7 +199,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(seen, vec!["booting"]);
-        assert_eq!(v["x"], 1);
+        assert_eq!(v, Response::Stop(crate::Stopped { vm: "x".into() }));
     }
 
     #[test]

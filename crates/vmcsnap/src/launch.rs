@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use vmcsnap_agent::RunDir;
-use vmcsnap_control::{call, ControlError, Request};
+use vmcsnap_control::{call, ControlError, Request, Response};
 
 /// Whether `e` means no agent is listening.
 pub fn agent_absent(e: &anyhow::Error) -> bool {
@@ -38,7 +38,10 @@ fn ping(sock: &Path) -> Option<u32> {
         &mut |_| {},
     )
     .ok()
-    .map(|v| v["pid"].as_u64().unwrap_or(0) as u32)
+    .and_then(|r| match r {
+        Response::Ping(info) => Some(info.pid),
+        _ => None,
+    })
 }
 
 /// Returns the pid of the agent of `run_dir`, starting one in the
@@ -140,7 +143,7 @@ fn spawn(run_dir: &RunDir, exit_when_idle: bool) -> Result<Child> {
 /// went away between answering our ping and our connecting (it exited
 /// once idle) is replaced, and the request sent again: it had never been
 /// sent (the connection failed).
-pub fn request_started(run_dir: &RunDir, req: &Request) -> Result<serde_json::Value> {
+pub fn request_started(run_dir: &RunDir, req: &Request) -> Result<Response> {
     let sock = run_dir.agent_socket();
     let mut attempts = 0;
     loop {

@@ -138,8 +138,12 @@ fn a_cli_whose_agent_loses_the_start_talks_to_the_slow_winner() {
                     s.set_nonblocking(false).unwrap();
                     let mut r = BufReader::new(&s);
                     if let Ok(Request::Ping) = read_request(&mut r) {
-                        let result = serde_json::json!({ "pid": 4242u32 });
-                        let _ = write_reply(&mut &s, &Reply::Done { result });
+                        let result = vmcsnap_control::Response::Ping(vmcsnap_control::AgentInfo {
+                            pid: 4242,
+                            generation: 0,
+                            started_unix_ms: 0,
+                        });
+                        let _ = write_reply(&mut &s, &Reply::done(result));
                         answered += 1;
                     }
                 }
