@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
 use vmcsnap_control::{
-    read_request, write_reply, Busy, ConsoleResult, Reply, Request, Response, StatusResult,
+    accept_request, write_reply, Busy, ConsoleResult, Reply, Request, Response, StatusResult,
 };
 
 use crate::cluster::Cluster;
@@ -327,7 +327,7 @@ fn turn_away_pending(sh: &Shared) {
 /// Reads one request from `stream` and answers it.
 fn serve_connection(sh: &Shared, stream: UnixStream) {
     let mut reader = BufReader::new(&stream);
-    let request = match read_request(&mut reader) {
+    let request = match accept_request(&mut reader) {
         Ok(r) => r,
         Err(e) => {
             let _ = write_reply(

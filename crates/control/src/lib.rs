@@ -5,7 +5,10 @@
 //!
 //! ```text
 //!  CLI                                   agent
+//!   | -- {"op":"hello","version":2}\n ->  |   the client's PROTOCOL_VERSION
 //!   | -- {"op":"up", ...}\n  ----------->  |
+//!   | <- {"kind":"hello","version":2}      |   the agent's; another version
+//!   |                                      |   is a VersionMismatch error
 //!   | <- {"kind":"progress","message":..}  |   zero or more, for long operations
 //!   | <- {"kind":"progress","message":..}  |
 //!   | <- {"kind":"done","result":{"type":"up","data":{...}}}
@@ -43,7 +46,10 @@ pub use results::rejuvenate::{RecoverResult, Recovered, RejuvenateReport, Rejuve
 pub use results::restore::{ClockOutcome, ClockSync, Quality, RestoreReport, RestoreRunning};
 pub use results::snapshot::{PauseLimitReport, SnapshotReport};
 pub use results::{AgentInfo, ClusterDown, Response, Stopped, Unexpected};
-pub use wire::{call, read_request, write_reply, ControlError, MAX_LINE};
+pub use wire::{
+    accept_request, call, call_on, read_request, restart_agent, write_reply, ControlError, Hello,
+    MAX_LINE, PROTOCOL_VERSION,
+};
 
 #[cfg(test)]
 mod tests_fuzz;

@@ -249,6 +249,12 @@ pub enum Reply {
     /// did not read the request: the client starts a new agent and sends
     /// it again.
     Exiting,
+    /// The agent's answer to a client's hello: its protocol version
+    /// (`crate::PROTOCOL_VERSION`), the first line of every conversation.
+    Hello {
+        /// The agent's version.
+        version: u32,
+    },
 }
 
 /// One VM after `up`.

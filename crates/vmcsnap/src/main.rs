@@ -390,10 +390,9 @@ fn run(cli: Cli) -> Result<()> {
             .context("agent failed"),
             AgentCmd::Restart => {
                 let sock = run_dir.agent_socket();
-                let before = expect!(
-                    request(&sock, &Request::RestartAgent)?,
-                    Response::RestartAgent
-                )?;
+                // Without a hello: an agent of any version restarts onto the
+                // vmcsnap installed now (the way out of a version mismatch).
+                let before = vmcsnap_control::restart_agent(&sock, &mut |m| eprintln!("  {m}"))?;
                 // The new image answers on the same socket once it has taken over.
                 let deadline = Instant::now() + std::time::Duration::from_secs(30);
                 loop {
@@ -403,7 +402,7 @@ fn run(cli: Cli) -> Result<()> {
                         Some(std::time::Duration::from_secs(5)),
                         &mut |_| {},
                     ) {
-                        if v.generation > before.generation {
+                        if v.generation > before {
                             println!(
                                 "agent restarted: pid {}, generation {}",
                                 v.pid, v.generation
