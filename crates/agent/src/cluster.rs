@@ -400,16 +400,13 @@ impl Cluster {
                 load: None,
             })
             .collect();
-        let switch = self
-            .switch
-            .stats()
-            .map(|s| serde_json::to_value(s).expect("stats serialise"));
+        let switch = self.switch.stats().ok();
         StatusResult {
             cluster: Some(self.spec.cluster.name.clone()),
             accel: Some(self.accel.name().to_string()),
             agent_pid: std::process::id(),
             vms,
-            switch: switch.unwrap_or(serde_json::Value::Null),
+            switch,
             busy: None,
         }
     }

@@ -6,8 +6,10 @@
 
 use std::time::Duration;
 
-use serde_json::json;
-use vmcsnap_control::{ConsoleResult, Request, StatusResult};
+use vmcsnap_control::{
+    AgentInfo as Info, ClusterDown, ConsoleResult, RecoverResult, RejuvenateResult, Request,
+    Response, StatusResult, Stopped,
+};
 use vmcsnap_spec::ClusterSpec;
 
 use crate::cluster::Cluster;
@@ -19,6 +21,17 @@ pub(crate) struct AgentInfo {
     pub started_unix_ms: u64,
 }
 
+impl AgentInfo {
+    /// As the wire carries it.
+    pub(crate) fn wire(&self) -> Info {
+        Info {
+            pid: std::process::id(),
+            generation: self.generation,
+            started_unix_ms: self.started_unix_ms,
+        }
+    }
+}
+
 /// The result of a request with nothing up: what `status` says then.
 pub(crate) fn idle_status() -> StatusResult {
     StatusResult {
@@ -26,7 +39,7 @@ pub(crate) fn idle_status() -> StatusResult {
         accel: None,
         agent_pid: std::process::id(),
         vms: vec![],
-        switch: serde_json::Value::Null,
+        switch: None,
         busy: None,
     }
 }
@@ -52,14 +65,12 @@ pub(crate) fn dispatch(
     info: &AgentInfo,
     ctx: &crate::loading::Ctx<'_>,
     progress: &mut dyn FnMut(&str),
-) -> Result<serde_json::Value, AgentError> {
+) -> Result<Response, AgentError> {
     match request {
-        Request::Ping => Ok(json!({
-            "pid": std::process::id(), "generation": info.generation, "started_unix_ms": info.started_unix_ms,
-        })),
+        Request::Ping => Ok(Response::Ping(info.wire())),
         Request::RestartAgent => {
             progress("handing over to a new agent image (VMs keep running)");
-            Ok(json!({ "pid": std::process::id(), "generation": info.generation }))
+            Ok(Response::RestartAgent(info.wire()))
         }
         Request::Up {
             spec_path,
@@ -85,18 +96,18 @@ pub(crate) fn dispatch(
                 spec_path.display()
             );
             let c = Cluster::up(run, spec, progress)?;
-            let result = to_json(&c.up_result());
+            let result = Response::Up(c.up_result());
             *cluster = Some(c);
             Ok(result)
         }
         Request::Status => match cluster {
-            Some(c) => Ok(to_json(&c.status())),
-            None => Ok(to_json(&idle_status())),
+            Some(c) => Ok(Response::Status(c.status())),
+            None => Ok(Response::Status(idle_status())),
         },
         Request::Console { vm, tail_bytes } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
             let m = c.member_mut(&vm)?;
-            Ok(to_json(&ConsoleResult {
+            Ok(Response::Console(ConsoleResult {
                 vm: vm.clone(),
                 path: m.vm.config.console_log.clone(),
                 text: m.vm.console_tail(tail_bytes),
@@ -114,14 +125,9 @@ pub(crate) fn dispatch(
                 .map(|q| crate::qemu::find_program(&q, "qemu-system-x86"))
                 .transpose()?;
             if let Some(how) = recover {
-                let how = match how {
-                    vmcsnap_control::Recover::Resume => crate::restart_recovery::How::Resume,
-                    vmcsnap_control::Recover::Rollback => crate::restart_recovery::How::Rollback,
-                };
                 let recovered = c.recover(vm.as_deref(), how, qemu.as_deref(), progress)?;
-                return Ok(json!({ "recovered": recovered }));
+                return Ok(Response::Recover(RecoverResult { recovered }));
             }
-            let mode: crate::rejuvenate::Mode = mode.parse().map_err(AgentError::BadRequest)?;
             let fault = fault
                 .map(|f| f.parse())
                 .transpose()
@@ -137,11 +143,16 @@ pub(crate) fn dispatch(
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0);
-            let result = json!({
-                "unix_ms": unix_ms, "mode": mode, "n": reports.len(), "total_ms": total_ms, "reports": reports,
-            });
-            append(&run.rejuvenation_log(), &format!("{result}\n"))?;
-            Ok(result)
+            let result = RejuvenateResult {
+                unix_ms,
+                mode,
+                n: reports.len(),
+                total_ms,
+                reports,
+            };
+            let line = serde_json::to_string(&result).expect("reports serialise");
+            append(&run.rejuvenation_log(), &format!("{line}\n"))?;
+            Ok(Response::Rejuvenate(result))
         }
         Request::Snapshot {
             vm,
@@ -154,7 +165,6 @@ pub(crate) fn dispatch(
             block_pages,
             access_window_s,
         } => {
-            let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
             let mut writer = crate::snapshot::writer_options(storage.as_deref())?;
             if let Some(n) = block_pages {
                 crate::snapshot::set_block_pages(&mut writer, n)?;
@@ -197,7 +207,7 @@ pub(crate) fn dispatch(
             .entered();
             let report = crate::snapshot::snapshot(m, run, opts, hooks.as_mut(), progress)?;
             crate::metrics::record_snapshot(&report);
-            Ok(to_json(&report))
+            Ok(Response::Snapshot(Box::new(report)))
         }
         Request::ClusterSnapshot {
             mode,
@@ -205,7 +215,6 @@ pub(crate) fn dispatch(
             no_cut_probes,
         } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
-            let mode: crate::snapshot::Mode = mode.parse().map_err(AgentError::BadRequest)?;
             let cut_probes = if no_cut_probes {
                 0
             } else {
@@ -224,7 +233,7 @@ pub(crate) fn dispatch(
             .entered();
             let report = crate::cluster_snapshot::snapshot_cluster(c, run, opts, progress)?;
             crate::metrics::record_cluster_snapshot(&report);
-            Ok(to_json(&report))
+            Ok(Response::ClusterSnapshot(Box::new(report)))
         }
         Request::Restore {
             snapshot,
@@ -240,7 +249,6 @@ pub(crate) fn dispatch(
             wait,
         } => {
             check_start_quiet(start_quiet_ms)?;
-            let mode: vmcsnap_workingset::Mode = mode.parse().map_err(AgentError::BadRequest)?;
             let prefetch_blocks = match prefetch_blocks {
                 None => crate::restore::pages::PREFETCH_BLOCKS,
                 Some(n) if n <= crate::restore::pages::MAX_PREFETCH_BLOCKS => n as usize,
@@ -275,7 +283,7 @@ pub(crate) fn dispatch(
                     .entered();
             let report = crate::restore::restore(cluster, run, opts, early, progress)?;
             crate::metrics::record_restore(&report);
-            Ok(to_json(&report))
+            Ok(Response::Restore(Box::new(report)))
         }
         Request::ClusterRestore {
             snapshot,
@@ -286,8 +294,6 @@ pub(crate) fn dispatch(
             wait,
         } => {
             check_start_quiet(start_quiet_ms)?;
-            let mode: crate::cluster_restore::Mode =
-                mode.parse().map_err(AgentError::BadRequest)?;
             let fault = fault.map(|f| f.parse()).transpose().map_err(
                 |e: crate::fault::BadRestoreFault| AgentError::BadRequest(e.to_string()),
             )?;
@@ -309,12 +315,12 @@ pub(crate) fn dispatch(
             let report =
                 crate::cluster_restore::restore_cluster(cluster, run, opts, early, progress)?;
             crate::metrics::record_cluster_restore(&report);
-            Ok(to_json(&report))
+            Ok(Response::ClusterRestore(Box::new(report)))
         }
         Request::Stop { vm } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
             c.stop_vm(&vm)?;
-            Ok(json!({ "vm": vm }))
+            Ok(Response::Stop(Stopped { vm }))
         }
         Request::Down => {
             let mut c = cluster.take().ok_or(AgentError::NoCluster)?;
@@ -322,20 +328,22 @@ pub(crate) fn dispatch(
             progress(&format!("stopping {} VMs", c.members.len()));
             c.teardown();
             tracing::info!(cluster = %name, "down {name}");
-            Ok(json!({ "cluster": name }))
+            Ok(Response::Down(ClusterDown { cluster: name }))
         }
-        Request::Gc => Ok(to_json(&crate::gc::collect(run, cluster)?)),
+        Request::Gc => Ok(Response::Gc(crate::gc::collect(run, cluster)?)),
         Request::PauseLimit { vm } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
             let m = c.member_mut(&vm)?;
-            Ok(to_json(&crate::snapshot::limit::measure(&mut m.vm)?))
+            Ok(Response::PauseLimit(crate::snapshot::limit::measure(
+                &mut m.vm,
+            )?))
         }
-        Request::SnapshotsDelete { names } => Ok(to_json(&crate::snapshot_removal::delete(
-            run, cluster, &names,
-        )?)),
+        Request::SnapshotsDelete { names } => Ok(Response::SnapshotsDelete(
+            crate::snapshot_removal::delete(run, cluster, &names)?,
+        )),
         Request::SnapshotsPrune { keep, vm, dry_run } => {
             let opts = crate::snapshot_removal::PruneOptions { keep, vm, dry_run };
-            Ok(to_json(&crate::snapshot_removal::prune(
+            Ok(Response::SnapshotsDelete(crate::snapshot_removal::prune(
                 run, cluster, &opts,
             )?))
         }
@@ -344,7 +352,7 @@ pub(crate) fn dispatch(
                 return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()));
             }
             *stop = true;
-            Ok(json!({ "pid": std::process::id() }))
+            Ok(Response::Shutdown(info.wire()))
         }
     }
 }
@@ -357,10 +365,6 @@ fn append(path: &std::path::Path, text: &str) -> Result<(), AgentError> {
         .open(path)
         .and_then(|mut f| f.write_all(text.as_bytes()))
         .map_err(AgentError::io("appending to", path))
-}
-
-pub(crate) fn to_json<T: serde::Serialize>(v: &T) -> serde_json::Value {
-    serde_json::to_value(v).expect("results serialise")
 }
 
 #[cfg(test)]

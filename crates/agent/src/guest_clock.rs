@@ -19,7 +19,6 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
 use vmcsnap_qmp::ga::{GaError, GuestAgent};
 
 use crate::qemu::QemuConfig;
@@ -30,52 +29,7 @@ pub const GUEST_AGENT_WAIT: Duration = Duration::from_secs(15);
 /// A clock within this of the host's counts as set.
 const SET_WITHIN_MS: f64 = 1000.0;
 
-/// What happened to a restored guest's clock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Outcome {
-    /// Set to the host's (see `method`).
-    Set,
-    /// Not set: the guest has no guest agent (the lab guest); it keeps the
-    /// snapshot's time.
-    NoAgent,
-    /// Not set: the guest was restored paused.
-    Paused,
-    /// Not set: the guest agent did not answer or refused (see `error`).
-    Failed,
-}
-
-/// A restored guest's clock, before and after the agent set it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ClockSync {
-    /// The VM.
-    pub vm: String,
-    /// What happened.
-    pub outcome: Outcome,
-    /// How the clock was set: `guest-set-time`, or `date` (through
-    /// `guest-exec`, for a guest without hwclock).
-    pub method: Option<String>,
-    /// The guest's clock minus the host's before, ms (about minus the
-    /// snapshot's age).
-    pub offset_before_ms: Option<f64>,
-    /// The same after.
-    pub offset_after_ms: Option<f64>,
-    /// Why it was not set.
-    pub error: Option<String>,
-}
-
-impl ClockSync {
-    fn new(vm: &str, outcome: Outcome) -> ClockSync {
-        ClockSync {
-            vm: vm.to_string(),
-            outcome,
-            method: None,
-            offset_before_ms: None,
-            offset_after_ms: None,
-            error: None,
-        }
-    }
-}
+pub use vmcsnap_control::{ClockOutcome as Outcome, ClockSync};
 
 /// Sets the clock of the guest of `config` (running unless `paused`).
 pub fn sync(config: &QemuConfig, paused: bool) -> ClockSync {

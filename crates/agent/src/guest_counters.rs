@@ -20,15 +20,14 @@ use crate::qemu::QemuConfig;
 /// slow under TCG, and slower still in a restored guest loading its pages).
 pub const GUEST_AGENT_WAIT: Duration = Duration::from_secs(2);
 
-impl From<ga::TcpCounters> for TcpCounters {
-    fn from(c: ga::TcpCounters) -> TcpCounters {
-        TcpCounters {
-            retrans: Some(c.retrans_segs),
-            tlp: c.tcp_loss_probes,
-            tlp_recovered: c.tcp_loss_probe_recovery,
-            rto: c.tcp_timeouts,
-            dsack: c.dsack_total(),
-        }
+/// The guest agent's counters as the reports carry them.
+fn counters(c: ga::TcpCounters) -> TcpCounters {
+    TcpCounters {
+        retrans: Some(c.retrans_segs),
+        tlp: c.tcp_loss_probes,
+        tlp_recovered: c.tcp_loss_probe_recovery,
+        rto: c.tcp_timeouts,
+        dsack: c.dsack_total(),
     }
 }
 
@@ -48,7 +47,7 @@ pub fn guest_counters(config: &QemuConfig) -> Option<TcpCounters> {
             c.retrans.map(|_| c)
         }
         Some(image) => match ga::read_tcp_counters(&image.qga_socket, GUEST_AGENT_WAIT) {
-            Ok(c) => Some(c.into()),
+            Ok(c) => Some(counters(c)),
             Err(e) => {
                 tracing::warn!("VM {}: its TCP counters are unknown: {e}", config.name);
                 None
@@ -150,15 +149,14 @@ mod tests {
 
     #[test]
     fn agent_counters_map_onto_the_stat_line_fields() {
-        let c: TcpCounters = ga::TcpCounters {
+        let c = counters(ga::TcpCounters {
             retrans_segs: 12,
             tcp_loss_probes: Some(3),
             tcp_loss_probe_recovery: Some(1),
             tcp_timeouts: Some(2),
             dsack_recv: Some(4),
             dsack_ofo_recv: Some(1),
-        }
-        .into();
+        });
         assert_eq!(
             c,
             TcpCounters {

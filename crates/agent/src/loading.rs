@@ -23,7 +23,7 @@ use vmcsnap_control::{StatusResult, VmLoad, VmStatus};
 pub trait Early: Sync {
     /// Answers the client with `result` now; the request goes on, and its
     /// final outcome goes to the log only. Later calls do nothing.
-    fn reply(&self, result: serde_json::Value);
+    fn reply(&self, result: vmcsnap_control::Response);
     /// While the request goes on, `status` lists `vms` too (the VMs it
     /// restored, before they join the cluster), in a cluster named
     /// `cluster` (with `accel`) if none is up.
@@ -35,7 +35,7 @@ pub trait Early: Sync {
 pub struct NoEarly;
 
 impl Early for NoEarly {
-    fn reply(&self, _: serde_json::Value) {}
+    fn reply(&self, _: vmcsnap_control::Response) {}
     fn show(&self, _: &str, _: &str, _: Vec<VmStatus>) {}
 }
 

@@ -32,7 +32,6 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use vmcsnap_switch::mediator::probe::PROBES_BEFORE_PAUSE;
 use vmcsnap_switch::SwitchHandle;
@@ -54,91 +53,8 @@ const RECONNECT_BOUND: Duration = Duration::from_secs(5);
 const MIGRATION_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Which kind of restart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Device state only; RAM stays in place.
-    Warm,
-    /// RAM and device state to disk and back.
-    Saved,
-    /// Shut down and boot again.
-    Cold,
-    /// QEMU 10.0's own warm restart, `cpr-transfer`: the new QEMU starts
-    /// beside the old one, which stops only once the new one is ready
-    /// ([`crate::rejuvenate_cpr`]).
-    Cpr,
-}
-
-impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "warm" => Ok(Mode::Warm),
-            "saved" => Ok(Mode::Saved),
-            "cold" => Ok(Mode::Cold),
-            "cpr" => Ok(Mode::Cpr),
-            _ => Err(format!(
-                "unknown rejuvenation mode {s:?}: use warm, saved, cold or cpr"
-            )),
-        }
-    }
-}
-
-/// What one restart measured.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Report {
-    /// The VM.
-    pub vm: String,
-    /// The mode.
-    pub mode: Mode,
-    /// Guest RAM in MiB.
-    pub memory_mib: u64,
-    /// Guest not running: pause to resume (QMP STOP/RESUME timestamps), or
-    /// for cold, quit to the new guest's ready marker.
-    pub downtime_ms: f64,
-    /// Pause to state saved.
-    pub save_ms: f64,
-    /// State saved to the new QEMU answering QMP (old quit + new start).
-    pub restart_ms: f64,
-    /// State loaded into the new QEMU: `migrate-incoming` to `completed`
-    /// (or, for cold, boot to ready).
-    pub load_ms: f64,
-    /// Part of `restart_ms` spent waiting for the old QEMU to quit.
-    pub quit_ms: f64,
-    /// Part of `restart_ms` from starting the new QEMU to its QMP socket
-    /// answering.
-    #[serde(default)]
-    pub start_ms: f64,
-    /// State loaded to the guest running again: waiting for the new QEMU to
-    /// accept the switch's connection, then `cont` to its `RESUME` event.
-    #[serde(default)]
-    pub resume_ms: f64,
-    /// Size of the state file.
-    pub state_bytes: u64,
-    /// Waiting for the old QEMU to read frames already sent and hand them
-    /// to the guest (socket drain and cut probes, before the pause).
-    pub drain_ms: f64,
-    /// Whether that wait hit its bound before the socket drained.
-    pub drain_bound_hit: bool,
-    /// The socket drained but the old QEMU did not read both probes in
-    /// time: it may have quit with frames the guest had not taken yet
-    /// (TCP retransmits them).
-    pub unsettled: bool,
-    /// Frames the switch held for the VM while it was away.
-    pub frames_held: u64,
-    /// Old and new QEMU pids.
-    pub old_pid: u32,
-    /// New QEMU pid.
-    pub new_pid: u32,
-    /// Whether the old binary had to be used.
-    pub fell_back_to_old_binary: bool,
-    /// Why the new QEMU could not take over, when it fell back.
-    #[serde(default)]
-    pub fallback_reason: Option<String>,
-    /// The binary the VM runs on now (what `/proc/PID/exe` names).
-    #[serde(default)]
-    pub qemu: Option<PathBuf>,
-}
+pub use vmcsnap_control::RejuvenateMode as Mode;
+pub use vmcsnap_control::RejuvenateReport as Report;
 
 /// Restarts `member`'s QEMU in `mode`.
 pub fn rejuvenate(

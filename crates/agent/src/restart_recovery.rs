@@ -16,7 +16,6 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::intent::Intent;
@@ -26,14 +25,7 @@ use crate::vm::Vm;
 use crate::{log, AgentError};
 
 /// Which QEMU a recovery may use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum How {
-    /// The named (or installed) QEMU, then the kept copy.
-    Resume,
-    /// The kept copy of the QEMU the VM ran before, only.
-    Rollback,
-}
+pub use vmcsnap_control::Recover as How;
 
 /// The QEMUs to try, in order, each with the config to run it with.
 /// `qemu` is the binary the operator named; `None` looks up the installed
@@ -136,22 +128,7 @@ fn boot_again(bin: &Path, config: &QemuConfig, qemu_log: &Path) -> Result<Vm, Ag
     Ok(vm)
 }
 
-/// What a recovery did (`vmcsnap rejuvenate --resume|--rollback`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Recovered {
-    /// The VM.
-    pub vm: String,
-    /// Resume or rollback.
-    pub how: How,
-    /// The unfinished work: `restart` (from saved state) or `boot`.
-    pub intent: String,
-    /// The binary that runs the VM now.
-    pub qemu: PathBuf,
-    /// Whether that is the kept copy of the previous QEMU.
-    pub on_kept_copy: bool,
-    /// The new QEMU's pid.
-    pub pid: u32,
-}
+pub use vmcsnap_control::Recovered;
 
 /// Finishes the unfinished restart of `member` (its QEMU must be gone).
 pub fn recover(

@@ -33,13 +33,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
-use serde_json::json;
 use vmcsnap_control::{
-    read_request, write_reply, Busy, ConsoleResult, Reply, Request, StatusResult,
+    accept_request, write_reply, Busy, ConsoleResult, Reply, Request, Response, StatusResult,
 };
 
 use crate::cluster::Cluster;
-use crate::dispatch::{dispatch, idle_status, to_json, AgentInfo};
+use crate::dispatch::{dispatch, idle_status, AgentInfo};
 use crate::{log, AgentError, RunDir};
 
 /// How the agent runs.
@@ -335,7 +334,7 @@ fn turn_away_pending(sh: &Shared) {
 /// Reads one request from `stream` and answers it.
 fn serve_connection(sh: &Shared, stream: UnixStream) {
     let mut reader = BufReader::new(&stream);
-    let request = match read_request(&mut reader) {
+    let request = match accept_request(&mut reader) {
         Ok(r) => r,
         Err(e) => {
             let _ = write_reply(
@@ -348,11 +347,8 @@ fn serve_connection(sh: &Shared, stream: UnixStream) {
         }
     };
     if matches!(request, Request::Ping) {
-        let result = json!({
-            "pid": std::process::id(), "generation": sh.info.generation,
-            "started_unix_ms": sh.info.started_unix_ms,
-        });
-        let _ = write_reply(&mut &stream, &Reply::Done { result });
+        let result = Response::Ping(sh.info.wire());
+        let _ = write_reply(&mut &stream, &Reply::done(result));
         return;
     }
     let read_only = matches!(request, Request::Status | Request::Console { .. });
@@ -383,19 +379,15 @@ fn from_view(sh: &Shared, request: &Request) -> Reply {
                 request: what.clone(),
                 for_s: since.elapsed().as_secs_f64(),
             });
-            Reply::Done {
-                result: to_json(&status),
-            }
+            Reply::done(Response::Status(status))
         }
         Request::Console { vm, tail_bytes } => {
             match view.consoles.iter().find(|(name, _)| name == vm) {
-                Some((_, path)) => Reply::Done {
-                    result: to_json(&ConsoleResult {
-                        vm: vm.clone(),
-                        path: path.clone(),
-                        text: crate::vm::tail(path, *tail_bytes),
-                    }),
-                },
+                Some((_, path)) => Reply::done(Response::Console(ConsoleResult {
+                    vm: vm.clone(),
+                    path: path.clone(),
+                    text: crate::vm::tail(path, *tail_bytes),
+                })),
                 None => Reply::Failed {
                     error: AgentError::NoSuchVm(vm.clone()).to_string(),
                 },
@@ -484,7 +476,7 @@ fn run_locked(
         )
     }));
     let (reply, panicked) = match outcome {
-        Ok(Ok(result)) => (Reply::Done { result }, false),
+        Ok(Ok(result)) => (Reply::done(result), false),
         Ok(Err(e)) => {
             log(format!("request failed: {e}"));
             (
@@ -569,10 +561,10 @@ struct ConnEarly<'a> {
 }
 
 impl crate::loading::Early for ConnEarly<'_> {
-    fn reply(&self, result: serde_json::Value) {
+    fn reply(&self, result: Response) {
         let _w = lock(&self.writing);
         if !self.replied.swap(true, Ordering::SeqCst) {
-            let _ = write_reply(&mut &*self.stream, &Reply::Done { result });
+            let _ = write_reply(&mut &*self.stream, &Reply::done(result));
         }
     }
 

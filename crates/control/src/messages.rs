@@ -3,13 +3,15 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use vmcsnap_switch::SwitchStats;
+
+use crate::{ClusterRestoreMode, RejuvenateMode, Response, RestoreMode, SnapshotMode};
 
 /// What the CLI asks of the agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Request {
-    /// Is the agent alive? Result: `{"pid": N}`.
+    /// Is the agent alive? Result: [`Response::Ping`].
     Ping,
     /// Boot a cluster. Result: [`UpResult`].
     Up {
@@ -28,12 +30,12 @@ pub enum Request {
         tail_bytes: u64,
     },
     /// Restart the QEMU of one VM or of all (in parallel). Result:
-    /// `{"mode", "reports": [...], "total_ms"}`.
+    /// [`Response::Rejuvenate`], or with `recover` [`Response::Recover`].
     Rejuvenate {
         /// The VM, or `None` for every VM.
         vm: Option<String>,
-        /// `warm`, `saved` or `cold`.
-        mode: String,
+        /// How.
+        mode: RejuvenateMode,
         /// The QEMU binary to restart on (the CLI's `VMCSNAP_QEMU`, as an
         /// absolute path); `None`: the agent's own (`VMCSNAP_QEMU` of the
         /// agent, else `qemu-system-x86_64` on its PATH).
@@ -48,14 +50,12 @@ pub enum Request {
         fault: Option<String>,
     },
     /// Take a snapshot of one VM (memory and disk in one pause) into
-    /// `<run-dir>/snapshots/<name>`. Result: the agent's snapshot report
-    /// (`{"vm", "name", "path", "mode", "downtime_ms", "disk_snapshot_ms",
-    /// "duration_ms", ...}`).
+    /// `<run-dir>/snapshots/<name>`. Result: [`Response::Snapshot`].
     Snapshot {
         /// The VM.
         vm: String,
-        /// `hot`, `stop-copy` or `precopy`.
-        mode: String,
+        /// How.
+        mode: SnapshotMode,
         /// Snapshot name; default `<vm>-<unix time>`.
         #[serde(default)]
         name: Option<String>,
@@ -84,19 +84,19 @@ pub enum Request {
     },
     /// Measure the floor of a hot snapshot's pause on this host: QEMU's own
     /// background snapshot of the VM into `/dev/null`, with nothing else done
-    /// and nothing kept. Result: `{"vm", "memory_mib", "downtime_ms",
-    /// "setup_while_running_ms", "duration_ms"}`.
+    /// and nothing kept. Result:
+    /// [`Response::PauseLimit`].
     PauseLimit {
         /// The VM.
         vm: String,
     },
     /// Take a consistent snapshot of every VM of the cluster at once
     /// (HotSnap's coordinated protocol, with the switch's packet mediator)
-    /// into `<run-dir>/snapshots/<name>`. Result: the cluster snapshot
-    /// report (`{"name", "path", "mode", "vms": [...], "backoff", "switch", ...}`).
+    /// into `<run-dir>/snapshots/<name>`. Result:
+    /// [`Response::ClusterSnapshot`].
     ClusterSnapshot {
-        /// `hot`, `stop-copy` or `precopy`.
-        mode: String,
+        /// How.
+        mode: SnapshotMode,
         /// Snapshot name; default `<cluster>-<unix time>`.
         #[serde(default)]
         name: Option<String>,
@@ -108,12 +108,13 @@ pub enum Request {
     },
     /// Restore every VM of a cluster snapshot into a new cluster (HotRestore:
     /// restore dependency graph, revised working sets, restore line).
-    /// Result: the cluster restore report.
+    /// Result: [`Response::ClusterRestore`] (with `wait`) or
+    /// [`Response::ClusterRunning`].
     ClusterRestore {
         /// The cluster snapshot's name or path.
         snapshot: String,
-        /// `eager`, `eager-rl`, `workingset-restore`, `hotrestore` or `hotrestore-rl`.
-        mode: String,
+        /// How.
+        mode: ClusterRestoreMode,
         /// Leave every thread's CPU priority alone (see docs/restore.md).
         #[serde(default)]
         no_priorities: bool,
@@ -132,13 +133,13 @@ pub enum Request {
         wait: bool,
     },
     /// Restore a VM from a snapshot (joining the running cluster, or a
-    /// cluster of its own). Result: the restore report
-    /// (`{"vm", "snapshot", "mode", "restore_latency_ms", "ws_pages", ...}`).
+    /// cluster of its own). Result: [`Response::Restore`] (with `wait`) or
+    /// [`Response::RestoreRunning`].
     Restore {
         /// The snapshot's name.
         snapshot: String,
-        /// `eager`, `lazy`, `workingset` or `sampling-ws`.
-        mode: String,
+        /// How.
+        mode: RestoreMode,
         /// Working-set size in pages; `None` = HotRestore's hybrid size.
         #[serde(default)]
         wss: Option<u64>,
@@ -172,12 +173,12 @@ pub enum Request {
         wait: bool,
     },
     /// Stop one VM of the cluster (its QEMU, RAM and port go; the rest
-    /// runs on). Result: `{"vm": NAME}`.
+    /// runs on). Result: [`Response::Stop`].
     Stop {
         /// The VM.
         vm: String,
     },
-    /// Tear the cluster down. Result: `{"cluster": NAME}`.
+    /// Tear the cluster down. Result: [`Response::Down`].
     Down,
     /// Remove what dead operations left in the snapshot directory.
     /// Result: [`GcResult`].
@@ -203,10 +204,20 @@ pub enum Request {
         dry_run: bool,
     },
     /// Restart the agent in place (exec of its executable, VMs untouched).
-    /// Result: `{"pid", "generation"}` of the image that answered.
+    /// Result: [`Response::RestartAgent`]: the image that answered.
     RestartAgent,
-    /// Stop the agent (refused while a cluster is up).
+    /// Stop the agent (refused while a cluster is up). Result:
+    /// [`Response::Shutdown`].
     Shutdown,
+}
+
+impl Reply {
+    /// [`Reply::Done`] with `result`.
+    pub fn done(result: Response) -> Reply {
+        Reply::Done {
+            result: Box::new(result),
+        }
+    }
 }
 
 /// How to start again a VM whose restart failed.
@@ -231,7 +242,7 @@ pub enum Reply {
     /// The request succeeded.
     Done {
         /// The request's result.
-        result: Value,
+        result: Box<Response>,
     },
     /// The request failed; the message says what to do.
     Failed {
@@ -242,6 +253,12 @@ pub enum Reply {
     /// did not read the request: the client starts a new agent and sends
     /// it again.
     Exiting,
+    /// The agent's answer to a client's hello: its protocol version
+    /// (`crate::PROTOCOL_VERSION`), the first line of every conversation.
+    Hello {
+        /// The agent's version.
+        version: u32,
+    },
 }
 
 /// One VM after `up`.
@@ -315,8 +332,9 @@ pub struct StatusResult {
     pub agent_pid: u32,
     /// Every VM.
     pub vms: Vec<VmStatus>,
-    /// Switch counters (`vmcsnap_switch::SwitchStats` as JSON).
-    pub switch: Value,
+    /// Switch counters (`None` when no cluster is up or the switch did
+    /// not answer).
+    pub switch: Option<SwitchStats>,
     /// The operation running while this status was asked for, if any: the
     /// VM states are then those from before it began.
     #[serde(default)]

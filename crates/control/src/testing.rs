@@ -26,21 +26,21 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
         },
         Request::Rejuvenate {
             vm: Some("alpha".into()),
-            mode: "warm".into(),
+            mode: crate::RejuvenateMode::Warm,
             qemu: Some(PathBuf::from("/opt/qemu/bin/qemu-system-x86_64")),
             recover: None,
             fault: None,
         },
         Request::Rejuvenate {
             vm: None,
-            mode: "warm".into(),
+            mode: crate::RejuvenateMode::Warm,
             qemu: None,
             recover: Some(crate::Recover::Rollback),
             fault: Some("fallback-fails".into()),
         },
         Request::Snapshot {
             vm: "alpha".into(),
-            mode: "hot".into(),
+            mode: crate::SnapshotMode::Hot,
             name: Some("s1".into()),
             reference: Some(PathBuf::from("snapshots/s0")),
             fault: None,
@@ -51,13 +51,13 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
         },
         Request::PauseLimit { vm: "alpha".into() },
         Request::ClusterSnapshot {
-            mode: "hot".into(),
+            mode: crate::SnapshotMode::Hot,
             name: None,
             no_cut_probes: true,
         },
         Request::ClusterRestore {
             snapshot: "c1".into(),
-            mode: "lazy".into(),
+            mode: crate::ClusterRestoreMode::Hotrestore,
             no_priorities: false,
             start_quiet_ms: Some(250),
             fault: Some("kill-cohort".into()),
@@ -65,7 +65,7 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
         },
         Request::Restore {
             snapshot: "s1".into(),
-            mode: "lazy".into(),
+            mode: crate::RestoreMode::Lazy,
             wss: Some(1 << 20),
             paused: true,
             trace: false,
@@ -93,17 +93,20 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
     requests.iter().map(line).collect()
 }
 
-/// A progress, a done (with a nested result, floats included) and a
+/// A progress, a done (with a typed result, floats included) and a
 /// failed reply, each one line of JSON ending in `\n`.
 pub fn sample_replies() -> Vec<Vec<u8>> {
     let replies = [
         Reply::Progress {
             message: "booting 3 VMs (tcg)".into(),
         },
-        Reply::Done {
-            result: serde_json::json!({"vms": [{"name": "alpha", "ip": "10.77.0.2"}],
-                "downtime_ms": 8.25, "pages": 65536, "ok": true, "none": null}),
-        },
+        Reply::done(crate::Response::PauseLimit(crate::PauseLimitReport {
+            vm: "alpha".into(),
+            memory_mib: 65536,
+            downtime_ms: 8.25,
+            setup_while_running_ms: 0.5,
+            duration_ms: 1234.0,
+        })),
         Reply::Failed {
             error: "no VM named \"x\"".into(),
         },

@@ -75,12 +75,17 @@ fn floats_in_replies_read_exactly() {
         "2.2250738585072014e-308",
         "0.1",
     ] {
-        let line = format!("{{\"kind\":\"done\",\"result\":{{\"x\":{text}}}}}\n");
+        let line = format!(
+            "{{\"kind\":\"done\",\"result\":{{\"type\":\"pause-limit\",\"data\":{{\"vm\":\"a\",\"memory_mib\":1,\"downtime_ms\":{text},\"setup_while_running_ms\":0,\"duration_ms\":0}}}}}}\n"
+        );
         assert_eq!(exercise_replies(line.as_bytes()).unwrap(), 1, "{text}");
         let reply: crate::Reply = serde_json::from_str(line.trim()).unwrap();
         let crate::Reply::Done { result } = reply else {
             panic!("not done")
         };
-        assert_eq!(result["x"].as_f64(), text.parse::<f64>().ok(), "{text}");
+        let crate::Response::PauseLimit(r) = *result else {
+            panic!("not a pause-limit result")
+        };
+        assert_eq!(Some(r.downtime_ms), text.parse::<f64>().ok(), "{text}");
     }
 }

@@ -4,6 +4,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use vmcsnap_control::{RejuvenateMode, SnapshotMode};
 
 /// Hot snapshots and fast restore for clusters of QEMU/KVM virtual machines.
 #[derive(Debug, Parser)]
@@ -68,8 +69,8 @@ pub enum Command {
         all: bool,
         /// warm | saved | cold | cpr (QEMU 10.0's cpr-transfer: the new QEMU starts beside
         /// the old one; needs 10.0 on both sides and a VM made ready by a warm restart on 10.0)
-        #[arg(long, default_value = "warm", value_parser = ["warm", "saved", "cold", "cpr"])]
-        mode: String,
+        #[arg(long, value_enum, default_value_t = RejuvenateMode::Warm, hide_possible_values = true)]
+        mode: RejuvenateMode,
         /// The QEMU binary to restart on (default: VMCSNAP_QEMU, else the agent's). Another
         /// version upgrades the VM's QEMU (7.2 -> 10.0) with the guest kept; a move QEMU
         /// cannot make (a downgrade) is refused before the VM is touched.
@@ -106,8 +107,8 @@ pub enum Command {
         #[arg(long)]
         cluster: bool,
         /// hot | stop-copy | precopy
-        #[arg(long, default_value = "hot", value_parser = ["hot", "stop-copy", "precopy"])]
-        mode: String,
+        #[arg(long, value_enum, default_value_t = SnapshotMode::Hot, hide_possible_values = true)]
+        mode: SnapshotMode,
         /// Snapshot name [default: VM-UNIXTIME, or CLUSTER-UNIXTIME].
         #[arg(long)]
         name: Option<String>,

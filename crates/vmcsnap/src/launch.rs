@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use vmcsnap_agent::RunDir;
-use vmcsnap_control::{call, ControlError, Request};
+use vmcsnap_control::{call, ControlError, Request, Response};
 
 /// Whether `e` means no agent is listening.
 pub fn agent_absent(e: &anyhow::Error) -> bool {
@@ -29,16 +29,19 @@ const START_LOCK_WAIT: Duration = Duration::from_secs(60);
 /// The file CLIs lock while one of them starts the agent.
 const START_LOCK: &str = "agent-start.lock";
 
-/// The pid of the agent answering on `sock`, if one does.
-fn ping(sock: &Path) -> Option<u32> {
-    call(
+/// The pid of the agent answering on `sock`, if one does; an agent of
+/// another version is an error (starting another would not help).
+fn ping(sock: &Path) -> Result<Option<u32>> {
+    match call(
         sock,
         &Request::Ping,
         Some(Duration::from_secs(5)),
         &mut |_| {},
-    )
-    .ok()
-    .map(|v| v["pid"].as_u64().unwrap_or(0) as u32)
+    ) {
+        Ok(Response::Ping(info)) => Ok(Some(info.pid)),
+        Err(e @ ControlError::VersionMismatch { .. }) => Err(e.into()),
+        _ => Ok(None),
+    }
 }
 
 /// Returns the pid of the agent of `run_dir`, starting one in the
@@ -54,7 +57,7 @@ fn ping(sock: &Path) -> Option<u32> {
 /// one, or start ours again once it is gone.
 pub fn ensure_agent(run_dir: &RunDir, exit_when_idle: bool) -> Result<u32> {
     let sock = run_dir.agent_socket();
-    if let Some(pid) = ping(&sock) {
+    if let Some(pid) = ping(&sock)? {
         return Ok(pid);
     }
     std::fs::DirBuilder::new()
@@ -63,7 +66,7 @@ pub fn ensure_agent(run_dir: &RunDir, exit_when_idle: bool) -> Result<u32> {
         .create(run_dir.root())
         .with_context(|| format!("cannot create run directory {}", run_dir.root().display()))?;
     let _turn = StartTurn::take(&run_dir.root().join(START_LOCK))?;
-    if let Some(pid) = ping(&sock) {
+    if let Some(pid) = ping(&sock)? {
         return Ok(pid);
     }
     let log_path = run_dir.agent_log();
@@ -72,7 +75,7 @@ pub fn ensure_agent(run_dir: &RunDir, exit_when_idle: bool) -> Result<u32> {
     let mut deadline = t0 + START_BOUND;
     let mut lost = false;
     loop {
-        if let Some(pid) = ping(&sock) {
+        if let Some(pid) = ping(&sock)? {
             return Ok(pid);
         }
         if let Ok(Some(st)) = child.try_wait() {
@@ -143,7 +146,7 @@ fn spawn(run_dir: &RunDir, exit_when_idle: bool) -> Result<Child> {
 /// went away between answering our ping and our connecting (it exited
 /// once idle) is replaced, and the request sent again: it had never been
 /// sent (the connection failed).
-pub fn request_started(run_dir: &RunDir, req: &Request) -> Result<serde_json::Value> {
+pub fn request_started(run_dir: &RunDir, req: &Request) -> Result<Response> {
     let sock = run_dir.agent_socket();
     let mut attempts = 0;
     loop {

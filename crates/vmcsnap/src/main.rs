@@ -14,7 +14,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Parser;
 use vmcsnap_agent::{AgentOptions, RunDir};
-use vmcsnap_control::{call, ConsoleResult, GcResult, Request, StatusResult, UpResult};
+use vmcsnap_control::{call, expect_response as expect, Request, Response, StatusResult};
 
 use cli::{AgentCmd, Cli, Command, GuestCmd, ImageCmd, SnapshotsCmd};
 
@@ -99,13 +99,13 @@ fn run(cli: Cli) -> Result<()> {
         Command::Status { json } => {
             let sock = run_dir.agent_socket();
             let status: StatusResult = match request(&sock, &Request::Status) {
-                Ok(v) => serde_json::from_value(v)?,
+                Ok(r) => expect!(r, Response::Status)?,
                 Err(e) if launch::agent_absent(&e) => StatusResult {
                     cluster: None,
                     accel: None,
                     agent_pid: 0,
                     vms: vec![],
-                    switch: serde_json::Value::Null,
+                    switch: None,
                     busy: None,
                 },
                 Err(e) => return Err(e),
@@ -120,24 +120,25 @@ fn run(cli: Cli) -> Result<()> {
                     tail_bytes: bytes,
                 },
             )?;
-            let c: ConsoleResult = serde_json::from_value(v)?;
+            let c = expect!(v, Response::Console)?;
             print!("{}", c.text);
             Ok(())
         }
         Command::Down { json } => {
-            let v = request(&run_dir.agent_socket(), &Request::Down)?;
-            output::json_or(json, &v, || {
-                println!("cluster {} is down", v["cluster"].as_str().unwrap_or("?"))
-            })
+            let d = expect!(
+                request(&run_dir.agent_socket(), &Request::Down)?,
+                Response::Down
+            )?;
+            output::json_or(json, &d, || println!("cluster {} is down", d.cluster))
         }
         Command::Gc { json } => {
             let sock = run_dir.agent_socket();
-            let r: GcResult = match call(&sock, &Request::Gc, None, &mut |m| eprintln!("  {m}")) {
-                Ok(v) => serde_json::from_value(v)?,
+            let r = match call(&sock, &Request::Gc, None, &mut |m| eprintln!("  {m}")) {
+                Ok(v) => expect!(v, Response::Gc)?,
                 // No agent, hence no VM and no operation: collect here.
                 Err(e @ vmcsnap_control::ControlError::NoAgent { .. }) => {
                     if vmcsnap_agent::record::needs_agent(&run_dir) {
-                        serde_json::from_value(request(&sock, &Request::Gc)?)?
+                        expect!(request(&sock, &Request::Gc)?, Response::Gc)?
                     } else {
                         let _ = e;
                         vmcsnap_agent::gc::collect(&run_dir, &mut None)?
@@ -145,7 +146,7 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 Err(e) => return Err(e.into()),
             };
-            output::json_or(json, &serde_json::to_value(&r)?, || {
+            output::json_or(json, &r, || {
                 for p in &r.removed {
                     println!("removed {}", p.display());
                 }
@@ -185,8 +186,13 @@ fn run(cli: Cli) -> Result<()> {
                 recover,
                 fault: inject_fault,
             };
-            let v = request(&run_dir.agent_socket(), &req)?;
-            output::json_or(json, &v, || output::rejuvenate(&v))
+            match request(&run_dir.agent_socket(), &req)? {
+                Response::Recover(r) => output::json_or(json, &r, || output::recovered(&r)),
+                other => {
+                    let r = expect!(other, Response::Rejuvenate)?;
+                    output::json_or(json, &r, || output::rejuvenate(&r))
+                }
+            }
         }
         Command::Snapshot {
             vm: None,
@@ -205,7 +211,7 @@ fn run(cli: Cli) -> Result<()> {
                     no_cut_probes,
                 },
             )?;
-            output_cluster::json_or_snapshot(json, &v)
+            output_cluster::json_or_snapshot(json, &*expect!(v, Response::ClusterSnapshot)?)
         }
         Command::Snapshot {
             vm,
@@ -237,17 +243,16 @@ fn run(cli: Cli) -> Result<()> {
                     access_window_s: Some(access_window),
                 },
             )?;
-            output::json_or(json, &v, || output::snapshot(&v))
+            let r = expect!(v, Response::Snapshot)?;
+            output::json_or(json, &r, || output::snapshot(&r))
         }
         Command::PauseLimit { vm, json } => {
             let v = request(&run_dir.agent_socket(), &Request::PauseLimit { vm })?;
-            output::json_or(json, &v, || {
+            let r = expect!(v, Response::PauseLimit)?;
+            output::json_or(json, &r, || {
                 println!(
                     "{}: QEMU's own background snapshot paused it {:.1} ms ({} MiB; its setup, {:.1} ms, ran while the guest did)",
-                    v["vm"].as_str().unwrap_or("?"),
-                    v["downtime_ms"].as_f64().unwrap_or(0.0),
-                    v["memory_mib"],
-                    v["setup_while_running_ms"].as_f64().unwrap_or(0.0)
+                    r.vm, r.downtime_ms, r.memory_mib, r.setup_while_running_ms
                 )
             })
         }
@@ -262,7 +267,10 @@ fn run(cli: Cli) -> Result<()> {
             json,
             ..
         } => {
-            let mode = mode.unwrap_or_else(|| "hotrestore-rl".into());
+            let mode = match mode {
+                Some(m) => m.parse().map_err(anyhow::Error::msg)?,
+                None => vmcsnap_control::ClusterRestoreMode::HotrestoreRl,
+            };
             let fault = inject_fault;
             let v = launch::request_started(
                 &run_dir,
@@ -275,7 +283,7 @@ fn run(cli: Cli) -> Result<()> {
                     wait,
                 },
             )?;
-            output_cluster::json_or_restore(json, &v)
+            output_cluster::json_or_restore(json, v)
         }
         Command::Restore {
             snapshot,
@@ -292,7 +300,10 @@ fn run(cli: Cli) -> Result<()> {
             json,
             ..
         } => {
-            let mode = mode.unwrap_or_else(|| "workingset".into());
+            let mode = match mode {
+                Some(m) => m.parse().map_err(anyhow::Error::msg)?,
+                None => vmcsnap_control::RestoreMode::Workingset,
+            };
             let wss = match wss.as_str() {
                 "auto" => None,
                 n => Some(
@@ -316,13 +327,12 @@ fn run(cli: Cli) -> Result<()> {
                     wait,
                 },
             )?;
-            output::json_or(json, &v, || output::restore(&v))
+            output::restore(json, v)
         }
         Command::Stop { vm, json } => {
             let v = request(&run_dir.agent_socket(), &Request::Stop { vm })?;
-            output::json_or(json, &v, || {
-                println!("VM {} stopped", v["vm"].as_str().unwrap_or("?"))
-            })
+            let s = expect!(v, Response::Stop)?;
+            output::json_or(json, &s, || println!("VM {} stopped", s.vm))
         }
         Command::AnalyzeWs { snapshot, json } => {
             output::analyze_ws(&run_dir.snapshots_dir().join(&snapshot), json)
@@ -398,20 +408,22 @@ fn run(cli: Cli) -> Result<()> {
             .context("agent failed"),
             AgentCmd::Restart => {
                 let sock = run_dir.agent_socket();
-                let before = request(&sock, &Request::RestartAgent)?;
+                // Without a hello: an agent of any version restarts onto the
+                // vmcsnap installed now (the way out of a version mismatch).
+                let before = vmcsnap_control::restart_agent(&sock, &mut |m| eprintln!("  {m}"))?;
                 // The new image answers on the same socket once it has taken over.
                 let deadline = Instant::now() + std::time::Duration::from_secs(30);
                 loop {
-                    if let Ok(v) = call(
+                    if let Ok(Response::Ping(v)) = call(
                         &sock,
                         &Request::Ping,
                         Some(std::time::Duration::from_secs(5)),
                         &mut |_| {},
                     ) {
-                        if v["generation"].as_u64() > before["generation"].as_u64() {
+                        if v.generation > before {
                             println!(
                                 "agent restarted: pid {}, generation {}",
-                                v["pid"], v["generation"]
+                                v.pid, v.generation
                             );
                             return Ok(());
                         }
@@ -531,16 +543,15 @@ fn up(run_dir: &RunDir, spec: &Path, json: bool) -> Result<()> {
             spec_toml: text,
         },
     )?;
-    let up: UpResult = serde_json::from_value(v.clone())?;
-    output::json_or(json, &v, || output::up(&up))
+    let up = expect!(v, Response::Up)?;
+    output::json_or(json, &up, || output::up(&up))
 }
 
 /// `snapshots delete` and `snapshots prune`: through the agent (started
 /// for it if none runs), which serialises them with snapshots and restores.
 fn removal(run_dir: &RunDir, req: &Request, json: bool) -> Result<()> {
     let v = launch::request_started(run_dir, req)?;
-    let r: vmcsnap_control::SnapshotsDeleteResult = serde_json::from_value(v)?;
-    output_removal::removal(&r, json)
+    output_removal::removal(&expect!(v, Response::SnapshotsDelete)?, json)
 }
 
 /// `vmcsnap exec -- CMD`: CMD in the run directory's cluster namespace.
@@ -656,7 +667,7 @@ fn absolute_qemu(q: &Path, what: &str) -> Result<PathBuf> {
     Ok(found)
 }
 
-fn request(sock: &Path, req: &Request) -> Result<serde_json::Value> {
+fn request(sock: &Path, req: &Request) -> Result<Response> {
     match call(sock, req, None, &mut |m| eprintln!("  {m}")) {
         Err(e) if matches!(e, vmcsnap_control::ControlError::NoAgent { .. }) => {
             let run_dir = RunDir::new(sock.parent().unwrap_or(Path::new(".")));

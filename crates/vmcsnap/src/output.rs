@@ -2,8 +2,11 @@
 
 use anyhow::{Context, Result};
 use serde_json::Value;
-use vmcsnap_control::{StatusResult, UpResult};
-use vmcsnap_switch::SwitchStats;
+use vmcsnap_agent::image::PauseBreakdown;
+use vmcsnap_control::{
+    ClockOutcome, ClockSync, RecoverResult, RejuvenateResult, Response, RestoreReport,
+    RestoreRunning, SnapshotReport, StatusResult, UpResult,
+};
 
 /// Prints `v` as JSON if `json`, else runs `human`.
 /// A JSON value as a table cell: numbers and strings as they are, `-` for
@@ -18,7 +21,7 @@ pub fn cell(v: &Value) -> String {
     }
 }
 
-pub fn json_or(json: bool, v: &Value, human: impl FnOnce()) -> Result<()> {
+pub fn json_or<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce()) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string(v)?);
     } else {
@@ -89,7 +92,7 @@ pub fn status(s: &StatusResult, json: bool) -> Result<()> {
             v.name, v.pid, v.state, v.ip, v.memory_mib, v.uptime_s, load
         );
     }
-    if let Ok(sw) = serde_json::from_value::<SwitchStats>(s.switch.clone()) {
+    if let Some(sw) = &s.switch {
         println!();
         println!(
             "{:<12} {:>10} {:>12} {:>10} {:>12} {:>6}",
@@ -107,10 +110,7 @@ pub fn status(s: &StatusResult, json: bool) -> Result<()> {
 }
 
 /// The table printed by `rejuvenate`.
-pub fn rejuvenate(v: &Value) {
-    if v.get("recovered").is_some() {
-        return recovered(v);
-    }
+pub fn rejuvenate(v: &RejuvenateResult) {
     println!(
         "{:<12} {:<6} {:>8} {:>12} {:>9} {:>11} {:>9} {:>12} {:>7}",
         "VM",
@@ -123,93 +123,93 @@ pub fn rejuvenate(v: &Value) {
         "STATE_BYTES",
         "HELD"
     );
-    for r in v["reports"].as_array().into_iter().flatten() {
-        let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+    for r in &v.reports {
         println!(
             "{:<12} {:<6} {:>8} {:>12.1} {:>9.1} {:>11.1} {:>9.1} {:>12} {:>7}",
-            r["vm"].as_str().unwrap_or("?"),
-            r["mode"].as_str().unwrap_or("?"),
-            cell(&r["memory_mib"]),
-            f("downtime_ms"),
-            f("save_ms"),
-            f("restart_ms"),
-            f("load_ms"),
-            cell(&r["state_bytes"]),
-            cell(&r["frames_held"])
+            r.vm,
+            r.mode.name(),
+            r.memory_mib,
+            r.downtime_ms,
+            r.save_ms,
+            r.restart_ms,
+            r.load_ms,
+            r.state_bytes,
+            r.frames_held
         );
     }
-    for r in v["reports"].as_array().into_iter().flatten() {
-        if r["fell_back_to_old_binary"] == true {
-            println!(
-                "{}: the new QEMU could not take over ({}); the VM runs on the kept copy of its previous QEMU{}",
-                r["vm"].as_str().unwrap_or("?"),
-                r["fallback_reason"].as_str().unwrap_or("no reason given"),
-                r["qemu"].as_str().map(|q| format!(" ({q})")).unwrap_or_default()
-            );
-        }
+    for r in v.reports.iter().filter(|r| r.fell_back_to_old_binary) {
+        println!(
+            "{}: the new QEMU could not take over ({}); the VM runs on the kept copy of its previous QEMU{}",
+            r.vm,
+            r.fallback_reason.as_deref().unwrap_or("no reason given"),
+            r.qemu
+                .as_ref()
+                .map(|q| format!(" ({})", q.display()))
+                .unwrap_or_default()
+        );
     }
-    println!("total {:.1} ms", v["total_ms"].as_f64().unwrap_or(0.0));
+    println!("total {:.1} ms", v.total_ms);
 }
 
 /// `rejuvenate --resume|--rollback`: which VMs started again, on what.
-fn recovered(v: &Value) {
-    for r in v["recovered"].as_array().into_iter().flatten() {
+pub fn recovered(v: &RecoverResult) {
+    for r in &v.recovered {
+        let how = match r.how {
+            vmcsnap_control::Recover::Resume => "resume",
+            vmcsnap_control::Recover::Rollback => "rollback",
+        };
         println!(
-            "{}: started again ({} of a failed {}) on {}{}, pid {}",
-            r["vm"].as_str().unwrap_or("?"),
-            r["how"].as_str().unwrap_or("?"),
-            r["intent"].as_str().unwrap_or("?"),
-            r["qemu"].as_str().unwrap_or("?"),
-            if r["on_kept_copy"] == true {
+            "{}: started again ({how} of a failed {}) on {}{}, pid {}",
+            r.vm,
+            r.intent,
+            r.qemu.display(),
+            if r.on_kept_copy {
                 " (the kept copy of its previous QEMU)"
             } else {
                 ""
             },
-            cell(&r["pid"])
+            r.pid
         );
     }
 }
 
 /// The line printed by `snapshot`.
-pub fn snapshot(v: &Value) {
-    let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+pub fn snapshot(v: &SnapshotReport) {
     println!(
         "snapshot {} of {} ({}): downtime {:.1} ms, disk snapshot {:.1} ms, total {:.1} ms, {} MiB stream at {:.0} MB/s, {} pages written by the guest",
-        v["name"].as_str().unwrap_or("?"),
-        v["vm"].as_str().unwrap_or("?"),
-        v["mode"].as_str().unwrap_or("?"),
-        f("downtime_ms"),
-        f("disk_snapshot_ms"),
-        f("duration_ms"),
-        v["stream_bytes"].as_u64().unwrap_or(0) >> 20,
-        f("stream_mb_per_s"),
-        v["pages_guest_written"]
+        v.name,
+        v.vm,
+        v.mode,
+        v.downtime_ms,
+        v.disk_snapshot_ms,
+        v.duration_ms,
+        v.stream_bytes >> 20,
+        v.stream_mb_per_s,
+        v.pages_guest_written
     );
-    if let Some(line) = pause_parts(&v["pause"]) {
-        println!("  pause: {line}");
+    if let Some(p) = &v.pause {
+        println!("  pause: {}", pause_parts(p));
     }
-    match v["parent"].as_str().map(|p| (p, p.strip_prefix("none: "))) {
-        Some((_, Some(why))) => println!("  full: {why}"),
-        Some((p, None)) => println!("  incremental to {p}"),
-        None => {}
+    match v.incremental_to() {
+        Err(why) => println!("  full: {why}"),
+        Ok(p) => println!("  incremental to {p}"),
     }
-    println!("  {}", v["path"].as_str().unwrap_or("?"));
+    println!("  {}", v.path.display());
 }
 
-/// A pause breakdown (`vmcsnap_image::PauseBreakdown` as JSON) on one line:
-/// `stop 0.4 + disk_snapshot 5.1 + ... = 12.3 ms`; None if absent.
-pub fn pause_parts(v: &Value) -> Option<String> {
-    let b: vmcsnap_agent::image::PauseBreakdown = serde_json::from_value(v.clone()).ok()?;
+/// A pause breakdown on one line: `stop 0.4 + disk_snapshot 5.1 + ... =
+/// 12.3 ms`.
+pub fn pause_parts(b: &PauseBreakdown) -> String {
     let parts: Vec<String> = b
         .parts
         .iter()
         .map(|p| format!("{} {:.1}", p.name, p.us as f64 / 1000.0))
         .collect();
-    Some(format!(
+    format!(
         "{} = {:.1} ms",
         parts.join(" + "),
         b.total_us as f64 / 1000.0
-    ))
+    )
 }
 
 /// `snapshots`: the committed snapshots under `root`.
@@ -394,13 +394,8 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
             println!("  label      {k}={l}");
         }
         println!("  metrics    {}", serde_json::to_string(&m.metrics)?);
-        if let Some(line) = m
-            .metrics
-            .pause
-            .as_ref()
-            .and_then(|b| pause_parts(&serde_json::to_value(b).ok()?))
-        {
-            println!("  pause      {line}");
+        if let Some(b) = &m.metrics.pause {
+            println!("  pause      {}", pause_parts(b));
         }
         println!(
             "  pages      {} total: {} stored, {} duplicate, {} in parent, {} on disk, {} zero, {} absent",
@@ -483,94 +478,97 @@ pub(crate) fn restores_into_line(version: &str, into: &[&str]) -> String {
     }
 }
 
-/// `restore`: the restore report.
-pub fn restore(v: &Value) {
-    let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+/// `restore`: the report as JSON, or in words: once the guest runs
+/// (pages still loading), or the full report.
+pub fn restore(json: bool, r: Response) -> Result<()> {
+    match r {
+        Response::RestoreRunning(v) => json_or(json, &v, || restore_running(&v)),
+        other => {
+            let v = vmcsnap_control::expect_response!(other, Response::Restore)?;
+            json_or(json, &v, || restore_report(&v))
+        }
+    }
+}
+
+fn restore_running(v: &RestoreRunning) {
     println!(
         "restored {} from {} ({}{}): guest running after {:.1} ms",
-        v["vm"].as_str().unwrap_or("?"),
-        v["snapshot"].as_str().unwrap_or("?"),
-        v["mode"].as_str().unwrap_or("?"),
-        if v["paused"] == true { ", paused" } else { "" },
-        f("restore_latency_ms"),
+        v.vm,
+        v.snapshot,
+        v.mode,
+        if v.paused { ", paused" } else { "" },
+        v.restore_latency_ms,
     );
-    if v["full_load_ms"].is_null() {
-        println!(
-            "  {} of {} pages loaded at the start; the rest loads in the background (`vmcsnap status` shows how far; --wait returns once every page is in)",
-            v["pages_loaded"], v["pages_total"]
-        );
-        if v["clock"].is_object() {
-            println!("  guest clock: {}", clock_line(&v["clock"]));
-        }
-        return;
+    println!(
+        "  {} of {} pages loaded at the start; the rest loads in the background (`vmcsnap status` shows how far; --wait returns once every page is in)",
+        v.pages_loaded, v.pages_total
+    );
+    if let Some(c) = &v.clock {
+        println!("  guest clock: {}", clock_line(c));
     }
-    let first_10s: u64 = v["demand_faults_per_100ms"]
-        .as_array()
-        .map_or(0, |a| a.iter().filter_map(Value::as_u64).sum());
+}
+
+fn restore_report(v: &RestoreReport) {
+    println!(
+        "restored {} from {} ({}{}): guest running after {:.1} ms",
+        v.vm,
+        v.snapshot,
+        v.mode,
+        if v.paused { ", paused" } else { "" },
+        v.restore_latency_ms,
+    );
+    let first_10s: u64 = v.demand_faults_per_100ms.iter().sum();
     println!(
         "  {:>18} {:>12} {:>14} {:>14} {:>12}",
         "pages before start", "MiB read", "demand faults", "in first 10 s", "full load"
     );
     println!(
         "  {:>18} {:>12.1} {:>14} {:>14} {:>9.0} ms",
-        v["ws_pages"].as_u64().unwrap_or(0),
-        f("bytes_read_before_start") / 1048576.0,
-        v["demand_faults"].as_u64().unwrap_or(0),
+        v.ws_pages,
+        v.bytes_read_before_start as f64 / 1048576.0,
+        v.demand_faults,
         first_10s,
-        f("full_load_ms")
+        v.full_load_ms
     );
     println!(
         "  working set: wss {} (sample {}, snapshot {}){}",
-        v["wss"],
-        v["wss_sample"]
-            .as_u64()
-            .map_or("-".to_string(), |n| n.to_string()),
-        v["wss_snapshot"],
-        if v["learned"] == true {
+        v.wss,
+        v.wss_sample.map_or("-".to_string(), |n| n.to_string()),
+        v.wss_snapshot,
+        if v.learned {
             ", learned from an earlier restore"
         } else {
             ""
         }
     );
-    if let Some(a) = v["access_data"].as_str() {
-        println!("  access data: {a}");
-    }
-    let q = &v["quality"];
-    if q.is_object() {
+    println!("  access data: {}", v.access_data);
+    if let Some(q) = &v.quality {
         println!(
             "  hit rate {:.2}, accuracy {:.2}: {} of {} loaded pages used, {} missed, in the {:.0} ms to the full load",
-            q["hit_rate"].as_f64().unwrap_or(0.0),
-            q["accuracy"].as_f64().unwrap_or(0.0),
-            q["used"],
-            q["loaded"],
-            q["missed"],
-            q["window_ms"].as_f64().unwrap_or(0.0)
+            q.hit_rate, q.accuracy, q.used, q.loaded, q.missed, q.window_ms
         );
     }
-    if let Some(n) = v["next_wss"].as_u64() {
+    if let Some(n) = v.next_wss {
         println!("  next workingset restore loads {n} pages first (learned, bounded)");
     }
-    if v["clock"].is_object() {
-        println!("  guest clock: {}", clock_line(&v["clock"]));
+    if let Some(c) = &v.clock {
+        println!("  guest clock: {}", clock_line(c));
     }
 }
 
-/// A restored guest's clock (`guest_clock::ClockSync` as JSON), in words.
-pub fn clock_line(c: &Value) -> String {
-    let ms = |k: &str| {
-        c[k].as_f64()
-            .map_or("?".to_string(), |v| format!("{v:+.0} ms"))
-    };
-    match c["outcome"].as_str().unwrap_or("?") {
-        "set" => format!(
+/// A restored guest's clock, in words.
+pub fn clock_line(c: &ClockSync) -> String {
+    let ms = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:+.0} ms"));
+    match c.outcome {
+        ClockOutcome::Set => format!(
             "set to the host's by {} (it was {} off, now {})",
-            c["method"].as_str().unwrap_or("?"),
-            ms("offset_before_ms"),
-            ms("offset_after_ms")
+            c.method.as_deref().unwrap_or("?"),
+            ms(c.offset_before_ms),
+            ms(c.offset_after_ms)
         ),
-        "no-agent" => "not set: no guest agent (it keeps the snapshot's time)".into(),
-        "paused" => "not set: the VM is paused".into(),
-        _ => format!("not set: {}", c["error"].as_str().unwrap_or("?")),
+        ClockOutcome::NoAgent => "not set: no guest agent (it keeps the snapshot's time)".into(),
+        ClockOutcome::Paused => "not set: the VM is paused".into(),
+        ClockOutcome::Failed => format!("not set: {}", c.error.as_deref().unwrap_or("?")),
     }
 }
 

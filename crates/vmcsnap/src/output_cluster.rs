@@ -3,20 +3,24 @@
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use vmcsnap_agent::image::cluster::{check_cluster_committed, list_cluster_snapshots};
+use vmcsnap_control::{
+    ClockSync, ClusterRestoreMode, ClusterRestoreReport, ClusterRunning, ClusterSnapshotReport,
+    Response,
+};
 
 /// `snapshot --cluster`: the report as JSON, or a table per VM and the
 /// cluster's backoff and switch accounting.
-pub fn json_or_snapshot(json: bool, v: &Value) -> Result<()> {
+pub fn json_or_snapshot(json: bool, v: &ClusterSnapshotReport) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string(v)?);
         return Ok(());
     }
     println!(
         "cluster snapshot {} ({}) of {}: {}",
-        v["name"].as_str().unwrap_or("?"),
-        v["mode"].as_str().unwrap_or("?"),
-        v["cluster"].as_str().unwrap_or("?"),
-        v["path"].as_str().unwrap_or("?")
+        v.name,
+        v.mode,
+        v.cluster,
+        v.path.display()
     );
     println!(
         "{:<10} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9} {:>8} {:>9} {:>9}",
@@ -31,71 +35,60 @@ pub fn json_or_snapshot(json: bool, v: &Value) -> Result<()> {
         "RETRANS",
         "PP_GAP_MS"
     );
-    for r in v["vms"].as_array().into_iter().flatten() {
-        let retrans = match (r["retrans_before"].as_u64(), r["retrans_after"].as_u64()) {
+    for r in &v.vms {
+        let retrans = match (r.retrans_before, r.retrans_after) {
             (Some(b), Some(a)) => format!("+{}", a.saturating_sub(b)),
             _ => "?".into(),
         };
         println!(
             "{:<10} {:>9.1} {:>9.1} {:>9.1} {:>10.1} {:>10.1} {:>9} {:>8} {:>9} {:>9}",
-            r["vm"].as_str().unwrap_or("?"),
-            r["downtime_ms"].as_f64().unwrap_or(0.0),
-            r["pause_start_ms"].as_f64().unwrap_or(0.0),
-            r["pause_end_ms"].as_f64().unwrap_or(0.0),
-            r["transient_done_ms"].as_f64().unwrap_or(0.0),
-            r["complete_ms"].as_f64().unwrap_or(0.0),
+            r.vm,
+            r.downtime_ms,
+            r.pause_start_ms,
+            r.pause_end_ms,
+            r.transient_done_ms,
+            r.complete_ms,
             // The wait for QEMU to hand the guest everything (cut probes);
             // "!" when it did not within the bound.
             format!(
                 "{:.1}{}",
-                r["settle_us"].as_u64().unwrap_or(0) as f64 / 1000.0,
-                if r["unsettled"].as_bool().unwrap_or(false) {
-                    "!"
-                } else {
-                    ""
-                }
+                r.settle_us as f64 / 1000.0,
+                if r.unsettled { "!" } else { "" }
             ),
-            crate::output::cell(&r["frames_drained_at_cut"]),
+            r.frames_drained_at_cut,
             retrans,
-            r["pingpong_max_gap_ms"]
-                .as_u64()
-                .map_or("-".into(), |g| g.to_string()),
+            r.pingpong_max_gap_ms.map_or("-".into(), |g| g.to_string()),
         );
     }
     println!("(times in ms since the request)");
-    for r in v["vms"].as_array().into_iter().flatten() {
-        if let Some(line) = crate::output::pause_parts(&r["pause"]) {
-            println!("  {} pause: {line}", r["vm"].as_str().unwrap_or("?"));
+    for r in &v.vms {
+        if let Some(p) = &r.pause {
+            println!("  {} pause: {}", r.vm, crate::output::pause_parts(p));
         }
     }
-    let b = &v["backoff"];
+    let b = &v.backoff;
     println!(
         "TCP backoff: {:.1} ms average over {} communicating pairs, {:.1} ms max",
-        b["avg_ms"].as_f64().unwrap_or(0.0),
-        b["pairs"].as_array().map_or(0, Vec::len),
-        b["max_ms"].as_f64().unwrap_or(0.0)
+        b.avg_ms,
+        b.pairs.len(),
+        b.max_ms
     );
-    let s = &v["switch"];
+    let s = &v.switch;
     println!(
         "switch: {} forwarded, {} held, {} logged ({} bytes), {} dropped, {} violations, {} drain-bound hits, {} unsettled cuts",
-        s["forwarded"],
-        s["held"],
-        s["logged"],
-        s["logged_bytes"],
-        s["dropped"],
-        s["violations"],
-        s["bound_hits"],
-        s["unsettled_cuts"].as_u64().unwrap_or(0)
+        s.forwarded,
+        s.held,
+        s.logged,
+        s.logged_bytes,
+        s.dropped,
+        s.violations,
+        s.bound_hits,
+        s.unsettled_cuts
     );
-    for e in v["edges"].as_array().into_iter().flatten() {
-        println!(
-            "  W({}, {}) = {} frames",
-            e["from"].as_str().unwrap_or("?"),
-            e["to"].as_str().unwrap_or("?"),
-            e["frames"]
-        );
+    for e in &v.edges {
+        println!("  W({}, {}) = {} frames", e.from, e.to, e.frames);
     }
-    println!("took {:.0} ms", v["duration_ms"].as_f64().unwrap_or(0.0));
+    println!("took {:.0} ms", v.duration_ms);
     Ok(())
 }
 
@@ -235,41 +228,59 @@ pub fn rows(root: &std::path::Path) -> Result<Vec<Value>> {
 
 /// `restore --cluster`: the report as JSON, or per VM its latency, backoff
 /// and disruption in start order.
-pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
-    if json {
-        println!("{}", serde_json::to_string(v)?);
-        return Ok(());
+pub fn json_or_restore(json: bool, r: Response) -> Result<()> {
+    match r {
+        Response::ClusterRunning(v) => crate::output::json_or(json, &v, || running(&v)),
+        other => {
+            let v = vmcsnap_control::expect_response!(other, Response::ClusterRestore)?;
+            crate::output::json_or(json, &v, || restored(&v))
+        }
+    }
+}
+
+/// The heading of both answers.
+fn heading(
+    cluster: &str,
+    snapshot: &str,
+    mode: ClusterRestoreMode,
+    quiet_ms: u64,
+    line: &[String],
+) {
+    println!(
+        "cluster {cluster} restored from {snapshot} ({mode}; after each start only demand faults for {quiet_ms} ms)"
+    );
+    println!("restore line (planned): {}", line.join(" < "));
+}
+
+/// Every guest runs, pages still load.
+fn running(v: &ClusterRunning) {
+    heading(
+        &v.cluster,
+        &v.snapshot,
+        v.mode,
+        v.start_quiet_ms,
+        &v.restore_line,
+    );
+    println!("{:<10} {:>10}", "VM", "LATENCY_MS");
+    for r in &v.vms {
+        println!("{:<10} {:>10.1}", r.vm, r.latency_ms);
     }
     println!(
-        "cluster {} restored from {} ({}; after each start only demand faults for {} ms)",
-        v["cluster"].as_str().unwrap_or("?"),
-        v["snapshot"].as_str().unwrap_or("?"),
-        v["mode"].as_str().unwrap_or("?"),
-        crate::output::cell(&v["start_quiet_ms"])
+        "every guest runs after {:.1} ms; the rest of the pages loads in the background (`vmcsnap status` shows how far; --wait returns once every page is in, with the full report)",
+        v.running_ms
     );
-    let line: Vec<&str> = v["restore_line"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
-    println!("restore line (planned): {}", line.join(" < "));
-    let running = v["running_ms"].as_f64().unwrap_or(0.0);
-    if v["loading"] == true {
-        println!("{:<10} {:>10}", "VM", "LATENCY_MS");
-        for r in v["vms"].as_array().into_iter().flatten() {
-            println!(
-                "{:<10} {:>10.1}",
-                r["vm"].as_str().unwrap_or("?"),
-                r["latency_ms"].as_f64().unwrap_or(0.0)
-            );
-        }
-        println!(
-            "every guest runs after {running:.1} ms; the rest of the pages loads in the background (`vmcsnap status` shows how far; --wait returns once every page is in, with the full report)"
-        );
-        print_guest_clocks(v);
-        return Ok(());
-    }
+    print_guest_clocks(&v.guest_clocks);
+}
+
+/// The full report.
+fn restored(v: &ClusterRestoreReport) {
+    heading(
+        &v.cluster,
+        &v.snapshot,
+        v.mode,
+        v.start_quiet_ms,
+        &v.restore_line,
+    );
     println!(
         "{:<10} {:>10} {:>10} {:>13} {:>8} {:>11} {:>7} {:>8} {:>8} {:>5} {:>11}",
         "VM",
@@ -284,31 +295,31 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
         "LOST",
         "GUEST_GAP_MS"
     );
-    for r in v["vms"].as_array().into_iter().flatten() {
-        let retrans = match (r["retrans_first"].as_u64(), r["retrans_later"].as_u64()) {
+    for r in &v.vms {
+        let retrans = match (r.retrans_first, r.retrans_later) {
             (Some(a), Some(b)) => format!("+{}", b.saturating_sub(a)),
             _ => "?".into(),
         };
-        let gap = r["guest_max_gap_ms"]
-            .as_u64()
+        let gap = r
+            .guest_max_gap_ms
             .map_or("-".to_string(), |g| g.to_string());
         // At most this many segments lost across the restore: the
         // retransmissions no duplicate SACK answered (the others were a slow
         // peer). Guests without `dsack=`: the tail loss probes that repaired one.
-        let lost = r["lost_segments"]
-            .as_u64()
-            .or_else(|| r["tcp_growth"]["tlp_recovered"].as_u64())
+        let lost = r
+            .lost_segments
+            .or(r.tcp_growth.tlp_recovered)
             .map_or("?".to_string(), |n| n.to_string());
         println!(
             "{:<10} {:>10.1} {:>10.1} {:>13.1} {:>8} {:>11} {:>7} {:>8} {:>8} {:>5} {:>11}",
-            r["vm"].as_str().unwrap_or("?"),
-            r["latency_ms"].as_f64().unwrap_or(0.0),
-            r["backoff_ms"].as_f64().unwrap_or(0.0),
-            r["disruption_ms"].as_f64().unwrap_or(0.0),
-            crate::output::cell(&r["wss"]),
-            crate::output::cell(&r["pages_before_start"]),
-            crate::output::cell(&r["demand_faults"]),
-            crate::output::cell(&r["frames_replayed"]),
+            r.vm,
+            r.latency_ms,
+            r.backoff_ms,
+            r.disruption_ms,
+            r.wss,
+            r.pages_before_start,
+            r.demand_faults,
+            r.frames_replayed,
             retrans,
             lost,
             gap
@@ -316,28 +327,24 @@ pub fn json_or_restore(json: bool, v: &Value) -> Result<()> {
     }
     println!(
         "backoff avg {:.1} ms, median {:.1} ms, max {:.1} ms; disruption avg {:.1} ms; starts follow dependencies: {}",
-        v["backoff_avg_ms"].as_f64().unwrap_or(0.0),
-        v["backoff_median_ms"].as_f64().unwrap_or(0.0),
-        v["backoff_max_ms"].as_f64().unwrap_or(0.0),
-        v["disruption_avg_ms"].as_f64().unwrap_or(0.0),
-        v["starts_follow_dependencies"]
+        v.backoff_avg_ms,
+        v.backoff_median_ms,
+        v.backoff_max_ms,
+        v.disruption_avg_ms,
+        v.starts_follow_dependencies
     );
     println!(
-        "every guest running after {running:.1} ms, every page loaded after {:.1} ms",
-        v["full_load_ms"].as_f64().unwrap_or(0.0)
+        "every guest running after {:.1} ms, every page loaded after {:.1} ms",
+        v.running_ms,
+        v.full_load_ms.unwrap_or(0.0)
     );
-    print_guest_clocks(v);
-    Ok(())
+    print_guest_clocks(&v.guest_clocks);
 }
 
 /// One line per VM: its guest clock after the restore.
-fn print_guest_clocks(v: &Value) {
-    for c in v["guest_clocks"].as_array().into_iter().flatten() {
-        println!(
-            "  {} guest clock: {}",
-            c["vm"].as_str().unwrap_or("?"),
-            crate::output::clock_line(c)
-        );
+fn print_guest_clocks(clocks: &[ClockSync]) {
+    for c in clocks {
+        println!("  {} guest clock: {}", c.vm, crate::output::clock_line(c));
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::Env;
 use vmcsnap_agent::agent_lock::{EXIT_ANOTHER_AGENT, FILE_NAME};
-use vmcsnap_control::{read_request, write_reply, Reply, Request};
+use vmcsnap_control::{accept_request, write_reply, Reply, Request};
 
 /// The agents (`agent run`) of this run directory.
 fn agents(env: &Env) -> Vec<u32> {
@@ -140,9 +140,13 @@ fn a_cli_whose_agent_loses_the_start_talks_to_the_slow_winner() {
                 Ok((s, _)) => {
                     s.set_nonblocking(false).unwrap();
                     let mut r = BufReader::new(&s);
-                    if let Ok(Request::Ping) = read_request(&mut r) {
-                        let result = serde_json::json!({ "pid": 4242u32 });
-                        let _ = write_reply(&mut &s, &Reply::Done { result });
+                    if let Ok(Request::Ping) = accept_request(&mut r) {
+                        let result = vmcsnap_control::Response::Ping(vmcsnap_control::AgentInfo {
+                            pid: 4242,
+                            generation: 0,
+                            started_unix_ms: 0,
+                        });
+                        let _ = write_reply(&mut &s, &Reply::done(result));
                         answered += 1;
                     }
                 }

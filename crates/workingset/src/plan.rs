@@ -16,46 +16,9 @@ use vmcsnap_image::PageKey;
 /// Pages a demand fault brings in `workingset` mode (HotRestore §5.2).
 pub const DMA_CLUSTER: u32 = 4;
 
-/// A restore mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// Every page before the guest starts.
-    Eager,
-    /// No page before the guest starts.
-    Lazy,
-    /// HotRestore's elastic working set.
-    Workingset,
-    /// Working set sized by sampling alone, no FAFL order.
-    SamplingWs,
-}
-
-impl Mode {
-    /// The mode's name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Eager => "eager",
-            Mode::Lazy => "lazy",
-            Mode::Workingset => "workingset",
-            Mode::SamplingWs => "sampling-ws",
-        }
-    }
-}
-
-impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "eager" => Ok(Mode::Eager),
-            "lazy" => Ok(Mode::Lazy),
-            "workingset" => Ok(Mode::Workingset),
-            "sampling-ws" => Ok(Mode::SamplingWs),
-            _ => Err(format!(
-                "unknown restore mode {s:?}: use eager, lazy, workingset or sampling-ws"
-            )),
-        }
-    }
-}
+/// A restore mode (defined with the other option enums in the control
+/// protocol).
+pub use vmcsnap_control::RestoreMode as Mode;
 
 /// What a plan is made from.
 #[derive(Debug, Clone)]

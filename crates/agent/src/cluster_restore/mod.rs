@@ -39,7 +39,7 @@ use vmcsnap_restoreline::{revise_wss_scaled, Edge, Rdg};
 use vmcsnap_spec::ClusterSpec;
 use vmcsnap_workingset as ws;
 
-pub use report::{ClusterRestoreReport, ClusterRunning, VmRestoreReport, VmRunning};
+pub use vmcsnap_control::{ClusterRestoreReport, ClusterRunning, VmRestoreReport, VmRunning};
 
 use crate::cluster::Cluster;
 use crate::fault::RestoreFault;
@@ -55,36 +55,7 @@ pub const COORDINATOR: &str = "coordinator";
 pub const PAGES_PER_FRAME: u64 = 64;
 
 /// How the cluster is restored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// Every VM independently, all of its memory loaded before it starts
-    /// (the eager baseline).
-    Eager,
-    /// All of every VM's memory loaded first, starts in restore-line order
-    /// (no demand paging after the start: slower, but no guest stalls).
-    EagerRl,
-    /// Every VM independently, sampled working set (the baseline).
-    WorkingsetRestore,
-    /// Elastic working set, no restore line.
-    Hotrestore,
-    /// Elastic working set, LP-revised sizes, restore line.
-    HotrestoreRl,
-}
-
-impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "eager" => Ok(Mode::Eager),
-            "eager-rl" => Ok(Mode::EagerRl),
-            "workingset-restore" => Ok(Mode::WorkingsetRestore),
-            "hotrestore" => Ok(Mode::Hotrestore),
-            "hotrestore-rl" => Ok(Mode::HotrestoreRl),
-            _ => Err(format!("unknown cluster restore mode {s:?}: use eager, eager-rl, workingset-restore, hotrestore or hotrestore-rl")),
-        }
-    }
-}
+pub use vmcsnap_control::ClusterRestoreMode as Mode;
 
 /// What `vmcsnap restore --cluster` asks for.
 #[derive(Debug, Clone)]
@@ -247,7 +218,8 @@ fn restore_cluster_journaled(
             .collect();
         let mut r = report::running(&m, &plan, &opts, starts, start_unix_us);
         r.guest_clocks = crate::guest_clock::sync_all(&configs);
-        ctx.early.reply(crate::dispatch::to_json(&r));
+        ctx.early
+            .reply(vmcsnap_control::Response::ClusterRunning(r.clone()));
         early_clocks = Some(r.guest_clocks);
     };
     let early = early.map(|ctx| Early {

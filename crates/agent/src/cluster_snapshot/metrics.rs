@@ -8,6 +8,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use vmcsnap_control::{Backoff, PairBackoff, TcpCounters, TcpGrowth};
+
 use crate::snapshot::Mode;
 
 /// The moments of one VM's snapshot that backoff is computed from (unix µs).
@@ -19,28 +21,6 @@ pub struct Moments {
     pub pause_end_us: u64,
     /// The VM's snapshot completed (image committed).
     pub complete_us: u64,
-}
-
-/// TCP backoff of one pair of VMs that exchanged frames during the snapshot.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PairBackoff {
-    /// One VM.
-    pub a: String,
-    /// The other.
-    pub b: String,
-    /// HotSnap's TCP backoff duration of the pair, ms.
-    pub backoff_ms: f64,
-}
-
-/// HotSnap's backoff figures for a cluster snapshot.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
-pub struct Backoff {
-    /// Per communicating pair.
-    pub pairs: Vec<PairBackoff>,
-    /// The cluster's backoff: the average over the pairs, ms (0 without pairs).
-    pub avg_ms: f64,
-    /// The largest pair backoff, ms.
-    pub max_ms: f64,
 }
 
 /// HotSnap's TCP backoff (§5.3): for each pair that communicates, from the
@@ -97,77 +77,6 @@ pub fn communicating_pairs<'a>(
         set.insert((a.to_string(), b.to_string()));
     }
     set.into_iter().collect()
-}
-
-/// A guest's TCP counters from one `vmcsnap-stat` line (since its boot;
-/// `None` where the line does not have the field: older guests).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct TcpCounters {
-    /// `retrans=`: RetransSegs, every retransmitted segment.
-    pub retrans: Option<u64>,
-    /// `tlp=`: TCPLossProbes, tail loss probes (sent when a peer stays
-    /// silent for 2 RTT + 200 ms with one segment out).
-    pub tlp: Option<u64>,
-    /// `tlprec=`: TCPLossProbeRecovery, tail loss probes that repaired a
-    /// real loss (the others were answered by a duplicate SACK: the peer
-    /// had the segment and was only slow).
-    pub tlp_recovered: Option<u64>,
-    /// `rto=`: TCPTimeouts, retransmission timeouts.
-    pub rto: Option<u64>,
-    /// `dsack=`: TCPDSACKRecv + TCPDSACKOfoRecv, duplicate SACKs received:
-    /// one per retransmitted segment the peer already had.
-    #[serde(default)]
-    pub dsack: Option<u64>,
-}
-
-impl TcpCounters {
-    /// The counters of one stat line.
-    pub fn parse(line: &str) -> TcpCounters {
-        TcpCounters {
-            retrans: field(line, "retrans"),
-            tlp: field(line, "tlp"),
-            tlp_recovered: field(line, "tlprec"),
-            rto: field(line, "rto"),
-            dsack: field(line, "dsack"),
-        }
-    }
-
-    /// Per-field growth from `earlier` (`None` where either lacks it).
-    pub fn growth_since(&self, earlier: &TcpCounters) -> TcpGrowth {
-        let d = |a: Option<u64>, b: Option<u64>| Some(a?.saturating_sub(b?));
-        TcpGrowth {
-            retrans: d(self.retrans, earlier.retrans),
-            tlp: d(self.tlp, earlier.tlp),
-            tlp_recovered: d(self.tlp_recovered, earlier.tlp_recovered),
-            rto: d(self.rto, earlier.rto),
-            dsack: d(self.dsack, earlier.dsack),
-        }
-    }
-}
-
-impl TcpGrowth {
-    /// Retransmissions the peer did not answer with a duplicate SACK: an
-    /// upper bound on those that repaired a real loss (every other one the
-    /// peer already had). `None` for guests that do not print `dsack=`.
-    pub fn lost(&self) -> Option<u64> {
-        Some(self.retrans?.saturating_sub(self.dsack?))
-    }
-}
-
-/// How much each [`TcpCounters`] field grew.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct TcpGrowth {
-    /// Retransmitted segments.
-    pub retrans: Option<u64>,
-    /// Tail loss probes.
-    pub tlp: Option<u64>,
-    /// Tail loss probes that repaired a loss.
-    pub tlp_recovered: Option<u64>,
-    /// Retransmission timeouts.
-    pub rto: Option<u64>,
-    /// Duplicate SACKs received: retransmissions that were not needed.
-    #[serde(default)]
-    pub dsack: Option<u64>,
 }
 
 /// What a guest's console said after a given offset.

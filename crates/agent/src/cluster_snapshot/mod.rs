@@ -44,6 +44,7 @@ pub use metrics::{
     console_text, parse_console, tcp_now, Backoff, GuestView, PairBackoff, TcpCounters, TcpGrowth,
 };
 pub use report::{ClusterReport, VmReport};
+pub use vmcsnap_control::ProtocolStats;
 
 use crate::cluster::Cluster;
 use crate::snapshot::{self, Mode};
@@ -196,17 +197,6 @@ struct ProtocolCtx<'a> {
     tmp: &'a Path,
     disks: &'a Path,
     cut_probes: u32,
-}
-
-/// Protocol figures for the report.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct ProtocolStats {
-    /// Messages sent on the transport.
-    pub messages_sent: u64,
-    /// Messages the transport dropped (a peer gone).
-    pub messages_dropped: u64,
-    /// The initiator's log, one line per event, with ms since the start.
-    pub events: Vec<String>,
 }
 
 /// Runs the initiator, and per VM a peer and a snapshot thread, until the

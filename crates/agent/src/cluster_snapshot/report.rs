@@ -7,15 +7,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use serde_json::json;
 use vmcsnap_image::channel_log::{write_channel_log, ChannelFrame, FrameReason};
 use vmcsnap_image::cluster::{
     commit_cluster_dir, ChannelStateRef, ClusterManifest, ClusterVm, Edge, Timeline, CHANNEL_LOG,
 };
-use vmcsnap_switch::{LogReason, SessionStats};
+use vmcsnap_switch::LogReason;
 
-use super::metrics::{self, Backoff, Moments, TcpCounters};
+use super::metrics::{self, Moments, TcpCounters};
 use super::peer::VmOutcome;
 use super::ProtocolStats;
 use crate::cluster::Cluster;
@@ -23,6 +22,7 @@ use crate::guest_counters;
 use crate::qemu::QemuConfig;
 use crate::snapshot::Mode;
 use crate::AgentError;
+pub use vmcsnap_control::{ClusterSnapshotReport as ClusterReport, VmSnapshotReport as VmReport};
 
 /// How long the switch may still hold pre-snapshot frames for post-snapshot
 /// VMs (their sockets full) after the protocol completed.
@@ -68,94 +68,6 @@ impl GuestBefore {
             self.tcp
         }
     }
-}
-
-/// One VM in the cluster snapshot report. Times are ms since the cluster
-/// snapshot's request.
-#[derive(Debug, Clone, Serialize)]
-pub struct VmReport {
-    /// The VM.
-    pub vm: String,
-    /// Guest paused (QMP STOP to RESUME), ms.
-    pub downtime_ms: f64,
-    /// Where that pause went.
-    pub pause: Option<vmcsnap_image::PauseBreakdown>,
-    /// The VM's snapshot started (its peer got SNAPSHOT or a trigger).
-    pub start_ms: f64,
-    /// QMP STOP.
-    pub pause_start_ms: f64,
-    /// QMP RESUME.
-    pub pause_end_ms: f64,
-    /// Transient snapshot over, port released.
-    pub transient_done_ms: f64,
-    /// Image committed.
-    pub complete_ms: f64,
-    /// Before the pause: how long the switch waited for the VM's QEMU to
-    /// read what was written to it, µs.
-    pub drain_wait_us: u64,
-    /// Whether that wait hit its bound (frames may then reach the VM after
-    /// its cut without being logged).
-    pub drain_bound_hit: bool,
-    /// SIOCOUTQ when the wait ended (0 = everything read).
-    pub unread_bytes_at_cut: u64,
-    /// Of that wait, µs from the socket drained to the second cut probe
-    /// read: until the VM's QEMU had handed the guest everything it read.
-    pub settle_us: u64,
-    /// The cut probes were not both read within the bound: QEMU may have
-    /// held frames the guest had not taken, which a restore of this VM
-    /// lacks (its peers' TCP retransmits them).
-    pub unsettled: bool,
-    /// Frames the switch read from the VM after it paused (sent before the cut).
-    pub frames_drained_at_cut: u64,
-    /// The guest's TCP RetransSegs before and after the snapshot.
-    pub retrans_before: Option<u64>,
-    /// After (the next console stat line after completion).
-    pub retrans_after: Option<u64>,
-    /// All TCP counters of the guest's last stat line before the snapshot.
-    pub tcp_before: TcpCounters,
-    /// And of its last stat line after (when the snapshot was measured);
-    /// equal to `tcp_before` when nothing was retransmitted meanwhile, and
-    /// then also the counters in the snapshot.
-    pub tcp_after: TcpCounters,
-    /// Pingpong's longest gap between replies during the snapshot, ms.
-    pub pingpong_max_gap_ms: Option<u64>,
-    /// Pages stored in the image.
-    pub pages_stored: u64,
-    /// The VM's snapshot directory.
-    pub path: PathBuf,
-}
-
-/// What `vmcsnap snapshot --cluster` reports.
-#[derive(Debug, Clone, Serialize)]
-pub struct ClusterReport {
-    /// The cluster snapshot's name.
-    pub name: String,
-    /// Its directory.
-    pub path: PathBuf,
-    /// The cluster.
-    pub cluster: String,
-    /// The mode.
-    pub mode: Mode,
-    /// Request to commit, ms.
-    pub duration_ms: f64,
-    /// Per VM, in spec order.
-    pub vms: Vec<VmReport>,
-    /// HotSnap's TCP backoff.
-    pub backoff: Backoff,
-    /// Average and largest per-VM downtime, ms.
-    pub downtime_avg_ms: f64,
-    /// Largest per-VM downtime, ms.
-    pub downtime_max_ms: f64,
-    /// Frames logged as channel state.
-    pub channel_state_frames: u64,
-    /// Their bytes.
-    pub channel_state_bytes: u64,
-    /// W(i,j): frames from VM i to VM j logged at the cut.
-    pub edges: Vec<Edge>,
-    /// The switch's accounting of the session.
-    pub switch: SessionStats,
-    /// The protocol's figures.
-    pub protocol: ProtocolStats,
 }
 
 /// Inputs of [`finish`].

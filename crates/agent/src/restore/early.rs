@@ -5,7 +5,6 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::SystemTime;
 
-use serde_json::json;
 use vmcsnap_control::VmStatus;
 use vmcsnap_spec::VmAddress;
 
@@ -82,7 +81,7 @@ pub(super) fn answering<T>(
 ) -> (Result<T, AgentError>, Option<ClockSync>) {
     let (tx, rx) = mpsc::channel();
     opts.observer = Some(tx);
-    let mode = opts.mode.name();
+    let mode = opts.mode;
     let snapshot = opts.snapshot.clone();
     std::thread::scope(|s| {
         let watcher = s.spawn(|| watch(ctx, &shown, &snapshot, mode, rx));
@@ -100,7 +99,7 @@ fn watch(
     ctx: &Ctx<'_>,
     shown: &Shown,
     snapshot: &str,
-    mode: &str,
+    mode: vmcsnap_control::RestoreMode,
     events: mpsc::Receiver<RestoreEvent>,
 ) -> Option<ClockSync> {
     let (mut loaded, mut total, mut all) = (0, 0, false);
@@ -126,19 +125,21 @@ fn watch(
                 );
                 ctx.early.show(&shown.cluster, &shown.accel, vec![st]);
                 let set = crate::guest_clock::sync(&shown.clock_config, false);
-                ctx.early.reply(json!({
-                    "vm": shown.vm,
-                    "snapshot": snapshot,
-                    "mode": mode,
-                    "paused": false,
-                    "restore_latency_ms": us.saturating_sub(shown.request_us) as f64 / 1000.0,
-                    "started_unix_us": us,
-                    "pages_loaded": loaded,
-                    "pages_total": total,
-                    "full_load_ms": null,
-                    "loading": !all,
-                    "clock": set,
-                }));
+                let running = vmcsnap_control::RestoreRunning {
+                    vm: shown.vm.clone(),
+                    snapshot: snapshot.to_string(),
+                    mode,
+                    paused: false,
+                    restore_latency_ms: us.saturating_sub(shown.request_us) as f64 / 1000.0,
+                    started_unix_us: us,
+                    pages_loaded: loaded,
+                    pages_total: total,
+                    full_load_ms: None,
+                    loading: !all,
+                    clock: Some(set.clone()),
+                };
+                ctx.early
+                    .reply(vmcsnap_control::Response::RestoreRunning(running));
                 clock = Some(set);
             }
             _ => {}

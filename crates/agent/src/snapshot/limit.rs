@@ -8,25 +8,10 @@
 //! vmcsnap's hot pause is measured against (`vmcsnap pause-limit`); nothing
 //! is kept, and the guest runs on.
 
-use serde::{Deserialize, Serialize};
-
 use super::*;
 
 /// What [`measure`] found.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LimitReport {
-    /// The VM.
-    pub vm: String,
-    /// Guest RAM in MiB.
-    pub memory_mib: u64,
-    /// The pause: QEMU's STOP to RESUME event, ms.
-    pub downtime_ms: f64,
-    /// QEMU's migration setup, done while the guest still ran (MIGRATION
-    /// `setup` to `active` event), ms.
-    pub setup_while_running_ms: f64,
-    /// From `migrate` to the stream's end (QMP `completed`), ms.
-    pub duration_ms: f64,
-}
+pub use vmcsnap_control::PauseLimitReport as LimitReport;
 
 /// Runs QEMU's own background snapshot of `vm` into `/dev/null`.
 pub fn measure(vm: &mut Vm) -> Result<LimitReport, AgentError> {

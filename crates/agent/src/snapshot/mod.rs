@@ -162,7 +162,7 @@ pub fn snapshot(
     let listener = UnixListener::bind(&sock).map_err(AgentError::io("binding", &sock))?;
 
     let v = vm.qmp()?.version();
-    let mut copts = CaptureOptions::new(opts.mode.capture_mode(), vm.name.clone());
+    let mut copts = CaptureOptions::new(request::capture_mode(opts.mode), vm.name.clone());
     // The running QEMU's version: the manifest records it (a restore
     // refuses an image into an older QEMU) and the reader reads its stream.
     copts.qemu_version = format!("{}.{}.{}", v.major, v.minor, v.micro);

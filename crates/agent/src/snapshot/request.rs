@@ -4,45 +4,19 @@
 
 use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use vmcsnap_capture::CaptureMode;
 
 use crate::AgentError;
 
-/// How a snapshot is taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// Background snapshot: a pause of milliseconds, copy-on-write after.
-    Hot,
-    /// The VM stays paused while all of its memory is copied.
-    StopCopy,
-    /// Live pre-copy; the VM pauses for the last round and the disk.
-    Precopy,
-}
+pub use vmcsnap_control::{SnapshotMode as Mode, SnapshotReport as Report};
 
-impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "hot" => Ok(Mode::Hot),
-            "stop-copy" => Ok(Mode::StopCopy),
-            "precopy" => Ok(Mode::Precopy),
-            _ => Err(format!(
-                "unknown snapshot mode {s:?}: use hot, stop-copy or precopy"
-            )),
-        }
-    }
-}
-
-impl Mode {
-    pub(super) fn capture_mode(self) -> CaptureMode {
-        match self {
-            Mode::Hot => CaptureMode::BackgroundSnapshot,
-            Mode::StopCopy => CaptureMode::StopCopy,
-            Mode::Precopy => CaptureMode::Precopy,
-        }
+/// The capture a snapshot mode runs.
+pub(super) fn capture_mode(mode: Mode) -> CaptureMode {
+    match mode {
+        Mode::Hot => CaptureMode::BackgroundSnapshot,
+        Mode::StopCopy => CaptureMode::StopCopy,
+        Mode::Precopy => CaptureMode::Precopy,
     }
 }
 
@@ -201,62 +175,6 @@ pub trait Hooks {
 /// No hooks: a snapshot of one VM.
 pub struct NoHooks;
 impl Hooks for NoHooks {}
-
-/// What one snapshot measured.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Report {
-    /// The VM.
-    pub vm: String,
-    /// The snapshot's name.
-    pub name: String,
-    /// Its directory.
-    pub path: PathBuf,
-    /// The mode.
-    pub mode: Mode,
-    /// Guest RAM in MiB.
-    pub memory_mib: u64,
-    /// Guest not running: QMP STOP to RESUME event timestamps.
-    pub downtime_ms: f64,
-    /// The disk snapshot (QMP transaction) alone.
-    pub disk_snapshot_ms: f64,
-    /// Where the pause went (absent for a VM that was already paused).
-    pub pause: Option<vmcsnap_image::PauseBreakdown>,
-    /// Request to commit.
-    pub duration_ms: f64,
-    /// Bytes of QEMU's stream.
-    pub stream_bytes: u64,
-    /// Pages stored in the image.
-    pub pages_stored: u64,
-    /// Zero pages.
-    pub pages_zero: u64,
-    /// Pages the guest wrote during a hot snapshot (FAFL trace length).
-    pub pages_guest_written: u64,
-    /// The parent this snapshot is incremental to, `"<name> (depth <d>)"`,
-    /// or why it is full, `"none: <why>"` (manifest `metrics.parent`).
-    pub parent: String,
-    /// Stream throughput.
-    pub stream_mb_per_s: f64,
-    /// The frozen disk image (a hard link of the qcow2 the VM ran on) of
-    /// its first disk.
-    pub frozen_disk: PathBuf,
-    /// The frozen disk of every writable disk, in the VM's disk order.
-    #[serde(default)]
-    pub frozen_disks: Vec<PathBuf>,
-    /// The overlay its first disk runs on from now on.
-    pub overlay: PathBuf,
-    /// Where the debug reference copy of RAM went, if asked.
-    pub reference: Option<PathBuf>,
-    /// Unix µs: the snapshot began.
-    pub start_unix_us: u64,
-    /// Unix µs of QEMU's STOP event.
-    pub pause_start_unix_us: u64,
-    /// Unix µs of QEMU's RESUME event.
-    pub pause_end_unix_us: u64,
-    /// Unix µs: the VM's transient snapshot was over (running again, hooks told).
-    pub transient_done_unix_us: u64,
-    /// Unix µs: the image was committed.
-    pub complete_unix_us: u64,
-}
 
 #[cfg(test)]
 mod block_pages_tests {
