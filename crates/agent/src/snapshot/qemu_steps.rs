@@ -170,15 +170,57 @@ fn pages_counted(st: &Value) -> u64 {
 /// with postcopy-ram"); a pre-copy or stop-copy stream would announce
 /// postcopy, which the capture does not take. `return-path` is off too: QEMU
 /// would expect answers on it, and the relay never sends any.
+///
+/// A background snapshot right after another one (or after `pause-limit`)
+/// waits for the previous one's thread to end: QEMU 10.0 reports it
+/// `completed` before that thread has removed its write protection, and
+/// until then refuses `background-snapshot` ("not compatible with guest
+/// memory configuration"), which is then no incompatibility at all.
 pub(super) fn set_caps(
     vm: &mut Vm,
     background: bool,
     pause_before_switchover: bool,
     events: bool,
 ) -> Result<Value, AgentError> {
-    vm.execute(
-        "migrate-set-capabilities",
-        json!({ "capabilities": [
+    let caps = caps_args(background, pause_before_switchover, events);
+    let t = Instant::now();
+    loop {
+        match vm.execute("migrate-set-capabilities", caps.clone()) {
+            Err(e)
+                if background
+                    && e.to_string().contains(WRITE_TRACKING_REFUSED)
+                    && t.elapsed() < UNPROTECT_WAIT
+                    && has_thread(vm.pid, BACKGROUND_SNAPSHOT_THREADS) =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// QEMU's refusal of `background-snapshot` while guest RAM is registered
+/// for write tracking (by a previous background snapshot still ending).
+const WRITE_TRACKING_REFUSED: &str = "not compatible with guest memory configuration";
+/// The background snapshot's migration thread: 7.2, 10.0.
+const BACKGROUND_SNAPSHOT_THREADS: &[&str] = &["bg_snapshot", "mig/snapshot"];
+/// How long a snapshot waits for the previous one's thread to end
+/// (removing write protection from 4 GiB took under 2 s in the benchmark).
+const UNPROTECT_WAIT: Duration = Duration::from_secs(30);
+
+/// Whether process `pid` has a thread named one of `names`.
+pub(super) fn has_thread(pid: u32, names: &[&str]) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("comm"))
+            .is_ok_and(|c| names.contains(&c.trim_end_matches('\n')))
+    })
+}
+
+fn caps_args(background: bool, pause_before_switchover: bool, events: bool) -> Value {
+    json!({ "capabilities": [
             { "capability": "x-ignore-shared", "state": false },
             // Off before postcopy-ram: QEMU refuses postcopy-preempt
             // without it (a VM restored with `--preempt` has it on).
@@ -192,8 +234,7 @@ pub(super) fn set_caps(
             { "capability": "pause-before-switchover", "state": pause_before_switchover },
             // MIGRATION events time the pause's parts (`pause`).
             { "capability": "events", "state": events },
-        ] }),
-    )
+    ] })
 }
 
 /// Puts back what a snapshot changed: capabilities off (rejuvenation sets
@@ -509,5 +550,20 @@ mod tests {
             only_resume.contains("left paused") && only_resume.contains("vmcsnap stop a"),
             "{only_resume}"
         );
+    }
+
+    #[test]
+    fn has_thread_finds_a_thread_by_name_until_it_ends() {
+        let pid = std::process::id();
+        assert!(!has_thread(pid, &["mig/snapshot"]));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::Builder::new()
+            .name("mig/snapshot".into())
+            .spawn(move || rx.recv())
+            .unwrap();
+        assert!(has_thread(pid, BACKGROUND_SNAPSHOT_THREADS));
+        tx.send(()).unwrap();
+        let _ = t.join();
+        assert!(!has_thread(pid, BACKGROUND_SNAPSHOT_THREADS));
     }
 }
