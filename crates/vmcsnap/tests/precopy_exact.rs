@@ -50,18 +50,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 /// Pages of RAM block `mem` in the image that differ from `reference`.
 fn mismatches(dir: &Path, reference: &Path) -> Vec<usize> {
-    let img = vmcsnap_agent::frozen_disks::open_image(dir).unwrap();
-    let id = img.ram_block_id("mem").expect("RAM block mem");
-    let ps = img.page_size();
-    let reference = std::fs::read(reference).unwrap();
-    let pages = img.ram_block_pages(id) as usize;
-    assert_eq!(reference.len(), pages * ps, "reference size vs RAM block");
-    let mut image = vec![0xAAu8; pages * ps];
-    img.read_ram_block(id, &mut image)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    (0..pages)
-        .filter(|p| image[p * ps..(p + 1) * ps] != reference[p * ps..(p + 1) * ps])
-        .collect()
+    common::mismatched_pages(dir, reference).0
 }
 
 fn load() -> String {

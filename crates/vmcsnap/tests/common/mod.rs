@@ -283,9 +283,10 @@ pub fn qemu10() -> PathBuf {
     .clone()
 }
 
-/// Compares every page of RAM block `mem` in the image with `reference`
-/// (the guest RAM file as it was during the snapshot's pause).
-pub fn compare_with_reference(dir: &Path, reference: &Path) -> (u64, u64) {
+/// Pages of RAM block `mem` in the image that differ from `reference`
+/// (the guest RAM file as it was during the snapshot's pause), with the
+/// image's stored and zero page counts.
+pub fn mismatched_pages(dir: &Path, reference: &Path) -> (Vec<usize>, u64, u64) {
     let img = vmcsnap_agent::frozen_disks::open_image(dir).unwrap();
     let id = img.ram_block_id("mem").expect("RAM block mem");
     let ps = img.page_size();
@@ -296,14 +297,22 @@ pub fn compare_with_reference(dir: &Path, reference: &Path) -> (u64, u64) {
     let (stored, zero) = img
         .read_ram_block(id, &mut image)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let mismatches: Vec<usize> = (0..pages)
+    let mismatches = (0..pages)
         .filter(|p| image[p * ps..(p + 1) * ps] != reference[p * ps..(p + 1) * ps])
         .collect();
+    (mismatches, stored, zero)
+}
+
+/// Compares every page of RAM block `mem` in the image with `reference`
+/// (the guest RAM file as it was during the snapshot's pause).
+pub fn compare_with_reference(dir: &Path, reference: &Path) -> (u64, u64) {
+    let (mismatches, stored, zero) = mismatched_pages(dir, reference);
     assert!(
         mismatches.is_empty(),
-        "{}: {} of {pages} pages differ from the RAM at the pause (first: {:?})",
+        "{}: {} of {} pages differ from the RAM at the pause (first: {:?})",
         dir.display(),
         mismatches.len(),
+        std::fs::metadata(reference).map_or(0, |m| m.len() / 4096),
         &mismatches[..mismatches.len().min(10)]
     );
     (stored, zero)
