@@ -149,6 +149,7 @@ impl Cluster {
                 data_dir: None,
                 module_dir: None,
                 bios: None,
+                ram_pad_kib: Some(0),
                 cpr_ready: false,
                 cpr_channel: None,
             };

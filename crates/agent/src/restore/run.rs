@@ -546,6 +546,11 @@ fn start_and_feed(
     let mem = img
         .ram_block_id("mem")
         .map(|b| img.ram_blocks()[b as usize].used_length);
+    // The RAM the snapshot had, padding included (VMs launched under TCG
+    // before the padding was dropped have 8 KiB more than `memory_mib`).
+    if let Some(pad) = mem.and_then(|m| ram_pad_kib_of(m, config.memory_mib)) {
+        config.ram_pad_kib = Some(pad);
+    }
     if mem != Some(config.ram_kib() * 1024) {
         let _ = std::fs::remove_file(&overlay);
         return Err(fail(&name, format!(
@@ -681,9 +686,28 @@ fn keep_postmortem(
     }
 }
 
+/// The KiB a snapshot's RAM block of `ram_bytes` has beyond `memory_mib`
+/// (`QemuConfig::ram_pad_kib`), if it is a plausible padding: whole KiB,
+/// at most 1 MiB. Anything else is left to the size check, which names it.
+fn ram_pad_kib_of(ram_bytes: u64, memory_mib: u64) -> Option<u64> {
+    let pad = ram_bytes.checked_sub(memory_mib.checked_mul(1 << 20)?)?;
+    (pad % 1024 == 0 && pad <= 1 << 20).then_some(pad / 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshot_keeps_the_ram_padding_it_was_taken_with() {
+        let mib = 1u64 << 20;
+        assert_eq!(ram_pad_kib_of(256 * mib, 256), Some(0));
+        assert_eq!(ram_pad_kib_of(256 * mib + 8192, 256), Some(8), "old TCG VM");
+        assert_eq!(ram_pad_kib_of(255 * mib, 256), None, "smaller");
+        assert_eq!(ram_pad_kib_of(256 * mib + 100, 256), None, "not whole KiB");
+        assert_eq!(ram_pad_kib_of(300 * mib, 256), None, "another VM's");
+        assert_eq!(ram_pad_kib_of(0, u64::MAX), None);
+    }
 
     #[test]
     fn quality_ratios() {
