@@ -22,6 +22,7 @@ pub mod accel;
 pub mod accessed;
 pub mod agent_lock;
 pub mod availability;
+pub mod block_chains;
 pub mod capacity;
 pub mod cloud_init;
 pub mod cluster;
