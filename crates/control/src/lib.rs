@@ -27,6 +27,7 @@
 mod messages;
 mod modes;
 pub mod results;
+mod storage;
 pub mod testing;
 mod wire;
 
@@ -48,6 +49,7 @@ pub use results::restore::{
 };
 pub use results::snapshot::{PauseLimitReport, SnapshotReport};
 pub use results::{AgentInfo, ClusterDown, Response, Stopped, Unexpected};
+pub use storage::{ImageStorage, StorageLayout, NO_DISK};
 pub use wire::{
     accept_request, call, call_on, read_request, restart_agent, write_reply, ControlError, Hello,
     MAX_LINE, PROTOCOL_VERSION,

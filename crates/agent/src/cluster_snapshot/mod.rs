@@ -32,7 +32,6 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
 use vmcsnap_coord::snapshot::{
     run_initiator, run_peer, Initiator, InitiatorEvent, InitiatorEventKind, InitiatorOutcome, Msg,
     Peer, PeerInput, PeerOutcome, Timeouts,
@@ -67,23 +66,6 @@ pub struct Options {
     /// difference: a restore may then lack frames QEMU had not handed to
     /// the guest).
     pub cut_probes: u32,
-}
-
-/// Everything a restore needs to rebuild one VM: its spec entry, the
-/// cluster section, its QEMU configuration and address.
-pub fn vm_config(c: &mut Cluster, vm: &str) -> Result<Value, AgentError> {
-    let vm_spec = c
-        .spec
-        .vm
-        .iter()
-        .find(|v| v.name == vm)
-        .map(|v| serde_json::to_value(v).unwrap_or_default());
-    let cluster_section = serde_json::to_value(&c.spec.cluster).unwrap_or_default();
-    let m = c.member_mut(vm)?;
-    Ok(json!({
-        "spec": vm_spec.unwrap_or_default(), "cluster": cluster_section, "qemu": m.vm.config,
-        "ip": m.address.cidr(), "mac": m.address.mac_string(),
-    }))
 }
 
 /// Takes a consistent snapshot of every VM of the cluster.
@@ -126,7 +108,7 @@ pub fn snapshot_cluster(
     let names: Vec<String> = c.members.iter().map(|m| m.vm.name.clone()).collect();
     let mut configs = Vec::new();
     for n in &names {
-        configs.push(vm_config(c, n)?);
+        configs.push(crate::stored_config::StoredVmConfig::of(c, n)?);
     }
     let before = report::GuestBefore::read_all(c.members.iter().map(|m| &m.vm.config).collect());
 
@@ -204,7 +186,7 @@ struct ProtocolCtx<'a> {
 fn run_protocol(
     c: &mut Cluster,
     ctx: &ProtocolCtx<'_>,
-    configs: Vec<Value>,
+    configs: Vec<crate::stored_config::StoredVmConfig>,
     triggers: mpsc::Receiver<PortId>,
     progress: &mut dyn FnMut(&str),
 ) -> (InitiatorOutcome, Vec<VmOutcome>, ProtocolStats) {
