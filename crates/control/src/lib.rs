@@ -36,6 +36,7 @@ pub use messages::{
     SnapshotsDeleteResult, StatusResult, UpResult, VmLoad, VmStatus, VmUp,
 };
 pub use modes::{ClusterRestoreMode, RejuvenateMode, RestoreMode, SnapshotMode};
+pub use results::cluster_manifest::{ClusterSnapshotMetrics, VmCutCounters};
 pub use results::cluster_restore::{
     ClusterRestoreReport, ClusterRunning, VmRestoreReport, VmRunning,
 };
@@ -48,6 +49,7 @@ pub use results::restore::{
     ClockOutcome, ClockSync, Quality, RestoreReport, RestoreRunning, Spread,
 };
 pub use results::snapshot::{PauseLimitReport, SnapshotReport};
+pub use results::snapshot_manifest::SnapshotMetrics;
 pub use results::{AgentInfo, ClusterDown, Response, Stopped, Unexpected};
 pub use storage::{ImageStorage, StorageLayout, NO_DISK};
 pub use wire::{

@@ -7,6 +7,7 @@ mod launch;
 mod output;
 mod output_cluster;
 mod output_removal;
+mod views;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

@@ -372,16 +372,17 @@ pub fn snapshot(
             "downtime_us".into(),
             json!((t.downtime_ms * 1000.0).round() as u64),
         );
+        // The capture's own notes (stream bytes, a parent it refused).
+        let mut known = vmcsnap_control::SnapshotMetrics::read(&m.other);
         // HotRestore's WSS_sample: the sampler's mean over the last minutes.
-        crate::sampler::record_in(&crate::sampler::load(&vm_dir), unix_ms(), &mut m.other);
+        crate::sampler::record_in(&crate::sampler::load(&vm_dir), unix_ms(), &mut known);
         if let Some(d) = &disk_layer {
             d.record(m);
         }
-        m.other.insert("access_data".into(), json!(access.note()));
+        known.access_data = Some(access.note().to_string());
         // The capture's own note wins (a parent of another RAM layout).
-        m.other
-            .entry(parent::METRIC.to_string())
-            .or_insert_with(|| json!(parent_metric));
+        known.parent.get_or_insert_with(|| parent_metric.clone());
+        known.record(&mut m.other);
         if let Some(ms) = ctx
             .ram_check
             .as_ref()
@@ -391,13 +392,9 @@ pub fn snapshot(
         }
     }
     let decided = parent_metric;
-    let parent_metric = captured
-        .metrics_mut()
-        .other
-        .get(parent::METRIC)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
+    let parent_metric = vmcsnap_control::SnapshotMetrics::read(&captured.metrics_mut().other)
+        .parent
+        .unwrap_or_default();
     if parent_metric != decided {
         tracing::warn!(vm = %vm.name, parent = %parent_metric, "snapshot is full: the capture could not use its parent");
     }
