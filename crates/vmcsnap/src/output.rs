@@ -537,11 +537,16 @@ pub fn analyze_ws(dir: &std::path::Path, json: bool) -> Result<()> {
     let accesses = trace.fault_keys();
     let queue = inputs.queue;
     let rows = vmcsnap_workingset::analyze(&queue, &accesses, wss, &factors);
-    let v = serde_json::json!({
-        "snapshot": dir, "wss": wss, "wss_sample": sample, "wss_snapshot": inputs.wss_snapshot,
-        "access_data": inputs.access.to_string(),
-        "trace_pages": accesses.len(), "trace_unix_ms": trace.unix_ms, "fafl": rows,
-    });
+    let v = crate::views::AnalyzeWsView {
+        access_data: inputs.access.to_string(),
+        fafl: &rows,
+        snapshot: dir,
+        trace_pages: accesses.len(),
+        trace_unix_ms: trace.unix_ms,
+        wss,
+        wss_sample: sample,
+        wss_snapshot: inputs.wss_snapshot,
+    };
     json_or(json, &v, || {
         println!(
             "FAFL working set of {} (computed WSS {wss} pages) against a trace of {} first accesses:",

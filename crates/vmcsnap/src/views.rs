@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
+use vmcsnap_agent::availability::Kind;
 use vmcsnap_agent::image::cluster::ClusterSnapshotEntry;
 use vmcsnap_agent::image::list::SnapshotEntry;
 use vmcsnap_agent::image::{ImageStats, Manifest, VerifyReport};
@@ -373,4 +374,90 @@ pub struct VmChecked {
     pub restores_into: Vec<&'static str>,
     /// The VM.
     pub vm: String,
+}
+
+/// `analyze-ws --json`.
+#[derive(Debug, Serialize)]
+pub struct AnalyzeWsView<'a> {
+    /// What became of the snapshot's access data.
+    pub access_data: String,
+    /// Hit rate and accuracy per multiple of the WSS.
+    pub fafl: &'a [vmcsnap_workingset::Quality],
+    /// The snapshot directory.
+    pub snapshot: &'a Path,
+    /// First accesses in the trace.
+    pub trace_pages: usize,
+    /// When the traced restore ran.
+    pub trace_unix_ms: u64,
+    /// The computed working-set size, pages.
+    pub wss: u64,
+    /// WSS_sample, pages.
+    pub wss_sample: Option<u64>,
+    /// WSS_snapshot, pages.
+    pub wss_snapshot: u64,
+}
+
+/// `guest build --json`.
+#[derive(Debug, Serialize)]
+pub struct GuestBuildView<'a> {
+    /// The assets' directory.
+    pub dir: &'a Path,
+    /// The initramfs.
+    pub initrd: &'a Path,
+    /// The kernel.
+    pub kernel: &'a Path,
+    /// Their cache key.
+    pub key: &'a str,
+    /// How long `guest build` took.
+    pub seconds: f64,
+}
+
+/// `availability --json`.
+#[derive(Debug, Serialize)]
+pub struct AvailabilityView {
+    /// One row per restart mode.
+    pub modes: Vec<AvailabilityRow>,
+    /// The measured OS reboot, s.
+    pub os_reboot_s: f64,
+    /// T_os, days.
+    pub t_os_days: f64,
+    /// T_vmm, days.
+    pub t_vmm_days: f64,
+}
+
+/// One restart mode's availability (`None`: not measured yet).
+#[derive(Debug, Serialize)]
+pub struct AvailabilityRow {
+    /// The availability.
+    pub availability: Option<f64>,
+    /// The longest per-VM downtime of the latest restart, s.
+    pub downtime_s: Option<f64>,
+    /// The mode.
+    pub mode: Kind,
+    /// VMs of the latest restart.
+    pub vms: Option<usize>,
+}
+
+/// A restart mode's name, as `--json` spells it.
+pub fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Warm => "warm",
+        Kind::Cold => "cold",
+        Kind::Saved => "saved",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kind_names_are_serdes() {
+        for k in [Kind::Warm, Kind::Cold, Kind::Saved] {
+            assert_eq!(
+                serde_json::to_string(&k).unwrap(),
+                format!("\"{}\"", kind_name(k))
+            );
+        }
+    }
 }
