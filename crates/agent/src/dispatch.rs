@@ -175,7 +175,7 @@ pub(crate) fn dispatch(
                 .map(|f| f.parse())
                 .transpose()
                 .map_err(|e: crate::fault::BadFault| AgentError::BadRequest(e.to_string()))?;
-            let vm_config = crate::stored_config::StoredVmConfig::of(c, &vm)?;
+            let vm_config = crate::cluster_snapshot::vm_config(c, &vm)?;
             let m = c.member_mut(&vm)?;
             let opts = crate::snapshot::Options {
                 mode,

@@ -1,8 +1,10 @@
 //! What a snapshot records of its VM: the manifest's `vm.config`
-//! (docs/image-format.md, "The VM's configuration"). Written once per
-//! snapshot from the running cluster ([`StoredVmConfig::of`]) and read back
-//! by a restore, `inspect --verify` and snapshot removal
-//! ([`StoredVmConfig::from_manifest`]); this type is its one definition.
+//! (docs/snapshot.md, "Metrics"). Written once per snapshot from the
+//! running cluster (`cluster_snapshot::vm_config`) and read back by a
+//! restore (single VM, cluster, adopted after an agent restart) and by the
+//! check that a snapshot's disks are its own (`inspect --verify`, restore)
+//! through [`StoredVmConfig::from_manifest`]; this type is its one
+//! definition.
 //!
 //! The image crate keeps the field as JSON it does not interpret (its
 //! format serves images made outside the agent too): the agent's QEMU
@@ -12,7 +14,6 @@ use serde::{Deserialize, Serialize};
 use vmcsnap_image::Manifest;
 use vmcsnap_spec::{ClusterSection, VmAddress, VmSpec};
 
-use crate::cluster::Cluster;
 use crate::qemu::QemuConfig;
 
 /// Everything a restore needs to rebuild one VM: its spec entry, the
@@ -57,18 +58,22 @@ pub enum StoredConfigError {
 }
 
 impl StoredVmConfig {
-    /// The configuration of cluster member `vm`, as a snapshot records it.
-    pub fn of(c: &mut Cluster, vm: &str) -> Result<Self, crate::AgentError> {
-        let spec = c.spec.vm.iter().find(|v| v.name == vm).cloned();
-        let cluster = c.spec.cluster.clone();
-        let m = c.member_mut(vm)?;
-        Ok(Self {
+    /// The configuration of a VM with spec entry `spec` (`None`: the spec
+    /// has none under its name), in a cluster with `[cluster]` table
+    /// `cluster`, running with `qemu` at `address`.
+    pub fn new(
+        spec: Option<VmSpec>,
+        cluster: ClusterSection,
+        qemu: QemuConfig,
+        address: &VmAddress,
+    ) -> Self {
+        Self {
             cluster,
-            ip: m.address.cidr(),
-            mac: m.address.mac_string(),
-            qemu: m.vm.config.clone(),
+            ip: address.cidr(),
+            mac: address.mac_string(),
+            qemu,
             spec,
-        })
+        }
     }
 
     /// Reads the configuration `manifest` records.

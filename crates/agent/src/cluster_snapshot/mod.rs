@@ -47,6 +47,7 @@ pub use vmcsnap_control::ProtocolStats;
 
 use crate::cluster::Cluster;
 use crate::snapshot::{self, Mode};
+use crate::stored_config::StoredVmConfig;
 use crate::{log, AgentError, RunDir};
 use peer::{Job, VmOutcome, Worker};
 
@@ -66,6 +67,20 @@ pub struct Options {
     /// difference: a restore may then lack frames QEMU had not handed to
     /// the guest).
     pub cut_probes: u32,
+}
+
+/// Everything a restore needs to rebuild one VM: its spec entry, the
+/// cluster section, its QEMU configuration and address.
+pub fn vm_config(c: &mut Cluster, vm: &str) -> Result<StoredVmConfig, AgentError> {
+    let spec = c.spec.vm.iter().find(|v| v.name == vm).cloned();
+    let cluster = c.spec.cluster.clone();
+    let m = c.member_mut(vm)?;
+    Ok(StoredVmConfig::new(
+        spec,
+        cluster,
+        m.vm.config.clone(),
+        &m.address,
+    ))
 }
 
 /// Takes a consistent snapshot of every VM of the cluster.
@@ -108,7 +123,7 @@ pub fn snapshot_cluster(
     let names: Vec<String> = c.members.iter().map(|m| m.vm.name.clone()).collect();
     let mut configs = Vec::new();
     for n in &names {
-        configs.push(crate::stored_config::StoredVmConfig::of(c, n)?);
+        configs.push(vm_config(c, n)?);
     }
     let before = report::GuestBefore::read_all(c.members.iter().map(|m| &m.vm.config).collect());
 
@@ -186,7 +201,7 @@ struct ProtocolCtx<'a> {
 fn run_protocol(
     c: &mut Cluster,
     ctx: &ProtocolCtx<'_>,
-    configs: Vec<crate::stored_config::StoredVmConfig>,
+    configs: Vec<StoredVmConfig>,
     triggers: mpsc::Receiver<PortId>,
     progress: &mut dyn FnMut(&str),
 ) -> (InitiatorOutcome, Vec<VmOutcome>, ProtocolStats) {
