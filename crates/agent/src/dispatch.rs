@@ -165,7 +165,8 @@ pub(crate) fn dispatch(
             block_pages,
             access_window_s,
         } => {
-            let mut writer = crate::snapshot::writer_options(storage.as_deref())?;
+            let storage = storage.unwrap_or_default();
+            let mut writer = crate::snapshot::writer_options(storage);
             if let Some(n) = block_pages {
                 crate::snapshot::set_block_pages(&mut writer, n)?;
             }
@@ -185,7 +186,7 @@ pub(crate) fn dispatch(
                 target: None,
                 writer,
                 full,
-                disk_layer: crate::snapshot::disk_layer_wanted(storage.as_deref()),
+                disk_layer: storage.disk_layer(),
                 access_window: access_window_s.map_or(
                     crate::snapshot::access::DEFAULT_WINDOW,
                     std::time::Duration::from_secs,

@@ -60,6 +60,7 @@ pub mod sampler;
 pub mod server;
 pub mod snapshot;
 pub mod snapshot_removal;
+pub mod stored_config;
 pub mod thread_priority;
 pub mod vm;
 pub mod vm_disks;

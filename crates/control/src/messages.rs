@@ -67,10 +67,10 @@ pub enum Request {
         /// `capture-error-after=BYTES` (see the agent's `fault` module).
         #[serde(default)]
         fault: Option<String>,
-        /// How the memory image is stored: `zstd` (default), `lz4`,
-        /// `none` (format 2 uncompressed) or `v1` (format 1.0).
+        /// How the memory image is stored (`--storage`; on the wire as
+        /// on the command line, e.g. `"lz4,no-disk"`); `None`: the default.
         #[serde(default)]
-        storage: Option<String>,
+        storage: Option<crate::ImageStorage>,
         /// Store every page: no parent, even if the VM has snapshots.
         #[serde(default)]
         full: bool,

@@ -13,6 +13,7 @@ use super::pages::image_order;
 use super::ws_inputs;
 use crate::cluster::{Cluster, Member};
 use crate::qemu::{self, QemuConfig};
+use crate::stored_config::{StoredConfigError, StoredVmConfig};
 use crate::vm::Vm;
 use crate::{log, AgentError, RunDir};
 
@@ -135,43 +136,13 @@ pub struct Saved {
 
 /// What the snapshot `img` (named `snapshot` in errors) records of its VM.
 pub fn saved_vm(img: &Image, snapshot: &str) -> Result<Saved, AgentError> {
-    let c = &img.manifest().vm.config;
-    let old = || {
-        AgentError::BadRequest(format!(
-            "snapshot {snapshot:?} does not record its VM's QEMU configuration (made by an older vmcsnap): take a new snapshot"
-        ))
-    };
-    let qemu: QemuConfig = serde_json::from_value(c["qemu"].clone()).map_err(|_| old())?;
-    let spec: VmSpec = serde_json::from_value(c["spec"].clone()).map_err(|_| old())?;
-    let cluster: ClusterSection =
-        serde_json::from_value(c["cluster"].clone()).map_err(|_| old())?;
-    let address = parse_address(
-        c["ip"].as_str().unwrap_or(""),
-        c["mac"].as_str().unwrap_or(""),
-    )
-    .ok_or_else(old)?;
+    let bad = |e: StoredConfigError| AgentError::BadRequest(format!("snapshot {snapshot:?} {e}"));
+    let c = StoredVmConfig::from_manifest(img.manifest()).map_err(bad)?;
     Ok(Saved {
-        qemu,
-        spec,
-        cluster,
-        address,
-    })
-}
-
-fn parse_address(cidr: &str, mac: &str) -> Option<VmAddress> {
-    let (ip, prefix) = cidr.split_once('/')?;
-    let mut m = [0u8; 6];
-    let parts: Vec<&str> = mac.split(':').collect();
-    if parts.len() != 6 {
-        return None;
-    }
-    for (i, p) in parts.iter().enumerate() {
-        m[i] = u8::from_str_radix(p, 16).ok()?;
-    }
-    Some(VmAddress {
-        ip: ip.parse().ok()?,
-        prefix: prefix.parse().ok()?,
-        mac: m,
+        spec: c.spec().map_err(bad)?.clone(),
+        address: c.address().map_err(bad)?,
+        qemu: c.qemu,
+        cluster: c.cluster,
     })
 }
 
