@@ -193,7 +193,7 @@ pub struct QemuConfig {
     /// absent in records and snapshots of VMs launched before, which got
     /// [`TCG_DIRTY_TRACKING_PAD_KIB`] under TCG (see there) and keep it
     /// (a restore takes it from the image's RAM block).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ram_pad_kib: Option<u64>,
     /// `-machine aux-ram-share=on` (QEMU 10.0 only): every RAM block
     /// shared, which QEMU 10.0's cpr-transfer needs (`vmcsnap rejuvenate
