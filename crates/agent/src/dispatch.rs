@@ -118,7 +118,6 @@ pub(crate) fn dispatch(
             mode,
             qemu,
             recover,
-            fault,
         } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
             let qemu = qemu
@@ -128,10 +127,7 @@ pub(crate) fn dispatch(
                 let recovered = c.recover(vm.as_deref(), how, qemu.as_deref(), progress)?;
                 return Ok(Response::Recover(RecoverResult { recovered }));
             }
-            let fault = fault
-                .map(|f| f.parse())
-                .transpose()
-                .map_err(|e: crate::fault::BadFault| AgentError::BadRequest(e.to_string()))?;
+            let fault = crate::fault::take_rejuvenate(run, vm.as_deref())?;
             let vm_field = vm.as_deref().unwrap_or("*");
             let _span = tracing::info_span!("rejuvenate", operation = "rejuvenate", vm = %vm_field)
                 .entered();
@@ -159,7 +155,6 @@ pub(crate) fn dispatch(
             mode,
             name,
             reference,
-            fault,
             storage,
             full,
             block_pages,
@@ -170,10 +165,7 @@ pub(crate) fn dispatch(
                 crate::snapshot::set_block_pages(&mut writer, n)?;
             }
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
-            let fault = fault
-                .map(|f| f.parse())
-                .transpose()
-                .map_err(|e: crate::fault::BadFault| AgentError::BadRequest(e.to_string()))?;
+            let fault = crate::fault::take_snapshot(run, &vm)?;
             let vm_config = crate::cluster_snapshot::vm_config(c, &vm)?;
             let m = c.member_mut(&vm)?;
             let opts = crate::snapshot::Options {
@@ -191,13 +183,8 @@ pub(crate) fn dispatch(
                     std::time::Duration::from_secs,
                 ),
             };
-            let mut hooks: Box<dyn crate::snapshot::Hooks> = match fault {
-                Some(crate::fault::Fault::PanicWhenPaused) => {
-                    Box::new(crate::fault::PanicWhenPaused)
-                }
-                Some(crate::fault::Fault::HangWhenPaused) => Box::new(crate::fault::HangWhenPaused),
-                _ => Box::new(crate::snapshot::NoHooks),
-            };
+            let mut hooks: Box<dyn crate::snapshot::Hooks> = crate::fault::paused_hooks(fault)
+                .unwrap_or_else(|| Box::new(crate::snapshot::NoHooks));
             let _span = tracing::info_span!(
                 "snapshot",
                 operation = "snapshot",
@@ -290,13 +277,10 @@ pub(crate) fn dispatch(
             mode,
             no_priorities,
             start_quiet_ms,
-            fault,
             wait,
         } => {
             check_start_quiet(start_quiet_ms)?;
-            let fault = fault.map(|f| f.parse()).transpose().map_err(
-                |e: crate::fault::BadRestoreFault| AgentError::BadRequest(e.to_string()),
-            )?;
+            let fault = crate::fault::take_cluster_restore(run)?;
             let opts = crate::cluster_restore::Options {
                 snapshot,
                 mode,

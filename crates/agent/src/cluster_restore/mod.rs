@@ -168,7 +168,7 @@ fn restore_cluster_journaled(
     )?;
     *journaled.lock().unwrap_or_else(|p| p.into_inner()) =
         plan.vms.iter().map(|v| v.name.clone()).collect();
-    if let Some(vm) = opts.fault.as_ref().and_then(RestoreFault::vm) {
+    if let Some(vm) = crate::fault::restore_fault_vm(&opts.fault) {
         if !plan.vms.iter().any(|v| v.name == vm) {
             return Err(AgentError::BadRequest(format!(
                 "the fault names VM {vm:?}, which is not in cluster snapshot {:?} (its VMs: {})",
@@ -496,25 +496,15 @@ fn run_protocol(
                 progress: ptx.clone(),
                 loads: loads.clone(),
                 loaded: loaded.clone(),
-                when_peers_loaded: match &opts.fault {
-                    Some(RestoreFault::PeersLoaded { vm, kind }) if *vm == v.name => {
-                        Some((*kind, plan.vms.len()))
-                    }
-                    _ => None,
-                },
-                hold_background_until: match &opts.fault {
-                    Some(RestoreFault::BackgroundHeldUntil(p)) => Some(p.clone()),
-                    _ => None,
-                },
+                when_peers_loaded: crate::fault::when_peers_loaded(&opts.fault, &v.name)
+                    .map(|kind| (kind, plan.vms.len())),
+                hold_background_until: crate::fault::background_held_until(&opts.fault),
             };
             restores.push(s.spawn(move || cohort::restore_thread(run, job)));
             let mut worker = cohort::Worker {
                 cmds: cmd_tx,
                 gate,
-                start_held_until: match &opts.fault {
-                    Some(RestoreFault::StartHeldUntil(p)) => Some(p.clone()),
-                    _ => None,
-                },
+                start_held_until: crate::fault::start_held_until(&opts.fault),
             };
             let (name, t) = (v.name.clone(), timeouts.clone());
             cohorts.push(s.spawn(move || {
