@@ -231,10 +231,14 @@ fn opt_path(p: &Path) -> String {
     opt_value(&p.display().to_string())
 }
 
+/// File name of the working-set sampler's QMP socket in a VM's directory
+/// (`crate::sampler` uses it).
+pub const SAMPLER_SOCKET: &str = "sample.sock";
+
 impl QemuConfig {
     /// The working-set sampler's QMP socket, beside the main one.
     pub fn sample_socket(&self) -> PathBuf {
-        self.qmp_socket.with_file_name(crate::sampler::SOCKET_NAME)
+        self.qmp_socket.with_file_name(SAMPLER_SOCKET)
     }
 
     /// The node names of the writable disks, in device order: what a hot
