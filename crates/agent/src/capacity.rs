@@ -149,9 +149,9 @@ pub struct Shortfall {
 }
 
 /// The bytes of a VM's guest RAM, and so of its RAM file (saturating).
-/// Under TCG QEMU makes the file 8 KiB larger
-/// ([`crate::qemu::TCG_DIRTY_TRACKING_PAD_KIB`]); that is left out so the
-/// numbers in the error are the spec's.
+/// (VMs launched padded under TCG have 8 KiB more,
+/// [`crate::qemu::TCG_DIRTY_TRACKING_PAD_KIB`]; that is left out so the
+/// numbers in the error are the spec's.)
 pub fn ram_bytes(memory_mib: u64) -> u64 {
     memory_mib.saturating_mul(MIB)
 }

@@ -149,6 +149,7 @@ impl Cluster {
                 data_dir: None,
                 module_dir: None,
                 bios: None,
+                ram_pad_kib: Some(0),
                 cpr_ready: false,
                 cpr_channel: None,
             };
@@ -590,24 +591,10 @@ impl Member {
         if self.vm.exited().is_some() {
             return;
         }
-        let Ok(blocks) = self.vm.execute("query-block", serde_json::Value::Null) else {
+        let Ok(chains) = crate::block_chains::device_chains(&mut self.vm) else {
             return;
         };
-        let chains: Vec<Vec<PathBuf>> = blocks
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|b| {
-                let mut chain = vec![];
-                let mut img = &b["inserted"]["image"];
-                while let Some(f) = img["filename"].as_str() {
-                    chain.push(plain_filename(f));
-                    img = &img["backing-image"];
-                }
-                chain
-            })
-            .filter(|c| !c.is_empty())
-            .collect();
+        let chains: Vec<Vec<PathBuf>> = chains.into_iter().map(|c| c.files).collect();
         let name = self.vm.name.clone();
         for d in self.vm.config.disks.iter_mut().filter(|d| !d.read_only) {
             let Some(chain) = chains.iter().find(|c| c.contains(&d.path)) else {

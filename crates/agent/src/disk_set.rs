@@ -109,8 +109,7 @@ pub fn own_disks_dir(dir: &Path) -> Option<PathBuf> {
 /// outside its frozen-disk directory, or one that is gone. Empty: they are.
 /// (`inspect --verify` reports these; restore refuses such a snapshot.)
 pub fn own_disk_problems(dir: &Path, manifest: &Manifest) -> Vec<DiskSetError> {
-    let Ok(config) = serde_json::from_value::<QemuConfig>(manifest.vm.config["qemu"].clone())
-    else {
+    let Ok(config) = crate::stored_config::StoredVmConfig::from_manifest(manifest) else {
         // No recorded VM configuration (an image made outside the agent):
         // only the listed disks can be checked.
         return manifest
@@ -119,7 +118,7 @@ pub fn own_disk_problems(dir: &Path, manifest: &Manifest) -> Vec<DiskSetError> {
             .filter_map(|d| check_one(dir, &d.node, Path::new(&d.path)))
             .collect();
     };
-    match frozen_for(&config, &manifest.disks) {
+    match frozen_for(&config.qemu, &manifest.disks) {
         Err(e) => vec![e],
         Ok(frozen) => frozen
             .iter()

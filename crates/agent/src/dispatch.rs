@@ -243,7 +243,8 @@ fn snapshot(
     else {
         unreachable!("dispatch routes only Snapshot here")
     };
-    let mut writer = crate::snapshot::writer_options(storage.as_deref())?;
+    let storage = storage.unwrap_or_default();
+    let mut writer = crate::snapshot::writer_options(storage);
     if let Some(n) = block_pages {
         crate::snapshot::set_block_pages(&mut writer, n)?;
     }
@@ -260,7 +261,7 @@ fn snapshot(
         target: None,
         writer,
         full,
-        disk_layer: crate::snapshot::disk_layer_wanted(storage.as_deref()),
+        disk_layer: storage.disk_layer(),
         access_window: access_window_s.map_or(
             crate::snapshot::access::DEFAULT_WINDOW,
             std::time::Duration::from_secs,

@@ -102,16 +102,10 @@ pub(crate) fn disk_files_in_use(cluster: &mut Option<Cluster>) -> Vec<PathBuf> {
         if m.vm.exited().is_some() {
             continue;
         }
-        let Ok(blocks) = m.vm.execute("query-block", serde_json::Value::Null) else {
+        let Ok(chains) = crate::block_chains::device_chains(&mut m.vm) else {
             continue;
         };
-        for b in blocks.as_array().into_iter().flatten() {
-            let mut img = &b["inserted"]["image"];
-            while let Some(f) = img["filename"].as_str() {
-                files.push(crate::cluster::plain_filename(f));
-                img = &img["backing-image"];
-            }
-        }
+        files.extend(chains.into_iter().flat_map(|c| c.files));
     }
     files
 }

@@ -57,22 +57,23 @@ pub fn extra_disk_node(i: usize) -> String {
     format!("disk{i}")
 }
 
-/// KiB of guest RAM added under TCG so that the RAM block is not a multiple
-/// of 64 pages.
+/// KiB of guest RAM that VMs launched under TCG before vmcsnap 0.1's
+/// stop-copy fix were given on top of `memory_mib`, so that the RAM block
+/// was not a multiple of 64 pages. Those VMs (records, snapshots) keep it:
+/// their `ram_pad_kib` is absent, and [`QemuConfig::ram_kib`] adds this.
 ///
-/// QEMU before 9.0 loses guest writes during a live (pre-copy) migration
-/// under TCG: the aligned fast path of its dirty-bitmap sync
-/// (`cpu_physical_memory_sync_dirty_bitmap` in 7.2's
-/// `include/exec/ram_addr.h`) clears the migration dirty bits without
-/// resetting TCG's TLB entries that already skip dirty tracking, so a page
-/// written again through such an entry is never sent again (upstream fixed
-/// it in "physmem: Fix migration dirty bitmap coherency with TCG memory
-/// access"). We found it as pre-copy snapshots holding an older generation
-/// of memtouch pages than the RAM at the pause (1 run in 4-14 lost
-/// 1466-3891 pages). A block whose length is not a multiple of 64 pages
-/// takes the per-page slow path, which resets the TLB for every dirty page;
-/// QEMU rounds `-m` up to 8 KiB, hence 8. KVM tracks writes in the kernel
-/// and keeps the exact size.
+/// It was a workaround for QEMU before 9.0 losing guest writes during a
+/// pre-copy under TCG (the aligned fast path of 7.2's
+/// `cpu_physical_memory_sync_dirty_bitmap` clears dirty bits without
+/// resetting TCG's TLB entries): a block of another length takes the
+/// per-page slow path, which resets the TLB for every dirty page. That
+/// slow path costs (dirty pages x TLB entries) with the big lock held, and
+/// the first migration of a VM has every page dirty: the first stop-copy
+/// or pre-copy snapshot of a 1 GiB VM running memtouch froze QEMU for
+/// minutes (7 of 7 runs). New VMs are not padded: every pre-copy is checked
+/// page by page against the paused guest's RAM (`snapshot::final_ram`),
+/// which takes the pages QEMU missed, and a stop-copy or hot snapshot has
+/// no writes to miss.
 pub const TCG_DIRTY_TRACKING_PAD_KIB: u64 = 8;
 
 /// One disk of a VM: a blockdev node on a file, and its virtio-blk device.
@@ -188,6 +189,12 @@ pub struct QemuConfig {
     /// (`crate::qemu_crossing`).
     #[serde(default)]
     pub bios: Option<PathBuf>,
+    /// KiB QEMU's RAM has beyond `memory_mib`: 0 for VMs launched now;
+    /// absent in records and snapshots of VMs launched before, which got
+    /// [`TCG_DIRTY_TRACKING_PAD_KIB`] under TCG (see there) and keep it
+    /// (a restore takes it from the image's RAM block).
+    #[serde(default)]
+    pub ram_pad_kib: Option<u64>,
     /// `-machine aux-ram-share=on` (QEMU 10.0 only): every RAM block
     /// shared, which QEMU 10.0's cpr-transfer needs (`vmcsnap rejuvenate
     /// --mode cpr`). Set on a VM by a warm or saved restart onto 10.0.
@@ -288,15 +295,16 @@ impl QemuConfig {
         }
     }
 
-    /// The guest RAM QEMU is given, in KiB: `memory_mib`, plus
-    /// [`TCG_DIRTY_TRACKING_PAD_KIB`] under TCG.
+    /// The guest RAM QEMU is given, in KiB: `memory_mib` plus
+    /// `ram_pad_kib` (for a VM launched before it existed: the old
+    /// [`TCG_DIRTY_TRACKING_PAD_KIB`] under TCG).
     pub fn ram_kib(&self) -> u64 {
-        let pad = if self.accel == Resolved::Tcg {
+        let legacy = if self.accel == Resolved::Tcg {
             TCG_DIRTY_TRACKING_PAD_KIB
         } else {
             0
         };
-        self.memory_mib * 1024 + pad
+        self.memory_mib * 1024 + self.ram_pad_kib.unwrap_or(legacy)
     }
 
     /// The virtio device model suffix of the machine: PCI on q35, MMIO on
@@ -659,6 +667,7 @@ mod tests {
             data_dir: None,
             module_dir: None,
             bios: None,
+            ram_pad_kib: Some(0),
             cpr_ready: false,
             cpr_channel: None,
         }
@@ -730,11 +739,11 @@ mod tests {
             "-cpu",
             "max",
             "-m",
-            "262152K",
+            "262144K",
             "-smp",
             "2",
             "-object",
-            "memory-backend-file,id=mem,size=262152K,mem-path=/dev/shm/x,share=on",
+            "memory-backend-file,id=mem,size=262144K,mem-path=/dev/shm/x,share=on",
             "-kernel",
             "/k",
             "-initrd",
@@ -760,6 +769,32 @@ mod tests {
         ];
         assert_eq!(strings(&cfg()), expected);
         assert_eq!(cfg().disk_nodes(), vec![DISK_NODE]);
+    }
+
+    /// Regression test: the first stop-copy snapshot of a 1 GiB VM running
+    /// memtouch froze QEMU 7.2 for minutes (7 of 7), its dirty-bitmap sync
+    /// taking the per-page slow path that the TCG padding forced.
+    #[test]
+    fn new_vms_get_the_exact_ram_and_old_tcg_vms_keep_their_padding() {
+        let args = strings(&cfg());
+        assert_eq!(values(&args, "-m"), ["262144K"], "TCG, launched now");
+        let old = QemuConfig {
+            ram_pad_kib: None,
+            ..cfg()
+        };
+        let args = strings(&old);
+        assert_eq!(values(&args, "-m"), ["262152K"], "TCG, launched padded");
+        let old_kvm = QemuConfig {
+            accel: Resolved::Kvm,
+            ..old
+        };
+        assert_eq!(old_kvm.ram_kib(), 262144);
+        // A record written before the field existed loads as "launched
+        // padded".
+        let mut json = serde_json::to_value(cfg()).unwrap();
+        json.as_object_mut().unwrap().remove("ram_pad_kib");
+        let loaded: QemuConfig = serde_json::from_value(json).unwrap();
+        assert_eq!(loaded.ram_kib(), 262152);
     }
 
     #[test]
@@ -899,7 +934,12 @@ mod tests {
             "qmp_socket":"/q.sock","disk":"/d.qcow2","port_socket":"/p.sock","mac":"52:54:00:77:00:02",
             "data_dir":null,"module_dir":null,"paused":false,"incoming":false}"#;
         let c: QemuConfig = serde_json::from_str(old).unwrap();
-        assert_eq!(strings(&c), strings(&cfg()));
+        // Launched padded (TCG, before `ram_pad_kib`).
+        let padded = QemuConfig {
+            ram_pad_kib: None,
+            ..cfg()
+        };
+        assert_eq!(strings(&c), strings(&padded));
         assert_eq!(c.disks, vec![DiskConfig::qcow2(DISK_NODE, "/d.qcow2")]);
         // And the new form round-trips.
         let json = serde_json::to_string(&image_cfg()).unwrap();

@@ -98,25 +98,21 @@ pub const SNAPSHOT_SAMPLE_MAX_AGE_MS: u64 = 3 * INTERVAL.as_millis() as u64;
 
 /// Puts what `samples` say into a snapshot's metrics taken at `now_ms`
 /// (see the module's documentation for the keys).
-pub fn record_in(
-    samples: &[Sample],
-    now_ms: u64,
-    metrics: &mut std::collections::BTreeMap<String, serde_json::Value>,
-) {
+pub fn record_in(samples: &[Sample], now_ms: u64, metrics: &mut vmcsnap_control::SnapshotMetrics) {
     let touched = mean_touched(samples);
     if let Some(p) = touched.or(mean_pages(samples)) {
-        metrics.insert("wss_sample_pages".into(), json!(p));
-        metrics.insert("wss_samples".into(), json!(samples.len()));
+        metrics.wss_sample_pages = Some(p);
+        metrics.wss_samples = Some(samples.len() as u64);
     }
     if let Some(p) = mean_pages(samples) {
-        metrics.insert("wss_sample_written_pages".into(), json!(p));
+        metrics.wss_sample_written_pages = Some(p);
     }
     if let Some(newest) = samples
         .last()
         .filter(|s| now_ms.saturating_sub(s.unix_ms) <= SNAPSHOT_SAMPLE_MAX_AGE_MS)
         .and_then(|s| s.touched)
     {
-        metrics.insert("wss_snapshot_touched_pages".into(), json!(newest));
+        metrics.wss_snapshot_touched_pages = Some(newest);
     }
 }
 
@@ -269,14 +265,14 @@ mod tests {
         // Touched counts of the even i in 3..15 only: 400, 600, ..., 1400.
         assert_eq!(mean_touched(&s), Some(900));
         assert_eq!(mean_touched(&[]), None);
-        let mut m = std::collections::BTreeMap::new();
+        let mut m = vmcsnap_control::SnapshotMetrics::default();
         let newest = s.last().unwrap().unix_ms;
         record_in(&s, newest + 1000, &mut m);
-        assert_eq!(m["wss_sample_pages"], json!(900));
-        assert_eq!(m["wss_sample_written_pages"], json!(85));
-        assert_eq!(m["wss_snapshot_touched_pages"], json!(1400));
-        let mut m = std::collections::BTreeMap::new();
+        assert_eq!(m.wss_sample_pages, Some(900));
+        assert_eq!(m.wss_sample_written_pages, Some(85));
+        assert_eq!(m.wss_snapshot_touched_pages, Some(1400));
+        let mut m = vmcsnap_control::SnapshotMetrics::default();
         record_in(&s, newest + SNAPSHOT_SAMPLE_MAX_AGE_MS + 1, &mut m);
-        assert!(!m.contains_key("wss_snapshot_touched_pages"), "too old");
+        assert_eq!(m.wss_snapshot_touched_pages, None, "too old");
     }
 }

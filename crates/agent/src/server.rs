@@ -188,7 +188,14 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
         let stream = match conn {
             Ok(s) => s,
             Err(e) => {
-                log(format!("accept failed: {e}"));
+                if shared.exiting.load(Ordering::SeqCst) {
+                    // `turn_away_pending` made the listener non-blocking
+                    // and the exit is under way: nothing more to accept
+                    // (this loop used to spin, logging EAGAIN).
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                } else {
+                    log(format!("accept failed: {e}"));
+                }
                 continue;
             }
         };

@@ -27,6 +27,7 @@
 mod messages;
 mod modes;
 pub mod results;
+mod storage;
 pub mod testing;
 mod wire;
 
@@ -35,6 +36,7 @@ pub use messages::{
     SnapshotsDeleteResult, StatusResult, UpResult, VmLoad, VmStatus, VmUp,
 };
 pub use modes::{ClusterRestoreMode, RejuvenateMode, RestoreMode, SnapshotMode};
+pub use results::cluster_manifest::{ClusterSnapshotMetrics, VmCutCounters};
 pub use results::cluster_restore::{
     ClusterRestoreReport, ClusterRunning, VmRestoreReport, VmRunning,
 };
@@ -47,7 +49,9 @@ pub use results::restore::{
     ClockOutcome, ClockSync, Quality, RestoreReport, RestoreRunning, Spread,
 };
 pub use results::snapshot::{PauseLimitReport, SnapshotReport};
+pub use results::snapshot_manifest::SnapshotMetrics;
 pub use results::{AgentInfo, ClusterDown, Response, Stopped, Unexpected};
+pub use storage::{ImageStorage, StorageLayout, NO_DISK};
 pub use wire::{
     accept_request, call, call_on, read_request, restart_agent, write_reply, ControlError, Hello,
     MAX_LINE, PROTOCOL_VERSION,

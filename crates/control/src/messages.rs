@@ -60,10 +60,10 @@ pub enum Request {
         /// snapshot, to compare the image with.
         #[serde(default)]
         reference: Option<PathBuf>,
-        /// How the memory image is stored: `zstd` (default), `lz4`,
-        /// `none` (format 2 uncompressed) or `v1` (format 1.0).
+        /// How the memory image is stored (`--storage`; on the wire as
+        /// on the command line, e.g. `"lz4,no-disk"`); `None`: the default.
         #[serde(default)]
-        storage: Option<String>,
+        storage: Option<crate::ImageStorage>,
         /// Store every page: no parent, even if the VM has snapshots.
         #[serde(default)]
         full: bool,

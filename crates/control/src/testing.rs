@@ -41,7 +41,7 @@ pub fn sample_requests() -> Vec<Vec<u8>> {
             mode: crate::SnapshotMode::Hot,
             name: Some("s1".into()),
             reference: Some(PathBuf::from("snapshots/s0")),
-            storage: Some("zstd".into()),
+            storage: Some("lz4,no-disk".parse().expect("a storage")),
             full: true,
             block_pages: Some(16),
             access_window_s: Some(10),

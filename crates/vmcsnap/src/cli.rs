@@ -123,8 +123,8 @@ pub enum Command {
         /// blocks of pages scattered at random, no locality). With ",no-disk" (or "no-disk"
         /// alone): pages that are on the frozen disk are stored as bytes too (no detection
         /// layer).
-        #[arg(long, value_parser = ["lz4", "zstd", "none", "v1", "lz4-random", "no-disk", "lz4,no-disk", "zstd,no-disk", "none,no-disk", "lz4-random,no-disk"], conflicts_with = "cluster")]
-        storage: Option<String>,
+        #[arg(long, value_name = "STORAGE", conflicts_with = "cluster")]
+        storage: Option<vmcsnap_control::ImageStorage>,
         /// Store every page. By default a snapshot of a VM that already has one is
         /// incremental: it stores only the pages that differ from the VM's newest snapshot
         /// (its parent, read on restore), up to a chain of 8, then a full one again.

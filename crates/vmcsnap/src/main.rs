@@ -8,6 +8,7 @@ mod launch;
 mod output;
 mod output_cluster;
 mod output_removal;
+mod views;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -457,10 +458,13 @@ fn run(cli: Cli) -> Result<()> {
             let t = Instant::now();
             let root = vmcsnap_guest::default_cache_root();
             let a = vmcsnap_guest::ensure_assets(&root, &mut |m| eprintln!("{m}"))?;
-            let v = serde_json::json!({
-                "dir": a.dir, "kernel": a.kernel, "initrd": a.initrd, "key": a.key,
-                "seconds": t.elapsed().as_secs_f64(),
-            });
+            let v = views::GuestBuildView {
+                dir: &a.dir,
+                initrd: &a.initrd,
+                kernel: &a.kernel,
+                key: &a.key,
+                seconds: t.elapsed().as_secs_f64(),
+            };
             output::json_or(json, &v, || {
                 println!(
                     "guest assets {} in {:.1} s: {}",
@@ -574,6 +578,7 @@ fn exec(run_dir: &RunDir, argv: &[std::ffi::OsString]) -> Result<()> {
 }
 
 fn availability(run_dir: &RunDir, t_vmm: f64, t_os: f64, json: bool) -> Result<()> {
+    use crate::views::{AvailabilityRow, AvailabilityView};
     use vmcsnap_agent::availability::{availability, measured_from_log, Kind};
     if !(t_vmm > 0.0 && t_os > 0.0) {
         anyhow::bail!("--t-vmm and --t-os must be positive numbers of days");
@@ -588,17 +593,25 @@ fn availability(run_dir: &RunDir, t_vmm: f64, t_os: f64, json: bool) -> Result<(
         );
     };
     let day = 86_400.0;
-    let rows: Vec<serde_json::Value> = [(Kind::Warm, m.warm), (Kind::Cold, m.cold), (Kind::Saved, m.saved)]
-        .into_iter()
-        .map(|(kind, d)| match d {
-            Some((n, d)) => serde_json::json!({
-                "mode": kind, "vms": n, "downtime_s": d,
-                "availability": availability(kind, d, d_os, t_vmm * day, t_os * day),
-            }),
-            None => serde_json::json!({ "mode": kind, "vms": null, "downtime_s": null, "availability": null }),
-        })
-        .collect();
-    let v = serde_json::json!({ "t_vmm_days": t_vmm, "t_os_days": t_os, "os_reboot_s": d_os, "modes": rows });
+    let modes = [
+        (Kind::Warm, m.warm),
+        (Kind::Cold, m.cold),
+        (Kind::Saved, m.saved),
+    ]
+    .into_iter()
+    .map(|(mode, d)| AvailabilityRow {
+        availability: d.map(|(_, d)| availability(mode, d, d_os, t_vmm * day, t_os * day)),
+        downtime_s: d.map(|(_, d)| d),
+        mode,
+        vms: d.map(|(n, _)| n),
+    })
+    .collect();
+    let v = AvailabilityView {
+        modes,
+        os_reboot_s: d_os,
+        t_os_days: t_os,
+        t_vmm_days: t_vmm,
+    };
     output::json_or(json, &v, || {
         println!(
             "T_vmm = {t_vmm} days, T_os = {t_os} days, D_os = {d_os:.3} s (measured cold reboot)"
@@ -607,19 +620,19 @@ fn availability(run_dir: &RunDir, t_vmm: f64, t_os: f64, json: bool) -> Result<(
             "{:<6} {:>4} {:>12} {:>14}",
             "MODE", "VMS", "DOWNTIME_S", "AVAILABILITY"
         );
-        for r in &rows {
-            match r["availability"].as_f64() {
-                Some(a) => println!(
+        for r in &v.modes {
+            let mode = views::kind_name(r.mode);
+            match (r.availability, r.vms) {
+                (Some(a), Some(n)) => println!(
                     "{:<6} {:>4} {:>12.3} {:>14.7}",
-                    r["mode"].as_str().unwrap_or("?"),
-                    r["vms"],
-                    r["downtime_s"].as_f64().unwrap_or(0.0),
+                    mode,
+                    n,
+                    r.downtime_s.unwrap_or(0.0),
                     a
                 ),
-                None => println!(
-                    "{:<6}    - not measured: run `vmcsnap rejuvenate --all --mode {}`",
-                    r["mode"].as_str().unwrap_or("?"),
-                    r["mode"].as_str().unwrap_or("?")
+                _ => println!(
+                    "{:<6}    - not measured: run `vmcsnap rejuvenate --all --mode {mode}`",
+                    mode
                 ),
             }
         }

@@ -1,26 +1,21 @@
 //! Human and JSON output.
 
 use anyhow::{Context, Result};
-use serde_json::Value;
 use vmcsnap_agent::image::PauseBreakdown;
 use vmcsnap_control::{
     ClockOutcome, ClockSync, RecoverResult, RejuvenateResult, Response, RestoreReport,
-    RestoreRunning, SnapshotReport, StatusResult, UpResult,
+    RestoreRunning, SnapshotMetrics, SnapshotReport, StatusResult, UpResult,
 };
 
-/// Prints `v` as JSON if `json`, else runs `human`.
-/// A JSON value as a table cell: numbers and strings as they are, `-` for
-/// null. `serde_json::Value`'s own `Display` ignores width and alignment
-/// (`{:>8}` printed 383 unpadded and broke the columns of the restore table),
-/// so cells go through a `String`.
-pub fn cell(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".into(),
-        other => other.to_string(),
-    }
+/// An optional figure as a table cell: `-` for none. (A
+/// `serde_json::Value`'s `Display` ignores width and alignment: `{:>8}`
+/// printed 383 unpadded and broke the columns of the restore table; cells
+/// go through a `String`.)
+pub fn cell<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
+/// Prints `v` as JSON if `json`, else runs `human`.
 pub fn json_or<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce()) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string(v)?);
@@ -214,61 +209,40 @@ pub fn pause_parts(b: &PauseBreakdown) -> String {
 
 /// `snapshots`: the committed snapshots under `root`.
 pub fn snapshots(root: &std::path::Path, json: bool) -> Result<()> {
+    use crate::views::{ClusterSnapshotRow, SnapshotRow, SnapshotsView};
     let entries = if root.exists() {
         vmcsnap_agent::image::list_snapshots(root)?
     } else {
         vec![]
     };
-    let rows: Vec<Value> = entries
-        .iter()
-        .map(|e| match &e.status {
-            Ok(m) => serde_json::json!({
-                "name": e.name, "path": e.path, "valid": true, "vm": m.vm.name,
-                "mode": m.labels.get("snapshot_mode").or(m.labels.get("capture_mode")),
-                "created_unix_ms": m.created_unix_ms, "downtime_ms": m.metrics.downtime_ms,
-                "duration_ms": m.metrics.duration_ms, "pages_total": m.metrics.pages_total,
-                "bytes_written": m.metrics.bytes_written,
-            }),
-            Err(err) => serde_json::json!({ "name": e.name, "path": e.path, "valid": false, "error": err.to_string() }),
-        })
-        .collect();
-    let clusters = crate::output_cluster::rows(root)?;
+    let clusters = crate::output_cluster::entries(root)?;
+    let view = SnapshotsView {
+        cluster_snapshots: clusters.iter().map(ClusterSnapshotRow::of).collect(),
+        root,
+        snapshots: entries.iter().map(SnapshotRow::of).collect(),
+    };
     if json {
-        println!(
-            "{}",
-            serde_json::to_string(
-                &serde_json::json!({ "root": root, "snapshots": rows, "cluster_snapshots": clusters })
-            )?
-        );
+        println!("{}", serde_json::to_string(&view)?);
         return Ok(());
     }
+    let (rows, clusters) = (&view.snapshots, &view.cluster_snapshots);
     if rows.is_empty() && clusters.is_empty() {
         println!("no snapshots in {}", root.display());
         return Ok(());
     }
-    for c in &clusters {
-        if c["valid"] == true {
-            println!(
+    for c in clusters {
+        match c {
+            ClusterSnapshotRow::Valid(c) => println!(
                 "{:<32} cluster {} ({}), VMs {}, {} frames of channel state",
-                c["name"].as_str().unwrap_or("?"),
-                c["cluster"].as_str().unwrap_or("?"),
-                c["mode"].as_str().unwrap_or("?"),
-                c["vms"]
-                    .as_array()
-                    .map(|v| v
-                        .iter()
-                        .filter_map(Value::as_str)
-                        .collect::<Vec<_>>()
-                        .join(","))
-                    .unwrap_or_default(),
-                c["channel_state_frames"]
-            );
-        } else {
-            println!(
-                "{:<32} INVALID cluster snapshot: {}",
-                c["name"].as_str().unwrap_or("?"),
-                c["error"].as_str().unwrap_or("?")
-            );
+                c.name,
+                c.cluster,
+                c.mode,
+                c.vms.join(","),
+                c.channel_state_frames
+            ),
+            ClusterSnapshotRow::Invalid(c) => {
+                println!("{:<32} INVALID cluster snapshot: {}", c.name, c.error)
+            }
         }
     }
     if rows.is_empty() {
@@ -278,23 +252,18 @@ pub fn snapshots(root: &std::path::Path, json: bool) -> Result<()> {
         "{:<32} {:<10} {:<10} {:>11} {:>11} {:>12}",
         "NAME", "VM", "MODE", "DOWNTIME_MS", "DURATION_MS", "BYTES"
     );
-    for r in &rows {
-        if r["valid"] == true {
-            println!(
+    for r in rows {
+        match r {
+            SnapshotRow::Valid(r) => println!(
                 "{:<32} {:<10} {:<10} {:>11} {:>11} {:>12}",
-                r["name"].as_str().unwrap_or("?"),
-                r["vm"].as_str().unwrap_or("?"),
-                r["mode"].as_str().unwrap_or("?"),
-                cell(&r["downtime_ms"]),
-                cell(&r["duration_ms"]),
-                cell(&r["bytes_written"])
-            );
-        } else {
-            println!(
-                "{:<32} INVALID: {}",
-                r["name"].as_str().unwrap_or("?"),
-                r["error"].as_str().unwrap_or("?")
-            );
+                r.name,
+                r.vm,
+                r.mode.unwrap_or("?"),
+                cell(r.downtime_ms),
+                cell(r.duration_ms),
+                cell(r.bytes_written)
+            ),
+            SnapshotRow::Invalid(r) => println!("{:<32} INVALID: {}", r.name, r.error),
         }
     }
     Ok(())
@@ -303,7 +272,7 @@ pub fn snapshots(root: &std::path::Path, json: bool) -> Result<()> {
 /// `inspect`: manifest, page statistics, FAFL length; with `verify`, every
 /// CRC (fails naming each bad block).
 pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
-    use anyhow::Context;
+    use crate::views::{BlockBytes, InspectView, ParentView, StatsView, VerifyView};
     let img = vmcsnap_agent::frozen_disks::open_image(dir)
         .with_context(|| format!("snapshot {}", dir.display()))?;
     let st = img.stats();
@@ -315,17 +284,7 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
             .copied()
             .unwrap_or(0)
     };
-    let ratio = if st.payload_stored_bytes > 0 {
-        st.payload_raw_bytes as f64 / st.payload_stored_bytes as f64
-    } else {
-        1.0
-    };
-    let stream_bytes = img
-        .manifest()
-        .metrics
-        .other
-        .get("stream_bytes")
-        .and_then(Value::as_u64);
+    let stream_bytes = SnapshotMetrics::read(&img.manifest().metrics.other).stream_bytes;
     // Everything a restore checks: every block, every page through the
     // chain of parents and the frozen disks, the page hashes.
     let report = verify.then(|| img.verify());
@@ -338,41 +297,26 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
     } else {
         vec![]
     };
-    let bad: Vec<Value> = report
-        .iter()
-        .flat_map(|r| r.bad_blocks.iter())
-        .map(|b| serde_json::json!({ "image": b.image, "block": b.index, "offset": b.offset, "error": b.error.to_string() }))
-        .chain(report.iter().flat_map(|r| r.bad_pages.iter()).map(|p| serde_json::json!({ "page": format!("{}:{}", p.key.ram_block, p.key.page), "error": p.error.to_string() })))
-        .chain(report.iter().flat_map(|r| r.other.iter()).map(|e| serde_json::json!({ "error": e.to_string() })))
-        .chain(own_disks.iter().map(|e| serde_json::json!({ "error": e })))
-        .collect();
-    let verify_ok = report.as_ref().is_some_and(|r| r.is_ok()) && own_disks.is_empty();
     let into = restores_into(&img.manifest().qemu.version);
-    let v = serde_json::json!({
-        "path": dir,
-        "restores_into": into,
-        "manifest": serde_json::to_value(img.manifest())?,
-        "stats": {
-            "pages_total": st.pages_total, "pages_stored": st.pages_stored, "pages_zero": st.pages_zero,
-            "pages_absent": st.pages_absent, "blocks": st.blocks, "memory_bytes": st.memory_bytes,
-            "total_bytes": st.total_bytes, "device_state_bytes": st.device_state_bytes,
-            "pages_duplicate": st.pages_duplicate, "pages_in_parent": st.pages_in_parent,
-            "pages_on_disk": st.pages_on_disk, "blocks_hot": st.blocks_hot,
-            "blocks_compressed": st.blocks_compressed, "payload_raw_bytes": st.payload_raw_bytes,
-            "payload_stored_bytes": st.payload_stored_bytes, "compression_ratio": ratio,
-            "stream_bytes": stream_bytes,
-            "block_bytes": { "min": size_at(0.0), "median": size_at(0.5), "max": size_at(1.0) },
-        },
-        "format": img.version().to_string(),
-        "parent": img.manifest().parent.as_ref().map(|p| serde_json::json!({ "name": p.name, "depth": p.depth })),
-        "fafl_len": img.fafl().len(),
-        "verify": report.as_ref().map(|r| serde_json::json!({
-            "ok": verify_ok, "blocks_checked": r.blocks_checked, "pages_checked": r.pages_checked,
-            "parent_pages_checked": r.parent_pages_checked, "disk_pages_checked": r.disk_pages_checked,
-            "hashes_checked": r.hashes_checked, "bad_pages": r.bad_pages_total,
-            "bytes_read": r.bytes_read, "problems": bad,
-        })),
-    });
+    let block_bytes = BlockBytes {
+        max: size_at(1.0),
+        median: size_at(0.5),
+        min: size_at(0.0),
+    };
+    let v = InspectView {
+        fafl_len: img.fafl().len(),
+        format: img.version().to_string(),
+        manifest: img.manifest(),
+        parent: img.manifest().parent.as_ref().map(|p| ParentView {
+            depth: p.depth,
+            name: &p.name,
+        }),
+        path: dir,
+        restores_into: &into,
+        stats: StatsView::new(&st, block_bytes, stream_bytes),
+        verify: report.as_ref().map(|r| VerifyView::new(r, &own_disks)),
+    };
+    let ratio = v.stats.compression_ratio;
     if json {
         println!("{}", serde_json::to_string(&v)?);
     } else {
@@ -593,11 +537,16 @@ pub fn analyze_ws(dir: &std::path::Path, json: bool) -> Result<()> {
     let accesses = trace.fault_keys();
     let queue = inputs.queue;
     let rows = vmcsnap_workingset::analyze(&queue, &accesses, wss, &factors);
-    let v = serde_json::json!({
-        "snapshot": dir, "wss": wss, "wss_sample": sample, "wss_snapshot": inputs.wss_snapshot,
-        "access_data": inputs.access.to_string(),
-        "trace_pages": accesses.len(), "trace_unix_ms": trace.unix_ms, "fafl": rows,
-    });
+    let v = crate::views::AnalyzeWsView {
+        access_data: inputs.access.to_string(),
+        fafl: &rows,
+        snapshot: dir,
+        trace_pages: accesses.len(),
+        trace_unix_ms: trace.unix_ms,
+        wss,
+        wss_sample: sample,
+        wss_snapshot: inputs.wss_snapshot,
+    };
     json_or(json, &v, || {
         println!(
             "FAFL working set of {} (computed WSS {wss} pages) against a trace of {} first accesses:",
@@ -627,17 +576,13 @@ pub fn analyze_ws(dir: &std::path::Path, json: bool) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::cell;
 
     #[test]
-    fn cells_take_width_where_json_values_do_not() {
-        // The bug: a Value formats without padding.
-        assert_eq!(format!("{:>8}", json!(383)), "383");
-        assert_eq!(format!("{:>8}", cell(&json!(383))), "     383");
-        assert_eq!(format!("{:<6}|", cell(&json!("warm"))), "warm  |");
-        assert_eq!(cell(&json!(null)), "-");
-        assert_eq!(cell(&json!(1.5)), "1.5");
+    fn cells_take_width() {
+        assert_eq!(format!("{:>8}", cell(Some(383))), "     383");
+        assert_eq!(format!("{:<6}|", cell(Some("warm"))), "warm  |");
+        assert_eq!(cell(None::<u64>), "-");
+        assert_eq!(cell(Some(1.5)), "1.5");
     }
 }

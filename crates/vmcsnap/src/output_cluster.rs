@@ -1,11 +1,13 @@
 //! Human and JSON output of cluster snapshots.
 
+use crate::views::{ClusterInspectView, ClusterVerifyView, VmChecked};
 use anyhow::{Context, Result};
-use serde_json::{json, Value};
-use vmcsnap_agent::image::cluster::{check_cluster_committed, list_cluster_snapshots};
+use vmcsnap_agent::image::cluster::{
+    check_cluster_committed, list_cluster_snapshots, ClusterSnapshotEntry,
+};
 use vmcsnap_control::{
-    ClockSync, ClusterRestoreMode, ClusterRestoreReport, ClusterRunning, ClusterSnapshotReport,
-    Response,
+    ClockSync, ClusterRestoreMode, ClusterRestoreReport, ClusterRunning, ClusterSnapshotMetrics,
+    ClusterSnapshotReport, Response,
 };
 
 /// `snapshot --cluster`: the report as JSON, or a table per VM and the
@@ -119,10 +121,12 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
                         vm.name,
                         crate::output::restores_into_line(version, &into)
                     ));
-                    checked.push(json!({
-                        "vm": vm.name, "ok": r.is_ok(), "pages_checked": r.pages_checked,
-                        "restores_into": into,
-                    }));
+                    checked.push(VmChecked {
+                        ok: r.is_ok(),
+                        pages_checked: r.pages_checked,
+                        restores_into: into,
+                        vm: vm.name.clone(),
+                    });
                 }
                 Err(e) => problems.push(format!("VM {}: {e}", vm.name)),
             }
@@ -139,10 +143,15 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
         }
     }
     if json {
-        let v = json!({
-            "path": dir, "manifest": m,
-            "verify": verify.then(|| json!({ "ok": problems.is_empty(), "vms": checked, "problems": problems })),
-        });
+        let v = ClusterInspectView {
+            manifest: &m,
+            path: dir,
+            verify: verify.then(|| ClusterVerifyView {
+                ok: problems.is_empty(),
+                problems: problems.clone(),
+                vms: checked,
+            }),
+        };
         println!("{}", serde_json::to_string(&v)?);
     } else {
         println!(
@@ -175,10 +184,13 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
                 e.from, e.to, e.frames, e.bytes
             );
         }
-        if let Some(b) = m.metrics.get("backoff") {
+        if let Some(b) = ClusterSnapshotMetrics::read(&m.metrics).backoff {
+            // As JSON writes them (80.0 stays "80.0").
+            let ms = |v: f64| serde_json::to_string(&v).unwrap_or_default();
             println!(
                 "  backoff    avg {} ms, max {} ms",
-                b["avg_ms"], b["max_ms"]
+                ms(b.avg_ms),
+                ms(b.max_ms)
             );
         }
         for l in &qemu_lines {
@@ -205,25 +217,12 @@ pub fn inspect(dir: &std::path::Path, verify: bool, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// The cluster snapshots under `root`, as rows for `snapshots`.
-pub fn rows(root: &std::path::Path) -> Result<Vec<Value>> {
+/// The cluster snapshots under `root`, for `snapshots`.
+pub fn entries(root: &std::path::Path) -> Result<Vec<ClusterSnapshotEntry>> {
     if !root.exists() {
         return Ok(vec![]);
     }
-    let entries =
-        list_cluster_snapshots(root).with_context(|| format!("listing {}", root.display()))?;
-    Ok(entries
-        .iter()
-        .map(|e| match &e.status {
-            Ok(m) => json!({
-                "name": e.name, "path": e.path, "valid": true, "cluster": m.cluster, "mode": m.mode,
-                "vms": m.vms.iter().map(|v| v.name.clone()).collect::<Vec<_>>(),
-                "created_unix_ms": m.created_unix_ms, "channel_state_frames": m.channel_state.frames,
-                "backoff_avg_ms": m.metrics.get("backoff").map(|b| b["avg_ms"].clone()),
-            }),
-            Err(err) => json!({ "name": e.name, "path": e.path, "valid": false, "error": err.to_string() }),
-        })
-        .collect())
+    list_cluster_snapshots(root).with_context(|| format!("listing {}", root.display()))
 }
 
 /// `restore --cluster`: the report as JSON, or per VM its latency, backoff

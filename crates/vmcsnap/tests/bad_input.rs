@@ -184,8 +184,8 @@ fn a_closed_stdout_ends_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
-/// Issue 23's tuning knobs: out-of-range values are named before the
-/// agent is asked (it checks them again for other clients).
+/// Issue 23's tuning knobs and `--storage`: bad values are named before
+/// the agent is asked (it checks them again for other clients).
 #[test]
 fn tuning_knobs_out_of_range_are_named() {
     let env = Env::new();
@@ -197,6 +197,11 @@ fn tuning_knobs_out_of_range_are_named() {
         (
             &["restore", "nosuch", "--prefetch-blocks", "99"][..],
             "99 is not in 0..=64",
+        ),
+        // `--storage` is parsed by the control crate's one parser.
+        (
+            &["snapshot", "a", "--storage", "lz4,nodisk"][..],
+            "unknown image storage \"lz4,nodisk\": use one of zstd, lz4",
         ),
     ] {
         let out = env.vmcsnap(args);

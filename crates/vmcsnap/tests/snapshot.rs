@@ -168,11 +168,11 @@ fn snapshot_modes_are_exact_and_harmless() {
 
     let mut measured = vec![];
     let mut first_hot: Option<serde_json::Value> = None;
-    // Pre-copy three times: QEMU 7.2 under TCG lost writes in about one
-    // pre-copy in four until vmcsnap padded guest RAM (regression test for
-    // `qemu::TCG_DIRTY_TRACKING_PAD_KIB`), and still one page in about 30
-    // after it, until every pre-copy was checked against the paused guest's
-    // RAM. The third pre-copy changes page 0 of guest RAM behind QEMU's
+    // Pre-copy three times: QEMU 7.2 under TCG loses writes in about one
+    // pre-copy in four with guest RAM a multiple of 64 pages (vmcsnap
+    // padded it for a while: `qemu::TCG_DIRTY_TRACKING_PAD_KIB`), and one
+    // page in about 30 with it; every pre-copy is now checked against the
+    // paused guest's RAM. The third pre-copy changes page 0 of guest RAM behind QEMU's
     // back in its pause (`precopy-untracked-write`, a write QEMU's dirty
     // tracking missed, put back before the guest resumes): the image must
     // hold the changed page all the same.

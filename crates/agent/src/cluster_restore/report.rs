@@ -233,15 +233,12 @@ fn guest_views(restored: &[(Member, restore::Report, Option<u64>, u64)]) -> Vec<
 /// miss what happened in the restore's first second. Snapshots taken
 /// before the counters were recorded have only `retrans_before/after`.
 fn counters_at_cut(metrics: &serde_json::Value, view: &GuestView) -> TcpCounters {
-    let parse = |k: &str| serde_json::from_value::<TcpCounters>(metrics[k].clone()).ok();
-    match (parse("tcp_before"), parse("tcp_after")) {
+    let c = vmcsnap_control::VmCutCounters::read(metrics);
+    match (c.tcp_before, c.tcp_after) {
         (Some(b), Some(a)) if b == a && b.retrans.is_some() => b,
         (Some(_), Some(_)) => view.tcp_first,
         _ => {
-            let (b, a) = (
-                metrics["retrans_before"].as_u64(),
-                metrics["retrans_after"].as_u64(),
-            );
+            let (b, a) = (c.retrans_before, c.retrans_after);
             let retrans = if b.is_some() && b == a {
                 b
             } else {

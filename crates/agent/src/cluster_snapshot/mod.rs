@@ -31,7 +31,6 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
 use vmcsnap_coord::snapshot::{
     run_initiator, run_peer, Initiator, InitiatorEvent, InitiatorEventKind, InitiatorOutcome, Msg,
     Peer, PeerInput, PeerOutcome, Timeouts,
@@ -47,6 +46,7 @@ pub use vmcsnap_orchestrator::cluster_snapshot::metrics::{
 
 use crate::cluster::Cluster;
 use crate::snapshot::{self, Mode};
+use crate::stored_config::StoredVmConfig;
 use crate::{log, AgentError, RunDir};
 use peer::{Job, VmOutcome, Worker};
 
@@ -70,19 +70,16 @@ pub struct Options {
 
 /// Everything a restore needs to rebuild one VM: its spec entry, the
 /// cluster section, its QEMU configuration and address.
-pub fn vm_config(c: &mut Cluster, vm: &str) -> Result<Value, AgentError> {
-    let vm_spec = c
-        .spec
-        .vm
-        .iter()
-        .find(|v| v.name == vm)
-        .map(|v| serde_json::to_value(v).unwrap_or_default());
-    let cluster_section = serde_json::to_value(&c.spec.cluster).unwrap_or_default();
+pub fn vm_config(c: &mut Cluster, vm: &str) -> Result<StoredVmConfig, AgentError> {
+    let spec = c.spec.vm.iter().find(|v| v.name == vm).cloned();
+    let cluster = c.spec.cluster.clone();
     let m = c.member_mut(vm)?;
-    Ok(json!({
-        "spec": vm_spec.unwrap_or_default(), "cluster": cluster_section, "qemu": m.vm.config,
-        "ip": m.address.cidr(), "mac": m.address.mac_string(),
-    }))
+    Ok(StoredVmConfig::new(
+        spec,
+        cluster,
+        m.vm.config.clone(),
+        &m.address,
+    ))
 }
 
 /// Takes a consistent snapshot of every VM of the cluster.
@@ -203,7 +200,7 @@ struct ProtocolCtx<'a> {
 fn run_protocol(
     c: &mut Cluster,
     ctx: &ProtocolCtx<'_>,
-    configs: Vec<Value>,
+    configs: Vec<StoredVmConfig>,
     triggers: mpsc::Receiver<PortId>,
     progress: &mut dyn FnMut(&str),
 ) -> (InitiatorOutcome, Vec<VmOutcome>, ProtocolStats) {

@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use vmcsnap_image::channel_log::{write_channel_log, ChannelFrame, FrameReason};
 use vmcsnap_image::cluster::{
     commit_cluster_dir, ChannelStateRef, ClusterManifest, ClusterVm, Edge, Timeline, CHANNEL_LOG,
@@ -261,10 +260,15 @@ pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentErr
             file_size: summary.file_size,
         },
         edges: edges.clone(),
-        metrics: json!({
-            "backoff": backoff, "downtime_avg_ms": downtime_avg_ms, "downtime_max_ms": downtime_max_ms,
-            "duration_ms": duration_ms, "switch": st, "protocol": f.protocol,
-        }),
+        metrics: vmcsnap_control::ClusterSnapshotMetrics {
+            backoff: Some(backoff.clone()),
+            downtime_avg_ms: Some(downtime_avg_ms),
+            downtime_max_ms: Some(downtime_max_ms),
+            duration_ms: Some(duration_ms),
+            protocol: Some(f.protocol.clone()),
+            switch: Some(st.clone()),
+        }
+        .to_value(),
     };
     manifest
         .save(f.tmp)

@@ -13,6 +13,7 @@ use super::pages::image_order;
 use super::ws_inputs;
 use crate::cluster::{Cluster, Member};
 use crate::qemu::{self, QemuConfig};
+use crate::stored_config::{StoredConfigError, StoredVmConfig};
 use crate::vm::Vm;
 use crate::{log, AgentError, RunDir};
 
@@ -135,43 +136,13 @@ pub struct Saved {
 
 /// What the snapshot `img` (named `snapshot` in errors) records of its VM.
 pub fn saved_vm(img: &Image, snapshot: &str) -> Result<Saved, AgentError> {
-    let c = &img.manifest().vm.config;
-    let old = || {
-        AgentError::BadRequest(format!(
-            "snapshot {snapshot:?} does not record its VM's QEMU configuration (made by an older vmcsnap): take a new snapshot"
-        ))
-    };
-    let qemu: QemuConfig = serde_json::from_value(c["qemu"].clone()).map_err(|_| old())?;
-    let spec: VmSpec = serde_json::from_value(c["spec"].clone()).map_err(|_| old())?;
-    let cluster: ClusterSection =
-        serde_json::from_value(c["cluster"].clone()).map_err(|_| old())?;
-    let address = parse_address(
-        c["ip"].as_str().unwrap_or(""),
-        c["mac"].as_str().unwrap_or(""),
-    )
-    .ok_or_else(old)?;
+    let bad = |e: StoredConfigError| AgentError::BadRequest(format!("snapshot {snapshot:?} {e}"));
+    let c = StoredVmConfig::from_manifest(img.manifest()).map_err(bad)?;
     Ok(Saved {
-        qemu,
-        spec,
-        cluster,
-        address,
-    })
-}
-
-fn parse_address(cidr: &str, mac: &str) -> Option<VmAddress> {
-    let (ip, prefix) = cidr.split_once('/')?;
-    let mut m = [0u8; 6];
-    let parts: Vec<&str> = mac.split(':').collect();
-    if parts.len() != 6 {
-        return None;
-    }
-    for (i, p) in parts.iter().enumerate() {
-        m[i] = u8::from_str_radix(p, 16).ok()?;
-    }
-    Some(VmAddress {
-        ip: ip.parse().ok()?,
-        prefix: prefix.parse().ok()?,
-        mac: m,
+        spec: c.spec().map_err(bad)?.clone(),
+        address: c.address().map_err(bad)?,
+        qemu: c.qemu,
+        cluster: c.cluster,
     })
 }
 
@@ -546,6 +517,11 @@ fn start_and_feed(
     let mem = img
         .ram_block_id("mem")
         .map(|b| img.ram_blocks()[b as usize].used_length);
+    // The RAM the snapshot had, padding included (VMs launched under TCG
+    // before the padding was dropped have 8 KiB more than `memory_mib`).
+    if let Some(pad) = mem.and_then(|m| ram_pad_kib_of(m, config.memory_mib)) {
+        config.ram_pad_kib = Some(pad);
+    }
     if mem != Some(config.ram_kib() * 1024) {
         let _ = std::fs::remove_file(&overlay);
         return Err(fail(&name, format!(
@@ -681,9 +657,28 @@ fn keep_postmortem(
     }
 }
 
+/// The KiB a snapshot's RAM block of `ram_bytes` has beyond `memory_mib`
+/// (`QemuConfig::ram_pad_kib`), if it is a plausible padding: whole KiB,
+/// at most 1 MiB. Anything else is left to the size check, which names it.
+fn ram_pad_kib_of(ram_bytes: u64, memory_mib: u64) -> Option<u64> {
+    let pad = ram_bytes.checked_sub(memory_mib.checked_mul(1 << 20)?)?;
+    (pad % 1024 == 0 && pad <= 1 << 20).then_some(pad / 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshot_keeps_the_ram_padding_it_was_taken_with() {
+        let mib = 1u64 << 20;
+        assert_eq!(ram_pad_kib_of(256 * mib, 256), Some(0));
+        assert_eq!(ram_pad_kib_of(256 * mib + 8192, 256), Some(8), "old TCG VM");
+        assert_eq!(ram_pad_kib_of(255 * mib, 256), None, "smaller");
+        assert_eq!(ram_pad_kib_of(256 * mib + 100, 256), None, "not whole KiB");
+        assert_eq!(ram_pad_kib_of(300 * mib, 256), None, "another VM's");
+        assert_eq!(ram_pad_kib_of(0, u64::MAX), None);
+    }
 
     #[test]
     fn quality_ratios() {

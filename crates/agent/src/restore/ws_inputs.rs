@@ -16,7 +16,7 @@
 
 use std::path::Path;
 
-use serde_json::Value;
+use vmcsnap_control::SnapshotMetrics;
 use vmcsnap_image::{Image, PageKey};
 use vmcsnap_workingset::{self as ws, access, Mode};
 
@@ -73,12 +73,8 @@ pub struct WsInputs {
     pub learned: Option<Learned>,
 }
 
-fn metric(img: &Image, key: &str) -> Option<u64> {
-    img.manifest()
-        .metrics
-        .other
-        .get(key)
-        .and_then(Value::as_u64)
+fn metrics(img: &Image) -> SnapshotMetrics {
+    SnapshotMetrics::read(&img.manifest().metrics.other)
 }
 
 /// Reads the inputs of the snapshot `img` in `dir`.
@@ -95,7 +91,7 @@ pub fn read(img: &Image, dir: &Path) -> WsInputs {
     // With access data, the pages written or accessed after the snapshot
     // point are HotRestore's WSS_snapshot itself (reads included).
     let wss_snapshot = written
-        .max(metric(img, "wss_snapshot_touched_pages").unwrap_or(0))
+        .max(metrics(img).wss_snapshot_touched_pages.unwrap_or(0))
         .max(queue.len() as u64);
     // A learned queue naming pages this snapshot does not have is not its own.
     let learned = traces::newest_learned(dir).filter(|l| {
@@ -104,7 +100,7 @@ pub fn read(img: &Image, dir: &Path) -> WsInputs {
             .all(|&(b, p)| block_pages.get(b as usize).is_some_and(|&n| p < n))
     });
     WsInputs {
-        wss_sample: metric(img, "wss_sample_pages"),
+        wss_sample: metrics(img).wss_sample_pages,
         wss_snapshot,
         queue,
         access,
@@ -127,13 +123,8 @@ fn access_data(img: &Image, dir: &Path, block_pages: &[u32]) -> (Vec<PageKey>, A
             Err(e) => (vec![], AccessData::Ignored { why: e.to_string() }),
         },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let noted = img
-                .manifest()
-                .metrics
-                .other
-                .get("access_data")
-                .and_then(Value::as_str);
-            let why = match noted {
+            let noted = metrics(img).access_data;
+            let why = match noted.as_deref() {
                 // The collector runs on after the snapshot returns.
                 Some("damon") => "still being collected: the snapshot's access window has not ended, or its collector was stopped".to_string(),
                 Some(why) => why.strip_prefix("none: ").unwrap_or(why).to_string(),

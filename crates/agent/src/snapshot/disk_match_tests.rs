@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::frozen_disks::FrozenDisks;
-use crate::snapshot::{disk_layer_wanted, writer_options};
+use crate::snapshot::writer_options;
 use vmcsnap_image::{DiskPages, DiskRef};
 
 use vmcsnap_testkit::run_ok as run;
@@ -164,18 +164,17 @@ fn damaged_cache_files_are_ignored() {
 }
 
 #[test]
-fn storage_names_the_detection_layer() {
-    assert!(disk_layer_wanted(None));
-    assert!(disk_layer_wanted(Some("zstd")));
-    assert!(!disk_layer_wanted(Some("lz4,no-disk")));
-    assert!(!disk_layer_wanted(Some("no-disk")));
-    assert!(!disk_layer_wanted(Some("v1")));
-    assert_eq!(
-        writer_options(Some("zstd,no-disk")).unwrap(),
-        writer_options(Some("zstd")).unwrap()
-    );
-    assert_eq!(
-        writer_options(Some("no-disk")).unwrap(),
-        writer_options(None).unwrap()
-    );
+fn storage_names_the_writer_options() {
+    use vmcsnap_capture::Codec;
+    let w = |s: &str| writer_options(s.parse().unwrap());
+    // `no-disk` is the detection layer's business only.
+    assert_eq!(w("zstd,no-disk"), w("zstd"));
+    assert_eq!(w("no-disk"), writer_options(Default::default()));
+    assert_eq!(w("zstd").codec, Codec::Zstd);
+    assert_eq!(w("lz4").codec, Codec::Lz4);
+    assert_eq!(w("none").codec, Codec::None);
+    assert_eq!(w("none").format_major, 2);
+    assert_eq!(w("v1").format_major, 1);
+    assert_eq!(w("lz4-random").scatter_blocks, 256);
+    assert_eq!(w("lz4").scatter_blocks, w("zstd").scatter_blocks);
 }

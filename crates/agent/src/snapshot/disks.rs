@@ -99,9 +99,10 @@ pub(super) fn prepare(
         let made = qemu_top(&blocks, &d.path)
             .ok_or_else(|| {
                 fail(format!(
-                    "disk {} ({}) is not among QEMU's block devices; nothing was paused",
+                    "disk {} ({}) is not among QEMU's block devices ({}); nothing was paused",
                     d.node,
-                    d.path.display()
+                    d.path.display(),
+                    describe_chains(&blocks)
                 ))
             })
             .and_then(|(qemu_node, current)| {
@@ -141,22 +142,27 @@ pub(super) fn prepare(
 
 /// Each block device's node at the top and its chain of files, top first.
 fn block_chains(vm: &mut Vm) -> Result<Vec<(String, Vec<PathBuf>)>, AgentError> {
-    let blocks = vm.execute("query-block", Value::Null)?;
-    Ok(blocks
-        .as_array()
+    Ok(crate::block_chains::device_chains(vm)?
         .into_iter()
-        .flatten()
-        .filter_map(|b| {
-            let node = b["inserted"]["node-name"].as_str()?.to_string();
-            let mut chain = vec![];
-            let mut img = &b["inserted"]["image"];
-            while let Some(f) = img["filename"].as_str() {
-                chain.push(crate::cluster::plain_filename(f));
-                img = &img["backing-image"];
-            }
-            Some((node, chain))
-        })
+        .map(|c| (c.top_node, c.files))
         .collect())
+}
+
+/// QEMU's block devices for an error: each node, its top file and the
+/// length of its chain.
+fn describe_chains(blocks: &[(String, Vec<PathBuf>)]) -> String {
+    let each: Vec<String> = blocks
+        .iter()
+        .map(|(node, chain)| match chain.first() {
+            Some(top) => format!("{node}: {} over {} more", top.display(), chain.len() - 1),
+            None => format!("{node}: no medium"),
+        })
+        .collect();
+    if each.is_empty() {
+        "none".into()
+    } else {
+        each.join("; ")
+    }
 }
 
 /// The top node and file of the block device whose chain holds `path` (the

@@ -54,10 +54,7 @@ mod request;
 use capture_thread::CaptureThread;
 use qemu_steps::*;
 pub(crate) use request::background_priority;
-pub use request::{
-    disk_layer_wanted, set_block_pages, writer_options, Hooks, Mode, NoHooks, Options, Report,
-    Target,
-};
+pub use request::{set_block_pages, writer_options, Hooks, Mode, NoHooks, Options, Report, Target};
 
 use crate::cluster::Member;
 use crate::vm::Vm;
@@ -167,14 +164,15 @@ pub fn snapshot(
     // The same layout in both versions (FULL sections of stream version 3),
     // but only the version that wrote them can load them.
     copts.device_state_format = format!("qemu-{}-device-sections", dialect.release());
-    copts.vm_config = opts.vm_config.clone();
+    let mut vm_config = opts.vm_config.clone();
     // An image VM's seed and workload files live in its directory, which
     // `down` or a restore replaces: the snapshot keeps its own copies.
-    if let Err(e) = freeze_aux_files(&mut copts.vm_config, &disks_dir) {
+    if let Err(e) = freeze_aux_files(&mut vm_config.qemu, &disks_dir) {
         let _ = std::fs::remove_dir_all(&disks_dir);
         disks::remove_overlays(&snap_disks);
         return Err(e);
     }
+    copts.vm_config = vm_config.to_value();
     copts.progress_interval_bytes = 32 << 20;
     copts.writer = opts.writer;
     // An incremental snapshot of a single VM (not of a cluster snapshot's
@@ -371,16 +369,17 @@ pub fn snapshot(
             "downtime_us".into(),
             json!((t.downtime_ms * 1000.0).round() as u64),
         );
+        // The capture's own notes (stream bytes, a parent it refused).
+        let mut known = vmcsnap_control::SnapshotMetrics::read(&m.other);
         // HotRestore's WSS_sample: the sampler's mean over the last minutes.
-        crate::sampler::record_in(&crate::sampler::load(&vm_dir), unix_ms(), &mut m.other);
+        crate::sampler::record_in(&crate::sampler::load(&vm_dir), unix_ms(), &mut known);
         if let Some(d) = &disk_layer {
             d.record(m);
         }
-        m.other.insert("access_data".into(), json!(access.note()));
+        known.access_data = Some(access.note().to_string());
         // The capture's own note wins (a parent of another RAM layout).
-        m.other
-            .entry(parent::METRIC.to_string())
-            .or_insert_with(|| json!(parent_metric));
+        known.parent.get_or_insert_with(|| parent_metric.clone());
+        known.record(&mut m.other);
         if let Some(ms) = ctx
             .ram_check
             .as_ref()
@@ -390,13 +389,9 @@ pub fn snapshot(
         }
     }
     let decided = parent_metric;
-    let parent_metric = captured
-        .metrics_mut()
-        .other
-        .get(parent::METRIC)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
+    let parent_metric = vmcsnap_control::SnapshotMetrics::read(&captured.metrics_mut().other)
+        .parent
+        .unwrap_or_default();
     if parent_metric != decided {
         tracing::warn!(vm = %vm.name, parent = %parent_metric, "snapshot is full: the capture could not use its parent");
     }
@@ -674,11 +669,7 @@ fn run_mode(
 /// Copies (hard links where it can) the files an image VM's QEMU reads at
 /// start besides its writable disks, the cloud-init seed and the workload
 /// script, into `dir`, and points the recorded QEMU configuration there.
-fn freeze_aux_files(vm_config: &mut Value, dir: &Path) -> Result<(), AgentError> {
-    let Ok(mut q) = serde_json::from_value::<crate::qemu::QemuConfig>(vm_config["qemu"].clone())
-    else {
-        return Ok(());
-    };
+fn freeze_aux_files(q: &mut crate::qemu::QemuConfig, dir: &Path) -> Result<(), AgentError> {
     if q.image.is_none() {
         return Ok(());
     }
@@ -697,7 +688,6 @@ fn freeze_aux_files(vm_config: &mut Value, dir: &Path) -> Result<(), AgentError>
             *w = keep(w)?;
         }
     }
-    vm_config["qemu"] = serde_json::to_value(&q).expect("config serialises");
     Ok(())
 }
 

@@ -28,10 +28,6 @@ use super::Options;
 /// Longest chain of parents behind a snapshot.
 pub const MAX_DEPTH: u32 = 8;
 
-/// The metric (manifest `metrics.parent`) naming the parent, or why there
-/// is none.
-pub const METRIC: &str = "parent";
-
 /// Why a snapshot is full rather than incremental.
 #[derive(Debug, Error)]
 pub enum NoParent {

@@ -557,17 +557,17 @@ mod tests {
         let pid = std::process::id();
         assert!(!has_thread(pid, &["mig/snapshot"]));
         let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let (started_tx, started) = std::sync::mpsc::channel::<()>();
+        let (named_tx, named) = std::sync::mpsc::channel::<()>();
         let t = std::thread::Builder::new()
             .name("mig/snapshot".into())
             .spawn(move || {
-                // The new thread names itself before it runs this: once
-                // it has said so, its name is there to find.
-                let _ = started_tx.send(());
+                // The name is set by the new thread itself: only now is
+                // it in /proc (CI once looked before it was).
+                named_tx.send(()).unwrap();
                 rx.recv()
             })
             .unwrap();
-        started.recv().unwrap();
+        named.recv().unwrap();
         assert!(has_thread(pid, BACKGROUND_SNAPSHOT_THREADS));
         tx.send(()).unwrap();
         let _ = t.join();

@@ -4,11 +4,11 @@
 
 use std::path::PathBuf;
 
-use serde_json::Value;
 use vmcsnap_capture::CaptureMode;
 
 use crate::AgentError;
 
+use vmcsnap_control::{ImageStorage, StorageLayout};
 pub use vmcsnap_control::{SnapshotMode as Mode, SnapshotReport as Report};
 
 /// The capture a snapshot mode runs.
@@ -30,8 +30,8 @@ pub struct Options {
     /// Debug: copy the guest RAM file here while the VM is paused for the
     /// snapshot (before the memory copy starts), to check the image against.
     pub reference: Option<PathBuf>,
-    /// The VM's spec entry, for the manifest.
-    pub vm_config: Value,
+    /// What the manifest records of the VM (`vm.config`).
+    pub vm_config: crate::stored_config::StoredVmConfig,
     /// Testing: a fault for this snapshot's capture to obey (see
     /// [`crate::fault`]).
     pub fault: Option<crate::fault::Fault>,
@@ -51,36 +51,24 @@ pub struct Options {
     pub access_window: std::time::Duration,
 }
 
-/// The writer options a request's `storage` names: `zstd` (default), `lz4`,
-/// `none` (format 2, uncompressed), `v1` (format 1.0) or
-/// `lz4-random` (a benchmark control: pages scattered over 256 open blocks,
-/// blocks without locality), each optionally followed by `,no-disk` (see
-/// [`disk_layer_wanted`]).
-pub fn writer_options(storage: Option<&str>) -> Result<vmcsnap_capture::WriterOptions, AgentError> {
+/// The writer options `storage` (`--storage`, parsed by
+/// [`ImageStorage`]'s `FromStr`) names.
+pub fn writer_options(storage: ImageStorage) -> vmcsnap_capture::WriterOptions {
     use vmcsnap_capture::{Codec, WriterOptions};
-    let storage = storage
-        .map(|s| s.trim_end_matches(NO_DISK).trim_end_matches(','))
-        .filter(|s| !s.is_empty());
-    match storage {
-        None => Ok(WriterOptions::default()),
-        Some("v1") => Ok(WriterOptions::v1()),
+    let codec = |codec| WriterOptions {
+        codec,
+        ..Default::default()
+    };
+    match storage.layout {
+        StorageLayout::Zstd => WriterOptions::default(),
+        StorageLayout::Lz4 => codec(Codec::Lz4),
+        StorageLayout::None => codec(Codec::None),
+        StorageLayout::V1 => WriterOptions::v1(),
         // Halite's control: LZ4 blocks without locality (for benchmarks).
-        Some("lz4-random") => Ok(WriterOptions {
-            codec: Codec::Lz4,
+        StorageLayout::Lz4Random => WriterOptions {
             scatter_blocks: 256,
-            ..Default::default()
-        }),
-        Some(s) => {
-            let codec: Codec = s.parse().map_err(|_| {
-                AgentError::BadRequest(format!(
-                    "unknown image storage {s:?}: use lz4, zstd, none or v1"
-                ))
-            })?;
-            Ok(WriterOptions {
-                codec,
-                ..Default::default()
-            })
-        }
+            ..codec(Codec::Lz4)
+        },
     }
 }
 
@@ -102,16 +90,6 @@ pub fn set_block_pages(
     }
     writer.pages_per_block = n;
     Ok(())
-}
-
-/// The `storage` suffix that turns the detection layer off.
-pub(super) const NO_DISK: &str = "no-disk";
-
-/// Whether a request's `storage` wants the detection layer (pages on the
-/// frozen disk stored as references to it): yes unless it ends in
-/// `no-disk` (e.g. `lz4,no-disk`) or is `v1`, which cannot store them.
-pub fn disk_layer_wanted(storage: Option<&str>) -> bool {
-    storage.is_none_or(|s| !s.ends_with(NO_DISK) && s != "v1")
 }
 
 /// Lowers the calling thread's scheduling priority (nice +10): image
@@ -182,14 +160,14 @@ mod block_pages_tests {
 
     #[test]
     fn block_pages_are_checked() {
-        let mut w = writer_options(None).unwrap();
+        let mut w = writer_options(ImageStorage::default());
         set_block_pages(&mut w, 16).unwrap();
         assert_eq!(w.pages_per_block, 16);
         for n in [0, 4097] {
             let e = set_block_pages(&mut w, n).unwrap_err().to_string();
             assert!(e.contains("give 1 to 4096"), "{e}");
         }
-        let mut v1 = writer_options(Some("v1")).unwrap();
+        let mut v1 = writer_options("v1".parse().unwrap());
         let e = set_block_pages(&mut v1, 64).unwrap_err().to_string();
         assert!(e.contains("needs image format 2"), "{e}");
     }

@@ -1,11 +1,13 @@
 //! The typed result of every request: [`Response`], one variant per kind
 //! of answer, and the reports the variants carry.
 
+pub mod cluster_manifest;
 pub mod cluster_restore;
 pub mod cluster_snapshot;
 pub mod rejuvenate;
 pub mod restore;
 pub mod snapshot;
+pub mod snapshot_manifest;
 
 use serde::{Deserialize, Serialize};
 

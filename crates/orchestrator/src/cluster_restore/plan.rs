@@ -127,15 +127,10 @@ pub fn graph_edges(m: &ClusterManifest, names: &[String]) -> Vec<Edge> {
         *w.entry((e.from.clone(), e.to.clone())).or_default() += e.frames;
     }
     let known = |n: &str| names.iter().any(|x| x == n);
-    for p in m.metrics["switch"]["pairs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        let (Some(from), Some(to)) = (p["from"].as_str(), p["to"].as_str()) else {
-            continue;
-        };
-        if p["unicast_frames"].as_u64().unwrap_or(0) > 0 && from != to && known(from) && known(to) {
+    let switch = vmcsnap_control::ClusterSnapshotMetrics::read(&m.metrics).switch;
+    for p in switch.iter().flat_map(|s| &s.pairs) {
+        let (from, to) = (p.from.as_str(), p.to.as_str());
+        if p.unicast_frames > 0 && from != to && known(from) && known(to) {
             let e = w.entry((from.to_string(), to.to_string())).or_default();
             *e = (*e).max(1);
         }
@@ -224,7 +219,12 @@ mod tests {
             "format": "vmcsnap-cluster-snapshot", "version": 1, "name": "s", "cluster": "c", "mode": "hot",
             "created_unix_ms": 0, "network": {}, "vms": [vm("a"), vm("b"), vm("c")],
             "channel_state": { "file": "channel-state.bin", "frames": 0, "bytes": 0, "file_size": 0 },
-            "edges": edges, "metrics": { "switch": { "pairs": pairs } },
+            "edges": edges, "metrics": { "switch": {
+                "epoch": 0, "forwarded": 0, "held": 0, "logged": 0, "logged_bytes": 0, "dropped": 0,
+                "violations": 0, "triggers": 0, "bound_hits": 0, "unread_bytes_at_cut": 0,
+                "pending_pre_frames": 0, "log_overflow": 0, "unlogged_at_end": 0, "ports": [],
+                "pairs": pairs,
+            } },
         }))
         .unwrap()
     }
