@@ -72,34 +72,7 @@ pub(crate) fn dispatch(
             progress("handing over to a new agent image (VMs keep running)");
             Ok(Response::RestartAgent(info.wire()))
         }
-        Request::Up {
-            spec_path,
-            spec_toml,
-        } => {
-            if let Some(c) = cluster {
-                return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()));
-            }
-            let mut spec = ClusterSpec::from_toml_str(&spec_toml, vmcsnap_guest::MIN_MEMORY_MIB)
-                .map_err(|source| AgentError::Spec {
-                    path: spec_path.clone(),
-                    source,
-                })?;
-            // Paths in a spec (images, kernels, keys) are relative to it.
-            if let Some(dir) = spec_path.parent().filter(|d| d.is_absolute()) {
-                spec.resolve_relative_paths(dir);
-            }
-            tracing::info!(
-                cluster = %spec.cluster.name,
-                spec = %spec_path.display(),
-                "up {} from {}",
-                spec.cluster.name,
-                spec_path.display()
-            );
-            let c = Cluster::up(run, spec, progress)?;
-            let result = Response::Up(c.up_result());
-            *cluster = Some(c);
-            Ok(result)
-        }
+        request @ Request::Up { .. } => up(request, run, cluster, progress),
         Request::Status => match cluster {
             Some(c) => Ok(Response::Status(c.status())),
             None => Ok(Response::Status(idle_status())),
@@ -113,210 +86,14 @@ pub(crate) fn dispatch(
                 text: m.vm.console_tail(tail_bytes),
             }))
         }
-        Request::Rejuvenate {
-            vm,
-            mode,
-            qemu,
-            recover,
-            fault,
-        } => {
-            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
-            let qemu = qemu
-                .map(|q| crate::qemu::find_program(&q, "qemu-system-x86"))
-                .transpose()?;
-            if let Some(how) = recover {
-                let recovered = c.recover(vm.as_deref(), how, qemu.as_deref(), progress)?;
-                return Ok(Response::Recover(RecoverResult { recovered }));
-            }
-            let fault = fault
-                .map(|f| f.parse())
-                .transpose()
-                .map_err(|e: crate::fault::BadFault| AgentError::BadRequest(e.to_string()))?;
-            let vm_field = vm.as_deref().unwrap_or("*");
-            let _span = tracing::info_span!("rejuvenate", operation = "rejuvenate", vm = %vm_field)
-                .entered();
-            let t = std::time::Instant::now();
-            let reports = c.rejuvenate(vm.as_deref(), mode, qemu.as_deref(), fault, progress)?;
-            crate::metrics::record_rejuvenations(&reports);
-            let total_ms = t.elapsed().as_secs_f64() * 1000.0;
-            let unix_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0);
-            let result = RejuvenateResult {
-                unix_ms,
-                mode,
-                n: reports.len(),
-                total_ms,
-                reports,
-            };
-            let line = serde_json::to_string(&result).expect("reports serialise");
-            append(&run.rejuvenation_log(), &format!("{line}\n"))?;
-            Ok(Response::Rejuvenate(result))
+        request @ Request::Rejuvenate { .. } => rejuvenate(request, run, cluster, progress),
+        request @ Request::Snapshot { .. } => snapshot(request, run, cluster, progress),
+        request @ Request::ClusterSnapshot { .. } => {
+            cluster_snapshot(request, run, cluster, progress)
         }
-        Request::Snapshot {
-            vm,
-            mode,
-            name,
-            reference,
-            fault,
-            storage,
-            full,
-            block_pages,
-            access_window_s,
-        } => {
-            let storage = storage.unwrap_or_default();
-            let mut writer = crate::snapshot::writer_options(storage);
-            if let Some(n) = block_pages {
-                crate::snapshot::set_block_pages(&mut writer, n)?;
-            }
-            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
-            let fault = fault
-                .map(|f| f.parse())
-                .transpose()
-                .map_err(|e: crate::fault::BadFault| AgentError::BadRequest(e.to_string()))?;
-            let vm_config = crate::cluster_snapshot::vm_config(c, &vm)?;
-            let m = c.member_mut(&vm)?;
-            let opts = crate::snapshot::Options {
-                mode,
-                name,
-                reference,
-                fault,
-                vm_config,
-                target: None,
-                writer,
-                full,
-                disk_layer: storage.disk_layer(),
-                access_window: access_window_s.map_or(
-                    crate::snapshot::access::DEFAULT_WINDOW,
-                    std::time::Duration::from_secs,
-                ),
-            };
-            let mut hooks: Box<dyn crate::snapshot::Hooks> = match fault {
-                Some(crate::fault::Fault::PanicWhenPaused) => {
-                    Box::new(crate::fault::PanicWhenPaused)
-                }
-                Some(crate::fault::Fault::HangWhenPaused) => Box::new(crate::fault::HangWhenPaused),
-                _ => Box::new(crate::snapshot::NoHooks),
-            };
-            let _span = tracing::info_span!(
-                "snapshot",
-                operation = "snapshot",
-                vm = %vm,
-                snapshot = opts.name.as_deref().unwrap_or("(default name)")
-            )
-            .entered();
-            let report = crate::snapshot::snapshot(m, run, opts, hooks.as_mut(), progress)?;
-            crate::metrics::record_snapshot(&report);
-            Ok(Response::Snapshot(Box::new(report)))
-        }
-        Request::ClusterSnapshot {
-            mode,
-            name,
-            no_cut_probes,
-        } => {
-            let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
-            let cut_probes = if no_cut_probes {
-                0
-            } else {
-                vmcsnap_switch::mediator::probe::PROBES_BEFORE_PAUSE
-            };
-            let opts = crate::cluster_snapshot::Options {
-                mode,
-                name,
-                cut_probes,
-            };
-            let _span = tracing::info_span!(
-                "cluster_snapshot",
-                operation = "cluster-snapshot",
-                snapshot = opts.name.as_deref().unwrap_or("(default name)")
-            )
-            .entered();
-            let report = crate::cluster_snapshot::snapshot_cluster(c, run, opts, progress)?;
-            crate::metrics::record_cluster_snapshot(&report);
-            Ok(Response::ClusterSnapshot(Box::new(report)))
-        }
-        Request::Restore {
-            snapshot,
-            mode,
-            wss,
-            paused,
-            trace,
-            no_background,
-            no_priorities,
-            start_quiet_ms,
-            prefetch_blocks,
-            preempt,
-            wait,
-        } => {
-            check_start_quiet(start_quiet_ms)?;
-            let prefetch_blocks = match prefetch_blocks {
-                None => crate::restore::pages::PREFETCH_BLOCKS,
-                Some(n) if n <= crate::restore::pages::MAX_PREFETCH_BLOCKS => n as usize,
-                Some(n) => {
-                    return Err(AgentError::BadRequest(format!(
-                        "--prefetch-blocks {n}: give 0 to {}",
-                        crate::restore::pages::MAX_PREFETCH_BLOCKS
-                    )))
-                }
-            };
-            let wss = wss.map_or(
-                crate::restore::WssChoice::Auto,
-                crate::restore::WssChoice::Pages,
-            );
-            let opts = crate::restore::Options {
-                snapshot,
-                mode,
-                wss,
-                paused,
-                trace,
-                no_background,
-                priorities: !no_priorities,
-                start_quiet: Duration::from_millis(start_quiet_ms.unwrap_or(0)),
-                prefetch_blocks,
-                preempt,
-                cluster: None,
-                observer: None,
-            };
-            let early = (!wait).then_some(ctx);
-            let _span =
-                tracing::info_span!("restore", operation = "restore", snapshot = %opts.snapshot)
-                    .entered();
-            let report = crate::restore::restore(cluster, run, opts, early, progress)?;
-            crate::metrics::record_restore(&report);
-            Ok(Response::Restore(Box::new(report)))
-        }
-        Request::ClusterRestore {
-            snapshot,
-            mode,
-            no_priorities,
-            start_quiet_ms,
-            fault,
-            wait,
-        } => {
-            check_start_quiet(start_quiet_ms)?;
-            let fault = fault.map(|f| f.parse()).transpose().map_err(
-                |e: crate::fault::BadRestoreFault| AgentError::BadRequest(e.to_string()),
-            )?;
-            let opts = crate::cluster_restore::Options {
-                snapshot,
-                mode,
-                priorities: !no_priorities,
-                start_quiet: start_quiet_ms
-                    .map_or(crate::restore::CLUSTER_START_QUIET, Duration::from_millis),
-                fault,
-            };
-            let early = (!wait).then_some(ctx);
-            let _span = tracing::info_span!(
-                "cluster_restore",
-                operation = "cluster-restore",
-                snapshot = %opts.snapshot
-            )
-            .entered();
-            let report =
-                crate::cluster_restore::restore_cluster(cluster, run, opts, early, progress)?;
-            crate::metrics::record_cluster_restore(&report);
-            Ok(Response::ClusterRestore(Box::new(report)))
+        request @ Request::Restore { .. } => restore(request, run, cluster, ctx, progress),
+        request @ Request::ClusterRestore { .. } => {
+            cluster_restore(request, run, cluster, ctx, progress)
         }
         Request::Stop { vm } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
@@ -356,6 +133,290 @@ pub(crate) fn dispatch(
             Ok(Response::Shutdown(info.wire()))
         }
     }
+}
+
+/// Boots the cluster of a spec.
+fn up(
+    request: Request,
+    run: &RunDir,
+    cluster: &mut Option<Cluster>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Response, AgentError> {
+    let Request::Up {
+        spec_path,
+        spec_toml,
+    } = request
+    else {
+        unreachable!("dispatch routes only Up here")
+    };
+    if let Some(c) = cluster {
+        return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()));
+    }
+    let mut spec = ClusterSpec::from_toml_str(&spec_toml, vmcsnap_guest::MIN_MEMORY_MIB).map_err(
+        |source| AgentError::Spec {
+            path: spec_path.clone(),
+            source,
+        },
+    )?;
+    // Paths in a spec (images, kernels, keys) are relative to it.
+    if let Some(dir) = spec_path.parent().filter(|d| d.is_absolute()) {
+        spec.resolve_relative_paths(dir);
+    }
+    tracing::info!(
+        cluster = %spec.cluster.name,
+        spec = %spec_path.display(),
+        "up {} from {}",
+        spec.cluster.name,
+        spec_path.display()
+    );
+    let c = Cluster::up(run, spec, progress)?;
+    let result = Response::Up(c.up_result());
+    *cluster = Some(c);
+    Ok(result)
+}
+
+/// Restarts the QEMU of one VM or of all, or recovers a failed restart.
+fn rejuvenate(
+    request: Request,
+    run: &RunDir,
+    cluster: &mut Option<Cluster>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Response, AgentError> {
+    let Request::Rejuvenate {
+        vm,
+        mode,
+        qemu,
+        recover,
+    } = request
+    else {
+        unreachable!("dispatch routes only Rejuvenate here")
+    };
+    let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
+    let qemu = qemu
+        .map(|q| crate::qemu::find_program(&q, "qemu-system-x86"))
+        .transpose()?;
+    if let Some(how) = recover {
+        let recovered = c.recover(vm.as_deref(), how, qemu.as_deref(), progress)?;
+        return Ok(Response::Recover(RecoverResult { recovered }));
+    }
+    let fault = crate::fault::take_rejuvenate(run, vm.as_deref())?;
+    let vm_field = vm.as_deref().unwrap_or("*");
+    let _span =
+        tracing::info_span!("rejuvenate", operation = "rejuvenate", vm = %vm_field).entered();
+    let t = std::time::Instant::now();
+    let reports = c.rejuvenate(vm.as_deref(), mode, qemu.as_deref(), fault, progress)?;
+    crate::metrics::record_rejuvenations(&reports);
+    let total_ms = t.elapsed().as_secs_f64() * 1000.0;
+    let unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let result = RejuvenateResult {
+        unix_ms,
+        mode,
+        n: reports.len(),
+        total_ms,
+        reports,
+    };
+    let line = serde_json::to_string(&result).expect("reports serialise");
+    append(&run.rejuvenation_log(), &format!("{line}\n"))?;
+    Ok(Response::Rejuvenate(result))
+}
+
+/// Snapshots one VM.
+fn snapshot(
+    request: Request,
+    run: &RunDir,
+    cluster: &mut Option<Cluster>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Response, AgentError> {
+    let Request::Snapshot {
+        vm,
+        mode,
+        name,
+        reference,
+        storage,
+        full,
+        block_pages,
+        access_window_s,
+    } = request
+    else {
+        unreachable!("dispatch routes only Snapshot here")
+    };
+    let storage = storage.unwrap_or_default();
+    let mut writer = crate::snapshot::writer_options(storage);
+    if let Some(n) = block_pages {
+        crate::snapshot::set_block_pages(&mut writer, n)?;
+    }
+    let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
+    let fault = crate::fault::take_snapshot(run, &vm)?;
+    let vm_config = crate::cluster_snapshot::vm_config(c, &vm)?;
+    let m = c.member_mut(&vm)?;
+    let opts = crate::snapshot::Options {
+        mode,
+        name,
+        reference,
+        fault,
+        vm_config,
+        target: None,
+        writer,
+        full,
+        disk_layer: storage.disk_layer(),
+        access_window: access_window_s.map_or(
+            crate::snapshot::access::DEFAULT_WINDOW,
+            std::time::Duration::from_secs,
+        ),
+    };
+    let mut hooks: Box<dyn crate::snapshot::Hooks> =
+        crate::fault::paused_hooks(fault).unwrap_or_else(|| Box::new(crate::snapshot::NoHooks));
+    let _span = tracing::info_span!(
+        "snapshot",
+        operation = "snapshot",
+        vm = %vm,
+        snapshot = opts.name.as_deref().unwrap_or("(default name)")
+    )
+    .entered();
+    let report = crate::snapshot::snapshot(m, run, opts, hooks.as_mut(), progress)?;
+    crate::metrics::record_snapshot(&report);
+    Ok(Response::Snapshot(Box::new(report)))
+}
+
+/// Snapshots every VM of the cluster at once (HotSnap).
+fn cluster_snapshot(
+    request: Request,
+    run: &RunDir,
+    cluster: &mut Option<Cluster>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Response, AgentError> {
+    let Request::ClusterSnapshot {
+        mode,
+        name,
+        no_cut_probes,
+    } = request
+    else {
+        unreachable!("dispatch routes only ClusterSnapshot here")
+    };
+    let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
+    let cut_probes = if no_cut_probes {
+        0
+    } else {
+        vmcsnap_switch::mediator::probe::PROBES_BEFORE_PAUSE
+    };
+    let opts = crate::cluster_snapshot::Options {
+        mode,
+        name,
+        cut_probes,
+    };
+    let _span = tracing::info_span!(
+        "cluster_snapshot",
+        operation = "cluster-snapshot",
+        snapshot = opts.name.as_deref().unwrap_or("(default name)")
+    )
+    .entered();
+    let report = crate::cluster_snapshot::snapshot_cluster(c, run, opts, progress)?;
+    crate::metrics::record_cluster_snapshot(&report);
+    Ok(Response::ClusterSnapshot(Box::new(report)))
+}
+
+/// Restores one VM from its snapshot.
+fn restore(
+    request: Request,
+    run: &RunDir,
+    cluster: &mut Option<Cluster>,
+    ctx: &crate::loading::Ctx<'_>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Response, AgentError> {
+    let Request::Restore {
+        snapshot,
+        mode,
+        wss,
+        paused,
+        trace,
+        no_background,
+        no_priorities,
+        start_quiet_ms,
+        prefetch_blocks,
+        preempt,
+        wait,
+    } = request
+    else {
+        unreachable!("dispatch routes only Restore here")
+    };
+    check_start_quiet(start_quiet_ms)?;
+    let prefetch_blocks = match prefetch_blocks {
+        None => crate::restore::pages::PREFETCH_BLOCKS,
+        Some(n) if n <= crate::restore::pages::MAX_PREFETCH_BLOCKS => n as usize,
+        Some(n) => {
+            return Err(AgentError::BadRequest(format!(
+                "--prefetch-blocks {n}: give 0 to {}",
+                crate::restore::pages::MAX_PREFETCH_BLOCKS
+            )))
+        }
+    };
+    let wss = wss.map_or(
+        crate::restore::WssChoice::Auto,
+        crate::restore::WssChoice::Pages,
+    );
+    let opts = crate::restore::Options {
+        snapshot,
+        mode,
+        wss,
+        paused,
+        trace,
+        no_background,
+        priorities: !no_priorities,
+        start_quiet: Duration::from_millis(start_quiet_ms.unwrap_or(0)),
+        prefetch_blocks,
+        preempt,
+        cluster: None,
+        observer: None,
+    };
+    let early = (!wait).then_some(ctx);
+    let _span =
+        tracing::info_span!("restore", operation = "restore", snapshot = %opts.snapshot).entered();
+    let report = crate::restore::restore(cluster, run, opts, early, progress)?;
+    crate::metrics::record_restore(&report);
+    Ok(Response::Restore(Box::new(report)))
+}
+
+/// Restores a whole cluster snapshot (HotRestore).
+fn cluster_restore(
+    request: Request,
+    run: &RunDir,
+    cluster: &mut Option<Cluster>,
+    ctx: &crate::loading::Ctx<'_>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Response, AgentError> {
+    let Request::ClusterRestore {
+        snapshot,
+        mode,
+        no_priorities,
+        start_quiet_ms,
+        wait,
+    } = request
+    else {
+        unreachable!("dispatch routes only ClusterRestore here")
+    };
+    check_start_quiet(start_quiet_ms)?;
+    let fault = crate::fault::take_cluster_restore(run)?;
+    let opts = crate::cluster_restore::Options {
+        snapshot,
+        mode,
+        priorities: !no_priorities,
+        start_quiet: start_quiet_ms
+            .map_or(crate::restore::CLUSTER_START_QUIET, Duration::from_millis),
+        fault,
+    };
+    let early = (!wait).then_some(ctx);
+    let _span = tracing::info_span!(
+        "cluster_restore",
+        operation = "cluster-restore",
+        snapshot = %opts.snapshot
+    )
+    .entered();
+    let report = crate::cluster_restore::restore_cluster(cluster, run, opts, early, progress)?;
+    crate::metrics::record_cluster_restore(&report);
+    Ok(Response::ClusterRestore(Box::new(report)))
 }
 
 fn append(path: &std::path::Path, text: &str) -> Result<(), AgentError> {

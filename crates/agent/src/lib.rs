@@ -39,6 +39,7 @@ pub mod gc;
 pub mod guest_clock;
 pub mod guest_counters;
 pub mod handover;
+pub mod host_api;
 pub mod host_port;
 pub mod image_vm;
 pub mod intent;

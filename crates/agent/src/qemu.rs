@@ -238,10 +238,14 @@ fn opt_path(p: &Path) -> String {
     opt_value(&p.display().to_string())
 }
 
+/// File name of the working-set sampler's QMP socket in a VM's directory
+/// (`crate::sampler` uses it).
+pub const SAMPLER_SOCKET: &str = "sample.sock";
+
 impl QemuConfig {
     /// The working-set sampler's QMP socket, beside the main one.
     pub fn sample_socket(&self) -> PathBuf {
-        self.qmp_socket.with_file_name(crate::sampler::SOCKET_NAME)
+        self.qmp_socket.with_file_name(SAMPLER_SOCKET)
     }
 
     /// The node names of the writable disks, in device order: what a hot
@@ -314,8 +318,25 @@ impl QemuConfig {
 
     /// The arguments after the binary's name.
     pub fn args(&self) -> Vec<OsString> {
-        let mut a: Vec<OsString> = Vec::new();
-        let mut push = |s: String| a.push(s.into());
+        [
+            self.machine_args(),
+            self.boot_args(),
+            self.monitor_args(),
+            self.disk_args(),
+            self.net_args(),
+            self.image_args(),
+            self.start_args(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(OsString::from)
+        .collect()
+    }
+
+    /// The machine: its name, type, accelerator, memory and vCPUs.
+    fn machine_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        let mut push = |s: String| a.push(s);
         for s in [
             "-nodefaults",
             "-no-user-config",
@@ -359,6 +380,13 @@ impl QemuConfig {
             self.ram_kib(),
             opt_path(&self.ram_file)
         ));
+        a
+    }
+
+    /// A direct kernel boot: kernel, initrd, command line.
+    fn boot_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        let mut push = |s: String| a.push(s);
         // -kernel, -initrd and -append are plain strings (no option syntax).
         if let Some(kernel) = &self.kernel {
             push("-kernel".into());
@@ -372,6 +400,13 @@ impl QemuConfig {
                 push(self.cmdline.clone());
             }
         }
+        a
+    }
+
+    /// The serial console and the two QMP monitors.
+    fn monitor_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        let mut push = |s: String| a.push(s);
         push("-chardev".into());
         // append=on: a restarted QEMU continues the same console log.
         push(format!(
@@ -392,6 +427,13 @@ impl QemuConfig {
             "unix:{},server=on,wait=off",
             opt_path(&self.sample_socket())
         ));
+        a
+    }
+
+    /// The disks, each a virtio-blk device.
+    fn disk_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        let mut push = |s: String| a.push(s);
         for (i, d) in self.disks.iter().enumerate() {
             let ro = if d.read_only { ",read-only=on" } else { "" };
             push("-blockdev".into());
@@ -414,6 +456,13 @@ impl QemuConfig {
             push("-device".into());
             push(dev);
         }
+        a
+    }
+
+    /// The NIC: a stream netdev the switch dials.
+    fn net_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        let mut push = |s: String| a.push(s);
         push("-netdev".into());
         push(format!(
             "stream,id={NETDEV_ID},server=on,addr.type=unix,addr.path={}",
@@ -425,6 +474,13 @@ impl QemuConfig {
             self.bus(),
             self.mac
         ));
+        a
+    }
+
+    /// An image VM's guest agent, event channel and workload.
+    fn image_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        let mut push = |s: String| a.push(s);
         if let Some(img) = &self.image {
             push("-chardev".into());
             push(format!(
@@ -451,6 +507,13 @@ impl QemuConfig {
                 push(format!("name={WORKLOAD_FW_CFG},file={}", opt_path(w)));
             }
         }
+        a
+    }
+
+    /// Firmware, and how the VM starts: paused, incoming, or from CPR.
+    fn start_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        let mut push = |s: String| a.push(s);
         if let Some(d) = &self.data_dir {
             push("-L".into());
             push(d.display().to_string());

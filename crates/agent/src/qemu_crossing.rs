@@ -24,10 +24,10 @@
 use std::path::Path;
 use std::process::Command;
 
+use vmcsnap_control::RejuvenateMode as Mode;
 use vmcsnap_migstream::{Dialect, UnsupportedQemu};
 
 use crate::qemu::{Machine, QemuConfig};
-use crate::rejuvenate::Mode;
 use crate::vm::Vm;
 use crate::{log, AgentError};
 

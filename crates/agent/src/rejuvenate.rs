@@ -345,7 +345,7 @@ fn start_and_load(
     fault: Option<RejuvenateFault>,
 ) -> Result<(Started, Option<String>), AgentError> {
     // Both faults kill the new QEMU; `fallback-fails` fails the kept copy too.
-    let new_qemu_dies = fault.is_some();
+    let new_qemu_dies = crate::fault::new_qemu_dies(fault);
     match try_start_and_load_dying(
         qemu_bin,
         &crossing.for_new(installed(config, qemu_bin)),
@@ -361,9 +361,9 @@ fn start_and_load(
                 "VM {}: new QEMU failed ({first}); retrying with the kept copy of the previous one",
                 config.name
             ));
-            let second = match fault {
-                Some(RejuvenateFault::FallbackFails) => Err(RejuvenateFault::injected()),
-                _ => try_start_and_load(
+            let second = match crate::fault::fallback_failure(fault) {
+                Some(injected) => Err(injected),
+                None => try_start_and_load(
                     &prev.bin,
                     &crossing.for_old(prev.config(config)),
                     qemu_log,
@@ -513,9 +513,9 @@ fn cold(
         new.qmp()?;
         Ok(new)
     };
-    let first = match fault {
-        Some(RejuvenateFault::FallbackFails) => Err(RejuvenateFault::injected()),
-        _ => boot(qemu_bin, crossing.for_new(installed(&config, qemu_bin))),
+    let first = match crate::fault::fallback_failure(fault) {
+        Some(injected) => Err(injected),
+        None => boot(qemu_bin, crossing.for_new(installed(&config, qemu_bin))),
     };
     let (new, fallback_reason) = match first {
         Ok(v) => (v, None),
@@ -524,9 +524,9 @@ fn cold(
                 "VM {}: cold boot failed ({first}); retrying with the kept copy of the previous QEMU",
                 vm.name
             ));
-            let second = match fault {
-                Some(RejuvenateFault::FallbackFails) => Err(RejuvenateFault::injected()),
-                _ => boot(&prev.bin, crossing.for_old(prev.config(&config))),
+            let second = match crate::fault::fallback_failure(fault) {
+                Some(injected) => Err(injected),
+                None => boot(&prev.bin, crossing.for_old(prev.config(&config))),
             };
             match second {
                 Ok(v) => (v, Some(first.to_string())),

@@ -41,8 +41,9 @@ use vmcsnap_qmp::QmpClient;
 
 use crate::{log, RunDir};
 
-/// File name of the sampler's QMP socket in a VM's directory.
-pub const SOCKET_NAME: &str = "sample.sock";
+/// File name of the sampler's QMP socket in a VM's directory (the VM
+/// layer's: QEMU is started with it).
+pub use crate::qemu::SAMPLER_SOCKET as SOCKET_NAME;
 /// File name of the samples in a VM's directory.
 pub const SAMPLES_NAME: &str = "wss-samples.json";
 /// Time between two samplings of a VM.

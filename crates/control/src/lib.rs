@@ -5,9 +5,9 @@
 //!
 //! ```text
 //!  CLI                                   agent
-//!   | -- {"op":"hello","version":2}\n ->  |   the client's PROTOCOL_VERSION
+//!   | -- {"op":"hello","version":3}\n ->  |   the client's PROTOCOL_VERSION
 //!   | -- {"op":"up", ...}\n  ----------->  |
-//!   | <- {"kind":"hello","version":2}      |   the agent's; another version
+//!   | <- {"kind":"hello","version":3}      |   the agent's; another version
 //!   |                                      |   is a VersionMismatch error
 //!   | <- {"kind":"progress","message":..}  |   zero or more, for long operations
 //!   | <- {"kind":"progress","message":..}  |

@@ -45,9 +45,6 @@ pub enum Request {
         /// what it kept.
         #[serde(default)]
         recover: Option<Recover>,
-        /// Testing: a fault to inject (`fallback-fails`).
-        #[serde(default)]
-        fault: Option<String>,
     },
     /// Take a snapshot of one VM (memory and disk in one pause) into
     /// `<run-dir>/snapshots/<name>`. Result: [`Response::Snapshot`].
@@ -63,10 +60,6 @@ pub enum Request {
         /// snapshot, to compare the image with.
         #[serde(default)]
         reference: Option<PathBuf>,
-        /// Testing: a fault for the capture to obey, e.g.
-        /// `capture-error-after=BYTES` (see the agent's `fault` module).
-        #[serde(default)]
-        fault: Option<String>,
         /// How the memory image is stored (`--storage`; on the wire as
         /// on the command line, e.g. `"lz4,no-disk"`); `None`: the default.
         #[serde(default)]
@@ -123,10 +116,6 @@ pub enum Request {
         /// agent's default for a cluster restore (docs/restore.md).
         #[serde(default)]
         start_quiet_ms: Option<u64>,
-        /// Testing: a fault to inject, e.g.
-        /// `cohort-fail-when-peers-loaded=VM` (see the agent's `fault` module).
-        #[serde(default)]
-        fault: Option<String>,
         /// Answer once every page is loaded (the full report); otherwise
         /// once every guest runs, while the rest loads in the background.
         #[serde(default)]

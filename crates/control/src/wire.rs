@@ -16,8 +16,9 @@ pub const MAX_LINE: usize = 16 << 20;
 /// ([`Hello`]): one more whenever a request, a reply or a result changes
 /// shape. Version 1 is the protocol before versions were exchanged
 /// (untyped results); an agent of version 1 answers a hello with "unknown
-/// variant `hello`".
-pub const PROTOCOL_VERSION: u32 = 2;
+/// variant `hello`". Version 3 took the testing faults off the wire (the
+/// agent of a `fault-injection` build takes them from its run directory).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The first line a client sends: `{"op":"hello","version":N}` (an `op`,
 /// so that an agent from before versions refuses it as an unknown request

@@ -84,11 +84,9 @@ pub enum Command {
         /// Like --resume, but only on the kept copy of the QEMU the VM ran before.
         #[arg(long)]
         rollback: bool,
-        /// Testing: kill the new QEMU right after it started (new-qemu-dies: the kept copy
-        /// takes over), or fail both it and the kept copy (fallback-fails), to check what a
-        /// failed restart leaves and that --resume/--rollback recover it.
-        #[arg(long, hide = true, value_name = "FAULT")]
-        inject_fault: Option<String>,
+        /// Testing (a `fault-injection` build only): `--inject-fault FAULT`.
+        #[command(flatten)]
+        fault: crate::fault_arg::RejuvenateFault,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -115,14 +113,9 @@ pub enum Command {
         /// Debug: copy guest RAM to PATH while the VM is paused for the snapshot.
         #[arg(long, hide = true, value_name = "PATH", conflicts_with = "cluster")]
         reference: Option<PathBuf>,
-        /// Testing: make this snapshot's capture fail (capture-error-after=BYTES) or stop
-        /// reading (capture-stall-after=BYTES) part-way, or its commit hang until given up on
-        /// after SECONDS (commit-stall-deadline=SECONDS), to check what a failure leaves; or,
-        /// pre-copy, change page PAGE of guest RAM behind QEMU's back in the switch-over pause
-        /// (precopy-untracked-write=PAGE, put back before the guest resumes); or make a first
-        /// hot snapshot's read of guest RAM SECONDS longer (ram-read-delay=SECONDS).
-        #[arg(long, hide = true, value_name = "FAULT", conflicts_with = "cluster")]
-        inject_fault: Option<String>,
+        /// Testing (a `fault-injection` build only): `--inject-fault FAULT`.
+        #[command(flatten)]
+        fault: crate::fault_arg::SnapshotFault,
         /// How the memory image is stored: zstd (default: compressed locality blocks, equal
         /// pages once, page-cache pages as references to the frozen disk), lz4 (faster codec,
         /// larger image), none (no compression), v1 (image
@@ -215,12 +208,9 @@ pub enum Command {
         /// what it gains, see docs/restore.md).
         #[arg(long, conflicts_with = "cluster")]
         preempt: bool,
-        /// Testing, with --cluster: make VM's Cohort fail in place of LOAD_FIN once every VM
-        /// has loaded (cohort-fail-when-peers-loaded=VM), to check what an abandoned restore
-        /// leaves; or hold the background push (background-held-until=PATH) or START
-        /// (start-held-until=PATH) until PATH exists, to kill the agent at that stage.
-        #[arg(long, hide = true, value_name = "FAULT", requires = "cluster")]
-        inject_fault: Option<String>,
+        /// Testing (a `fault-injection` build only): `--inject-fault FAULT`.
+        #[command(flatten)]
+        fault: crate::fault_arg::RestoreFault,
         /// Return once every page is loaded, with the full report (full load time, demand
         /// faults, hit rate, TCP counters), instead of once every guest runs.
         #[arg(long)]

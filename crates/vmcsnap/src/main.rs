@@ -3,6 +3,7 @@
 //! the work happens in the libraries and the agent.
 
 mod cli;
+mod fault_arg;
 mod launch;
 mod output;
 mod output_cluster;
@@ -169,7 +170,7 @@ fn run(cli: Cli) -> Result<()> {
             qemu,
             resume,
             rollback,
-            inject_fault,
+            fault,
             json,
         } => {
             let recover = match (resume, rollback) {
@@ -177,6 +178,7 @@ fn run(cli: Cli) -> Result<()> {
                 (_, true) => Some(vmcsnap_control::Recover::Rollback),
                 _ => None,
             };
+            let _armed = fault.arm(&run_dir, vm.as_deref())?;
             let req = Request::Rejuvenate {
                 vm,
                 mode,
@@ -185,7 +187,6 @@ fn run(cli: Cli) -> Result<()> {
                     None => qemu_from_env()?,
                 },
                 recover,
-                fault: inject_fault,
             };
             match request(&run_dir.agent_socket(), &req)? {
                 Response::Recover(r) => output::json_or(json, &r, || output::recovered(&r)),
@@ -219,7 +220,7 @@ fn run(cli: Cli) -> Result<()> {
             mode,
             name,
             reference,
-            inject_fault,
+            fault,
             storage,
             full,
             block_pages,
@@ -230,6 +231,7 @@ fn run(cli: Cli) -> Result<()> {
             let vm = vm.context("name the VM to snapshot, or give --cluster")?;
             let reference =
                 reference.map(|r| std::env::current_dir().map(|d| d.join(&r)).unwrap_or(r));
+            let _armed = fault.arm(&run_dir, &vm)?;
             let v = request(
                 &run_dir.agent_socket(),
                 &Request::Snapshot {
@@ -237,7 +239,6 @@ fn run(cli: Cli) -> Result<()> {
                     mode,
                     name,
                     reference,
-                    fault: inject_fault,
                     storage,
                     full,
                     block_pages,
@@ -263,7 +264,7 @@ fn run(cli: Cli) -> Result<()> {
             mode,
             no_priorities,
             start_quiet,
-            inject_fault,
+            fault,
             wait,
             json,
             ..
@@ -272,7 +273,7 @@ fn run(cli: Cli) -> Result<()> {
                 Some(m) => m.parse().map_err(anyhow::Error::msg)?,
                 None => vmcsnap_control::ClusterRestoreMode::HotrestoreRl,
             };
-            let fault = inject_fault;
+            let _armed = fault.arm(&run_dir)?;
             let v = launch::request_started(
                 &run_dir,
                 &Request::ClusterRestore {
@@ -280,7 +281,6 @@ fn run(cli: Cli) -> Result<()> {
                     mode,
                     no_priorities,
                     start_quiet_ms: start_quiet,
-                    fault,
                     wait,
                 },
             )?;

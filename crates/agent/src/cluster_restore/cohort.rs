@@ -261,6 +261,7 @@ pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {
 /// The injected fault, once all `all` VMs have loaded: in place of LOAD_FIN
 /// the Cohort fails, or the VM's QEMU is killed as a crash would (and the
 /// restore must notice that by itself).
+#[cfg(feature = "fault-injection")]
 fn inject(kind: WhenPeersLoaded, vm: &str, all: usize, qemu_pid: u32, inbox: &Sender<CohortInput>) {
     match kind {
         WhenPeersLoaded::CohortFails => {
@@ -278,6 +279,12 @@ fn inject(kind: WhenPeersLoaded, vm: &str, all: usize, qemu_pid: u32, inbox: &Se
             unsafe { libc::kill(qemu_pid as i32, libc::SIGKILL) };
         }
     }
+}
+
+/// No fault in this build (`WhenPeersLoaded` is empty).
+#[cfg(not(feature = "fault-injection"))]
+fn inject(kind: WhenPeersLoaded, _: &str, _: usize, _: u32, _: &Sender<CohortInput>) {
+    match kind {}
 }
 
 /// Queues `frames` for `vm`'s port (held, so they wait for the guest in

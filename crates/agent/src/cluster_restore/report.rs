@@ -76,51 +76,7 @@ pub fn build(
             .and_then(|r| r.2)
     };
     let rel = |us: u64| us.saturating_sub(start_unix_us) as f64 / 1000.0;
-    // The guests' retransmission counters: first stat line after the
-    // restore vs one a few seconds later.
-    // Image VMs print no stat lines: their guest agents are read now and
-    // again once the lab guests' wait is over (and at least
-    // GUEST_AGENT_LATER after the first reading).
-    let configs: Vec<&crate::qemu::QemuConfig> = restored.iter().map(|r| &r.0.vm.config).collect();
-    let agents: Vec<&crate::qemu::QemuConfig> = configs
-        .iter()
-        .copied()
-        .filter(|c| guest_counters::from_agent(c))
-        .collect();
-    let agents_first = guest_counters::guest_counters_all(&agents);
-    let t = Instant::now();
-    let mut views: Vec<GuestView> = loop {
-        let v: Vec<GuestView> = restored
-            .iter()
-            .map(|r| {
-                crate::cluster_snapshot::parse_console(&crate::cluster_snapshot::console_text(
-                    &r.0.vm.config.console_log,
-                ))
-            })
-            .collect();
-        let lab = || {
-            v.iter()
-                .zip(&configs)
-                .filter(|(_, c)| !guest_counters::from_agent(c))
-                .map(|(g, _)| g)
-        };
-        let waited = t.elapsed();
-        let enough =
-            lab().all(|g| g.stat_lines >= 3) && (agents.is_empty() || waited >= GUEST_AGENT_LATER);
-        let some = lab().all(|g| g.stat_lines >= 1);
-        if enough || (some && waited > GUEST_STAT_WAIT) || waited > GUEST_FIRST_STAT_WAIT {
-            break v;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let agents_later = guest_counters::guest_counters_all(&agents);
-    let mut readings = agents_first.into_iter().zip(agents_later);
-    for (view, c) in views.iter_mut().zip(&configs) {
-        if guest_counters::from_agent(c) {
-            let (first, later) = readings.next().expect("one reading per image VM");
-            *view = guest_counters::agent_view(first, later);
-        }
-    }
+    let views = guest_views(restored);
     let mut vms: Vec<VmRestoreReport> = Vec::new();
     let mut full_load_ms = 0.0f64;
     for ((member, rep, started, replayed), view) in restored.iter().zip(views) {
@@ -217,6 +173,58 @@ pub fn build(
         duration_ms: t0.elapsed().as_secs_f64() * 1000.0,
         guest_clocks: Vec::new(),
     }
+}
+
+/// The guests' view of the restore, one per restored VM (in order): their
+/// TCP counters from the first stat line after the restore and one a few
+/// seconds later (or, for image VMs, from their guest agents).
+fn guest_views(restored: &[(Member, restore::Report, Option<u64>, u64)]) -> Vec<GuestView> {
+    // The guests' retransmission counters: first stat line after the
+    // restore vs one a few seconds later.
+    // Image VMs print no stat lines: their guest agents are read now and
+    // again once the lab guests' wait is over (and at least
+    // GUEST_AGENT_LATER after the first reading).
+    let configs: Vec<&crate::qemu::QemuConfig> = restored.iter().map(|r| &r.0.vm.config).collect();
+    let agents: Vec<&crate::qemu::QemuConfig> = configs
+        .iter()
+        .copied()
+        .filter(|c| guest_counters::from_agent(c))
+        .collect();
+    let agents_first = guest_counters::guest_counters_all(&agents);
+    let t = Instant::now();
+    let mut views: Vec<GuestView> = loop {
+        let v: Vec<GuestView> = restored
+            .iter()
+            .map(|r| {
+                crate::cluster_snapshot::parse_console(&crate::cluster_snapshot::console_text(
+                    &r.0.vm.config.console_log,
+                ))
+            })
+            .collect();
+        let lab = || {
+            v.iter()
+                .zip(&configs)
+                .filter(|(_, c)| !guest_counters::from_agent(c))
+                .map(|(g, _)| g)
+        };
+        let waited = t.elapsed();
+        let enough =
+            lab().all(|g| g.stat_lines >= 3) && (agents.is_empty() || waited >= GUEST_AGENT_LATER);
+        let some = lab().all(|g| g.stat_lines >= 1);
+        if enough || (some && waited > GUEST_STAT_WAIT) || waited > GUEST_FIRST_STAT_WAIT {
+            break v;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let agents_later = guest_counters::guest_counters_all(&agents);
+    let mut readings = agents_first.into_iter().zip(agents_later);
+    for (view, c) in views.iter_mut().zip(&configs) {
+        if guest_counters::from_agent(c) {
+            let (first, later) = readings.next().expect("one reading per image VM");
+            *view = guest_counters::agent_view(first, later);
+        }
+    }
+    views
 }
 
 /// A restored guest's TCP counters at the cut: exact when its cluster

@@ -21,7 +21,6 @@
 //! state written: a failed or abandoned cluster snapshot leaves nothing
 //! that is listed, and every VM keeps running.
 
-mod metrics;
 mod peer;
 mod report;
 
@@ -39,11 +38,11 @@ use vmcsnap_coord::snapshot::{
 use vmcsnap_coord::transport::InProcessNetwork;
 use vmcsnap_switch::PortId;
 
-pub use metrics::{
-    console_text, parse_console, tcp_now, Backoff, GuestView, PairBackoff, TcpCounters, TcpGrowth,
-};
 pub use report::{ClusterReport, VmReport};
 pub use vmcsnap_control::ProtocolStats;
+pub use vmcsnap_orchestrator::cluster_snapshot::metrics::{
+    console_text, parse_console, tcp_now, Backoff, GuestView, PairBackoff, TcpCounters, TcpGrowth,
+};
 
 use crate::cluster::Cluster;
 use crate::snapshot::{self, Mode};

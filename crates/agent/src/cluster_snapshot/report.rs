@@ -13,7 +13,6 @@ use vmcsnap_image::cluster::{
 };
 use vmcsnap_switch::LogReason;
 
-use super::metrics::{self, Moments, TcpCounters};
 use super::peer::VmOutcome;
 use super::ProtocolStats;
 use crate::cluster::Cluster;
@@ -22,6 +21,7 @@ use crate::qemu::QemuConfig;
 use crate::snapshot::Mode;
 use crate::AgentError;
 pub use vmcsnap_control::{ClusterSnapshotReport as ClusterReport, VmSnapshotReport as VmReport};
+use vmcsnap_orchestrator::cluster_snapshot::metrics::{self, Moments, TcpCounters};
 
 /// How long the switch may still hold pre-snapshot frames for post-snapshot
 /// VMs (their sockets full) after the protocol completed.

@@ -52,7 +52,7 @@ pub fn deadline_for(bytes: u64) -> Duration {
 }
 
 /// Commits `captured` within `deadline` (or the fault's); the error says
-/// what happened. `fault` = [`Fault::CommitStall`] hangs the commit until
+/// what happened. `fault` = `commit-stall-deadline` hangs the commit until
 /// it is given up on.
 pub fn commit_within(
     captured: Captured,
@@ -60,9 +60,9 @@ pub fn commit_within(
     fault: Option<Fault>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<CommittedInfo, String> {
-    let (deadline, stall) = match fault {
-        Some(Fault::CommitStall(secs)) => (Duration::from_secs(secs), true),
-        _ => (deadline, false),
+    let (deadline, stall) = match crate::fault::commit_stall(fault) {
+        Some(stalled) => (stalled, true),
+        None => (deadline, false),
     };
     let cancelled = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel();

@@ -114,10 +114,7 @@ pub fn snapshot(
     // starts waiting for QEMU's connection (a bounded wait), since the read
     // takes 20 s for a 4 GiB guest under TCG and longer on a busy host.
     if opts.mode == Mode::Hot && !vm.ram_populated {
-        let delay = match opts.fault {
-            Some(crate::fault::Fault::RamReadDelay(s)) => Duration::from_secs(s),
-            _ => Duration::ZERO,
-        };
+        let delay = crate::fault::ram_read_delay(opts.fault);
         populate_ram(vm, &*hooks, progress, delay)?;
     }
     let root = opts
@@ -615,7 +612,7 @@ fn run_mode(
             ctx.t.stop_us = event_ts(vm, "STOP")?;
             ctx.t.pause.start(ctx.t.stop_us);
             ctx.t.pause.mark("switchover", seen);
-            if let Some(crate::fault::Fault::PrecopyUntrackedWrite(page)) = ctx.fault {
+            if let Some(page) = crate::fault::precopy_untracked_write(ctx.fault) {
                 ctx.untracked_write =
                     Some(final_ram::UntrackedWrite::make(&vm.config.ram_file, page)?);
             }

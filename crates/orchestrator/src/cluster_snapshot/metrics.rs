@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 pub use vmcsnap_control::{Backoff, PairBackoff, TcpCounters, TcpGrowth};
 
-use crate::snapshot::Mode;
+use vmcsnap_control::SnapshotMode as Mode;
 
 /// The moments of one VM's snapshot that backoff is computed from (unix µs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -1,46 +1,12 @@
-//! Faults injected on purpose, for the tests of what a failed snapshot or
-//! cluster restore leaves behind.
-//!
-//! A failure in the middle of a migration is hard to provoke from outside
-//! (a disk that fills or hangs while the image is written), yet it is the
-//! case where a careless failure path leaves a guest paused. A snapshot
-//! request may therefore carry a fault (the CLI's hidden `vmcsnap snapshot
-//! VM --inject-fault FAULT`), which that snapshot's capture obeys:
-//!
-//! | FAULT | what the capture does |
-//! |---|---|
-//! | `capture-error-after=BYTES` | reads BYTES of QEMU's stream, then fails as a full disk would |
-//! | `capture-stall-after=BYTES` | reads BYTES, then stops reading without closing, as a hung disk would |
-//! | `commit-stall-deadline=SECONDS` | the image's commit hangs (as fsync on a hung disk) until the agent gives up on it, after SECONDS |
-//! | `panic-when-paused` | the request's handler panics right after the VM was paused, as a bug in the agent would |
-//! | `precopy-untracked-write=PAGE` | pre-copy only: in the switch-over pause, page PAGE of guest RAM is changed through the RAM file, a write QEMU's dirty tracking never sees (as TCG can miss one); the original bytes are put back before the guest resumes |
-//! | `ram-read-delay=SECONDS` | a first hot snapshot's read of guest RAM (before the pause) takes SECONDS longer, as it does for a large guest on a busy host |
-//! | `hang-when-paused` | the request's handler stops for [`HANG_WHEN_PAUSED`] right after the VM was paused (in a hot snapshot, with QEMU's priority raised), then fails: time for a test to kill the agent there |
-//!
-//! A cluster restore may carry a [`RestoreFault`] (the CLI's hidden
-//! `vmcsnap restore --cluster SNAP --inject-fault FAULT`):
-//!
-//! | FAULT | what the restore does |
-//! |---|---|
-//! | `cohort-fail-when-peers-loaded=VM` | VM's Cohort, once VM is loaded, waits until every other VM is loaded too, then reports a failure in place of LOAD_FIN |
-//! | `qemu-killed-when-peers-loaded=VM` | at the same moment, VM's QEMU is killed (SIGKILL) as a crash would, and no LOAD_FIN is sent: the restore has to notice the dead QEMU by itself |
-//!
-//! | `background-held-until=PATH` | every VM's page source pushes no page in the background (demand faults only) until PATH exists: the guests run while most of their pages are still to load |
-//! | `start-held-until=PATH` | START reaches no VM until PATH exists (the Coordinator sent it; the Cohort's worker waits): every VM is loaded and paused, waiting for START |
-//!
-//! With VM in a ring (or every other VM after it on the restore line), no
-//! guest can have started when the failure comes: every other VM is
-//! abandoned while paused, waiting for START, which a real failure hits
-//! only by chance. The last two leave time for a test to kill the agent
-//! at those stages of a cluster restore (docs/reliability.md).
-//!
-//! An unknown FAULT is refused, so a typo cannot silently test nothing.
+//! The faults of a `fault-injection` build (see the module above).
 
 use std::io::{Error, Read};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use crate::{AgentError, RunDir};
 
 /// A fault to inject into a snapshot's capture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -279,6 +245,162 @@ impl<R: Read> Read for FaultyReader<R> {
     }
 }
 
+/// The operation a fault is armed for: names its file under
+/// `<run-dir>/faults/`.
+#[derive(Debug, Clone, Copy)]
+pub enum Armed<'a> {
+    /// `vmcsnap snapshot VM`.
+    Snapshot(&'a str),
+    /// `vmcsnap rejuvenate --vm VM` (`Some`) or `--all` (`None`).
+    Rejuvenate(Option<&'a str>),
+    /// `vmcsnap restore --cluster`.
+    ClusterRestore,
+}
+
+impl Armed<'_> {
+    /// The fault's file in `run`.
+    pub fn path(&self, run: &RunDir) -> PathBuf {
+        let name = match self {
+            Armed::Snapshot(vm) => format!("snapshot-{vm}"),
+            Armed::Rejuvenate(Some(vm)) => format!("rejuvenate-{vm}"),
+            Armed::Rejuvenate(None) => "rejuvenate-all".to_string(),
+            Armed::ClusterRestore => "cluster-restore".to_string(),
+        };
+        run.root().join("faults").join(name)
+    }
+}
+
+/// Arms `fault` for the next `what` of the agent of `run` (which takes it
+/// when that operation starts). The run directory must exist.
+pub fn arm(run: &RunDir, what: Armed<'_>, fault: &str) -> std::io::Result<()> {
+    let path = what.path(run);
+    if let Some(dir) = path.parent() {
+        match std::fs::create_dir(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+    }
+    std::fs::write(path, fault)
+}
+
+/// Removes a fault armed for `what` that no operation took (the request
+/// failed before it started).
+pub fn disarm(run: &RunDir, what: Armed<'_>) {
+    let _ = std::fs::remove_file(what.path(run));
+}
+
+/// The fault armed for `what`, removed from its file (a fault applies to
+/// one operation); `None` if none is armed.
+fn take<T: std::str::FromStr>(run: &RunDir, what: Armed<'_>) -> Result<Option<T>, AgentError>
+where
+    T::Err: std::fmt::Display,
+{
+    let path = what.path(run);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(AgentError::io("reading the armed fault", path)(e)),
+    };
+    std::fs::remove_file(&path).map_err(AgentError::io("taking the armed fault", &path))?;
+    let fault = text
+        .parse()
+        .map_err(|e: T::Err| AgentError::BadRequest(e.to_string()))?;
+    tracing::warn!(fault = %text.trim(), path = %path.display(), "injecting an armed fault");
+    Ok(Some(fault))
+}
+
+/// The fault armed for a snapshot of `vm`.
+pub fn take_snapshot(run: &RunDir, vm: &str) -> Result<Option<Fault>, AgentError> {
+    take(run, Armed::Snapshot(vm))
+}
+
+/// The fault armed for a rejuvenation of `vm` (`None`: all VMs).
+pub fn take_rejuvenate(
+    run: &RunDir,
+    vm: Option<&str>,
+) -> Result<Option<RejuvenateFault>, AgentError> {
+    take(run, Armed::Rejuvenate(vm))
+}
+
+/// The fault armed for a cluster restore.
+pub fn take_cluster_restore(run: &RunDir) -> Result<Option<RestoreFault>, AgentError> {
+    take(run, Armed::ClusterRestore)
+}
+
+/// `ram-read-delay`: how much longer a first hot snapshot's RAM read takes.
+pub fn ram_read_delay(fault: Option<Fault>) -> Duration {
+    match fault {
+        Some(Fault::RamReadDelay(s)) => Duration::from_secs(s),
+        _ => Duration::ZERO,
+    }
+}
+
+/// `commit-stall-deadline`: the deadline of a commit that hangs.
+pub fn commit_stall(fault: Option<Fault>) -> Option<Duration> {
+    match fault {
+        Some(Fault::CommitStall(s)) => Some(Duration::from_secs(s)),
+        _ => None,
+    }
+}
+
+/// `precopy-untracked-write`: the page changed in the switch-over pause.
+pub fn precopy_untracked_write(fault: Option<Fault>) -> Option<u64> {
+    match fault {
+        Some(Fault::PrecopyUntrackedWrite(page)) => Some(page),
+        _ => None,
+    }
+}
+
+/// The snapshot hooks of `panic-when-paused` and `hang-when-paused`.
+pub fn paused_hooks(fault: Option<Fault>) -> Option<Box<dyn crate::snapshot::Hooks>> {
+    match fault {
+        Some(Fault::PanicWhenPaused) => Some(Box::new(PanicWhenPaused)),
+        Some(Fault::HangWhenPaused) => Some(Box::new(HangWhenPaused)),
+        _ => None,
+    }
+}
+
+/// Whether a rejuvenation's new QEMU is killed before it loads (both
+/// rejuvenation faults).
+pub fn new_qemu_dies(fault: Option<RejuvenateFault>) -> bool {
+    fault.is_some()
+}
+
+/// `fallback-fails`: the error that stands for a failed start of the
+/// kept QEMU (and of a cold restart's boot).
+pub fn fallback_failure(fault: Option<RejuvenateFault>) -> Option<AgentError> {
+    (fault == Some(RejuvenateFault::FallbackFails)).then(RejuvenateFault::injected)
+}
+
+/// The VM a restore fault names, if one.
+pub fn restore_fault_vm(fault: &Option<RestoreFault>) -> Option<&str> {
+    fault.as_ref().and_then(RestoreFault::vm)
+}
+
+/// What `vm` does once every VM has loaded, if the fault names it.
+pub fn when_peers_loaded(fault: &Option<RestoreFault>, vm: &str) -> Option<WhenPeersLoaded> {
+    match fault {
+        Some(RestoreFault::PeersLoaded { vm: v, kind }) if v == vm => Some(*kind),
+        _ => None,
+    }
+}
+
+/// `background-held-until=PATH`.
+pub fn background_held_until(fault: &Option<RestoreFault>) -> Option<PathBuf> {
+    match fault {
+        Some(RestoreFault::BackgroundHeldUntil(p)) => Some(p.clone()),
+        _ => None,
+    }
+}
+
+/// `start-held-until=PATH`.
+pub fn start_held_until(fault: &Option<RestoreFault>) -> Option<PathBuf> {
+    match fault {
+        Some(RestoreFault::StartHeldUntil(p)) => Some(p.clone()),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,5 +534,36 @@ mod tests {
         let mut got = Vec::new();
         r.read_to_end(&mut got).unwrap();
         assert_eq!(got, data);
+    }
+    #[test]
+    fn an_armed_fault_is_taken_once_and_a_bad_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::new(dir.path());
+        assert_eq!(take_snapshot(&run, "a").unwrap(), None);
+        arm(&run, Armed::Snapshot("a"), "capture-error-after=7").unwrap();
+        assert_eq!(
+            take_snapshot(&run, "b").unwrap(),
+            None,
+            "armed for a, not b"
+        );
+        assert_eq!(
+            take_snapshot(&run, "a").unwrap(),
+            Some(Fault::CaptureErrorAfter(7))
+        );
+        assert_eq!(take_snapshot(&run, "a").unwrap(), None, "taken once");
+        arm(&run, Armed::Rejuvenate(None), "new-qemu-dies").unwrap();
+        assert_eq!(
+            take_rejuvenate(&run, None).unwrap(),
+            Some(RejuvenateFault::NewQemuDies)
+        );
+        arm(&run, Armed::ClusterRestore, "disk-full=1").unwrap();
+        let e = take_cluster_restore(&run).unwrap_err().to_string();
+        assert!(
+            e.contains("not a fault a cluster restore can inject"),
+            "{e}"
+        );
+        arm(&run, Armed::Snapshot("a"), "x").unwrap();
+        disarm(&run, Armed::Snapshot("a"));
+        assert_eq!(take_snapshot(&run, "a").unwrap(), None, "disarmed");
     }
 }
