@@ -15,17 +15,22 @@ demo-redis: guest
 # `cargo build --release` leaves every fault out.
 TEST_FEATURES := --features vmcsnap/fault-injection
 
-test: lint guest qemu10
+# Built with the tests' features before the guest assets, so that the
+# test run reuses the build instead of compiling the agent a second time.
+test: lint qemu10
+	cargo build --release --workspace --bins $(TEST_FEATURES)
+	$(VMCSNAP) guest build
 	cargo test --release --workspace $(TEST_FEATURES) --no-fail-fast 2>&1
 
 # Guard rails: a clippy warning, an unformatted file or an unsafe block
 # without a SAFETY comment (workspace lints in Cargo.toml) fails the tests.
-# Clippy runs twice: with the faults (what the tests build) and without
-# (what a release build is).
+# Clippy runs twice: on the workspace with the faults (what the tests
+# build), and on the crates the feature changes without them (what a
+# release build is).
 lint: deps
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets $(TEST_FEATURES) -- -D warnings
-	cargo clippy --release --workspace --all-targets -- -D warnings
+	cargo clippy --release -p vmcsnap-agent -p vmcsnap --all-targets -- -D warnings
 
 deps:
 	scripts/install-deps.sh

@@ -33,7 +33,8 @@ fn a_first_hot_snapshot_whose_ram_read_outlasts_the_connect_wait_succeeds() {
     let env = Env::new();
     let spec = env.write_spec(SPEC);
     env.ok(&["up", spec.to_str().unwrap()]);
-    // Longer than the capture's 30 s wait for QEMU's connection.
+    // Longer than the capture's wait for QEMU's connection (30 s, 5 s
+    // with this fault armed: `fault::short_capture_waits`).
     let r = env.json(&[
         "snapshot",
         "a",
@@ -42,11 +43,11 @@ fn a_first_hot_snapshot_whose_ram_read_outlasts_the_connect_wait_succeeds() {
         "--name",
         "s1",
         "--inject-fault",
-        "ram-read-delay=35",
+        "ram-read-delay=8",
         "--json",
     ]);
     assert_eq!(r["name"], "s1", "{r}");
-    assert!(r["duration_ms"].as_f64().unwrap() > 35_000.0, "{r}");
+    assert!(r["duration_ms"].as_f64().unwrap() > 8_000.0, "{r}");
     let log = std::fs::read_to_string(env.run_dir().join("agent.log")).unwrap();
     assert!(log.contains("injected fault ram-read-delay"), "{log}");
     let listed = env.ok(&["snapshots"]);

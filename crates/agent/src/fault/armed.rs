@@ -335,6 +335,17 @@ pub fn ram_read_delay(fault: Option<Fault>) -> Duration {
     }
 }
 
+/// The capture's waits (for progress, for QEMU's connection) while a
+/// fault that runs into them is armed (`capture-stall-after`,
+/// `ram-read-delay`): 5 s instead of 30, so that a test of them does not
+/// wait half a minute each time. What they guard is the same.
+pub fn short_capture_waits(fault: Option<Fault>) -> Option<Duration> {
+    match fault {
+        Some(Fault::CaptureStallAfter(_) | Fault::RamReadDelay(_)) => Some(Duration::from_secs(5)),
+        _ => None,
+    }
+}
+
 /// `commit-stall-deadline`: the deadline of a commit that hangs.
 pub fn commit_stall(fault: Option<Fault>) -> Option<Duration> {
     match fault {

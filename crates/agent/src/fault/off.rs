@@ -65,6 +65,11 @@ pub fn ram_read_delay(_fault: Option<Fault>) -> Duration {
     Duration::ZERO
 }
 
+/// The capture's usual waits.
+pub fn short_capture_waits(_fault: Option<Fault>) -> Option<Duration> {
+    None
+}
+
 /// No stall.
 pub fn commit_stall(_fault: Option<Fault>) -> Option<Duration> {
     None

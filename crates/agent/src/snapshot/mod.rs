@@ -214,8 +214,8 @@ pub fn snapshot(
         final_dir.clone(),
         copts,
         opts.fault,
-        STALL_TIMEOUT,
-        ACCEPT_TIMEOUT,
+        crate::fault::short_capture_waits(opts.fault).unwrap_or(STALL_TIMEOUT),
+        crate::fault::short_capture_waits(opts.fault).unwrap_or(ACCEPT_TIMEOUT),
     );
     let mut ctx = Ctx {
         t: Timings::default(),
