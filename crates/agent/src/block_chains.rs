@@ -105,7 +105,7 @@ fn chains_from_graph(graph: &Graph, nodes: &[NamedNode]) -> Vec<DeviceChain> {
     let file_of = |id: u64| -> Option<PathBuf> {
         let own = child(id, "file").unwrap_or(id);
         let name = files.get(names.get(&own)?)?;
-        Some(crate::cluster::plain_filename(name))
+        Some(plain_filename(name))
     };
     let mut out = vec![];
     for backend in graph.nodes.iter().filter(|n| n.kind == "block-backend") {
@@ -145,12 +145,26 @@ fn from_query_block(blocks: &Value) -> Vec<DeviceChain> {
             let mut files = vec![];
             let mut img = &b["inserted"]["image"];
             while let Some(f) = img["filename"].as_str() {
-                files.push(crate::cluster::plain_filename(f));
+                files.push(plain_filename(f));
                 img = &img["backing-image"];
             }
             (!files.is_empty()).then_some(DeviceChain { top_node, files })
         })
         .collect()
+}
+
+/// The file of a block node's `filename`: QEMU names an image opened with
+/// options (an overlay whose backing file was given at run time) by a
+/// `json:{...}` pseudo-filename; its `file.filename` is the file.
+pub(crate) fn plain_filename(name: &str) -> PathBuf {
+    if let Some(json) = name.strip_prefix("json:") {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(json) {
+            if let Some(f) = v["file"]["filename"].as_str() {
+                return PathBuf::from(f);
+            }
+        }
+    }
+    PathBuf::from(name)
 }
 
 #[cfg(test)]
@@ -209,6 +223,14 @@ mod tests {
                     .to_vec(),
             }]
         );
+    }
+
+    #[test]
+    fn json_pseudo_filenames_name_their_file() {
+        let j = r#"json:{"backing": {"driver": "qcow2", "file": {"driver": "file", "filename": "/r/d.qcow2"}}, "driver": "qcow2", "file": {"driver": "file", "filename": "/r/d-1.qcow2"}}"#;
+        assert_eq!(plain_filename(j), PathBuf::from("/r/d-1.qcow2"));
+        assert_eq!(plain_filename("/r/d.qcow2"), PathBuf::from("/r/d.qcow2"));
+        assert_eq!(plain_filename("json:{bad"), PathBuf::from("json:{bad"));
     }
 
     #[test]

@@ -635,20 +635,6 @@ fn lab_cmdline(
     )?)
 }
 
-/// The file of a block node's `filename`: QEMU names an image opened with
-/// options (an overlay whose backing file was given at run time) by a
-/// `json:{...}` pseudo-filename; its `file.filename` is the file.
-pub(crate) fn plain_filename(name: &str) -> PathBuf {
-    if let Some(json) = name.strip_prefix("json:") {
-        if let Ok(v) = serde_json::from_str::<serde_json::Value>(json) {
-            if let Some(f) = v["file"]["filename"].as_str() {
-                return PathBuf::from(f);
-            }
-        }
-    }
-    PathBuf::from(name)
-}
-
 fn last_lines(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     let start = lines.len().saturating_sub(n);
@@ -717,14 +703,6 @@ pub fn plug(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn json_pseudo_filenames_name_their_file() {
-        let j = r#"json:{"backing": {"driver": "qcow2", "file": {"driver": "file", "filename": "/r/d.qcow2"}}, "driver": "qcow2", "file": {"driver": "file", "filename": "/r/d-1.qcow2"}}"#;
-        assert_eq!(plain_filename(j), PathBuf::from("/r/d-1.qcow2"));
-        assert_eq!(plain_filename("/r/d.qcow2"), PathBuf::from("/r/d.qcow2"));
-        assert_eq!(plain_filename("json:{bad"), PathBuf::from("json:{bad"));
-    }
 
     /// Regression (issue 29): `up` refused an image VM's 6 KB workload with
     /// "kernel command line would be 8155 bytes, the limit is 2047": the

@@ -38,17 +38,7 @@ fn thirty_six_snapshots_deletes_and_a_restore_on_one_disk_chain() {
     env.ok(&["up", spec.to_str().unwrap()]);
     for i in 1..=SNAPSHOTS {
         let name = format!("p{i}");
-        let r = env.json(&[
-            "snapshot",
-            "a",
-            "--mode",
-            "stop-copy",
-            "--full",
-            "--name",
-            &name,
-            "--json",
-        ]);
-        assert_eq!(r["name"], name.as_str(), "{r}");
+        env.full_snapshot("a", "stop-copy", &name);
         // Every other one deleted: the running VM's chain must be known
         // to the delete, which keeps the files a running VM reads.
         if i % 2 == 1 {
@@ -61,17 +51,7 @@ fn thirty_six_snapshots_deletes_and_a_restore_on_one_disk_chain() {
     // The restored VM runs on the last snapshot's frozen chain, and can be
     // snapshotted again.
     env.ok(&["restore", "--wait", &last]);
-    let r = env.json(&[
-        "snapshot",
-        "a",
-        "--mode",
-        "stop-copy",
-        "--full",
-        "--name",
-        "after",
-        "--json",
-    ]);
-    assert_eq!(r["name"], "after", "{r}");
+    env.full_snapshot("a", "stop-copy", "after");
     env.ok(&["inspect", "after", "--verify"]);
     env.ok(&["down"]);
 }

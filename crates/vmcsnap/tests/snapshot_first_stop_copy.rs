@@ -38,17 +38,7 @@ fn the_first_stop_copy_snapshot_of_a_busy_vm_completes() {
     env.wait_console("a", "20 s of memtouch", Duration::from_secs(300), |c| {
         last_field(c, "memtouch:", "t").unwrap_or(0) >= 20
     });
-    let r = env.json(&[
-        "snapshot",
-        "a",
-        "--mode",
-        "stop-copy",
-        "--full",
-        "--name",
-        "s1",
-        "--json",
-    ]);
-    assert_eq!(r["name"], "s1", "{r}");
+    env.full_snapshot("a", "stop-copy", "s1");
     let verify = env.ok(&["inspect", "s1", "--verify"]);
     assert!(verify.contains("  verify "), "{verify}");
     // The guest runs on, its memory intact.

@@ -50,11 +50,25 @@ impl Shared {
     }
 }
 
-/// Sets [`Shared::ended`] when the capture thread returns, or panics.
+/// When the capture thread returns, or panics: shuts QEMU's connection
+/// and sets [`Shared::ended`].
+///
+/// The connection's clone in [`Shared::conn`] kept the socket open after
+/// a capture that failed (a full disk), so QEMU went on writing into a
+/// socket nobody read. A stop-copy sends most of guest RAM with QEMU's
+/// main loop locked: QEMU blocked there, and the snapshot ended with "timed
+/// out after 120s waiting for the reply to query-migrate" instead of the
+/// disk-full error (fault_matrix's stop-copy × disk full cell, in CI).
+/// Shut, QEMU's next write fails and its migration ends at once. After a
+/// capture that succeeded QEMU has closed its end already.
 struct EndGuard(Arc<Shared>);
 
 impl Drop for EndGuard {
     fn drop(&mut self) {
+        let conn = self.0.conn.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(c) = conn {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
         self.0.ended.store(true, Ordering::SeqCst);
     }
 }
@@ -335,6 +349,30 @@ mod tests {
         assert!(ended(&mut cap));
         let e = cap.error().expect("garbage is an error").to_string();
         assert!(!e.contains("did not connect"), "{e}");
+    }
+
+    /// Regression: QEMU's writes after a failed capture must fail, not
+    /// block (see [`EndGuard`]).
+    #[test]
+    fn qemu_writing_into_a_failed_capture_is_cut_off() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut cap, sock) = started(d.path(), Duration::from_secs(10));
+        cap.expect_connection();
+        let mut qemu = UnixStream::connect(&sock).unwrap();
+        qemu.set_write_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        use std::io::Write;
+        let _ = qemu.write_all(b"not a migration stream");
+        assert!(ended(&mut cap));
+        assert!(cap.error().is_some(), "garbage is an error");
+        let chunk = vec![0u8; 1 << 20];
+        let e = (0..64)
+            .find_map(|_| qemu.write_all(&chunk).err())
+            .expect("64 MiB went into a capture that had failed");
+        assert!(
+            matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset),
+            "QEMU's write blocked or failed otherwise: {e}"
+        );
     }
 
     #[test]

@@ -133,7 +133,7 @@ fn backing_of(file: &Path) -> Option<PathBuf> {
     let mut name = vec![0u8; len as usize];
     f.read_exact_at(&mut name, offset).ok()?;
     let name = String::from_utf8(name).ok()?;
-    let p = crate::cluster::plain_filename(&name);
+    let p = crate::block_chains::plain_filename(&name);
     Some(if p.is_absolute() {
         p
     } else {

@@ -122,6 +122,16 @@ impl Env {
             .unwrap_or_else(|e| panic!("bad JSON from {args:?}: {e}: {text}"))
     }
 
+    /// A full snapshot of `vm` in `mode` named `name`, which must succeed
+    /// and be reported under that name; returns the report.
+    pub fn full_snapshot(&self, vm: &str, mode: &str, name: &str) -> serde_json::Value {
+        let r = self.json(&[
+            "snapshot", vm, "--mode", mode, "--full", "--name", name, "--json",
+        ]);
+        assert_eq!(r["name"], name, "{r}");
+        r
+    }
+
     pub fn console(&self, vm: &str) -> String {
         self.ok(&["console", vm])
     }
