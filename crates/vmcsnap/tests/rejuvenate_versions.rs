@@ -143,7 +143,7 @@ fn warm_saved_and_cold_restarts_on_qemu_10_0() {
     assert!(same_file(&exe_of(&r["new_pid"]), &q10), "{r}");
     assert_same_connection(&env, conn, "warm on 10.0");
     assert_memtouch_clean(&env, "srv");
-    assert!(uptime(&env.console("srv")) > up);
+    assert_uptime_went_on(&env, "srv", up, "warm on 10.0");
 
     let up = uptime(&env.console("cli"));
     let r = rejuvenate(&env, "cli", "saved", None);
@@ -151,7 +151,7 @@ fn warm_saved_and_cold_restarts_on_qemu_10_0() {
     assert_eq!(r["fell_back_to_old_binary"], false, "{r}");
     assert_same_connection(&env, conn, "saved on 10.0");
     assert_memtouch_clean(&env, "cli");
-    assert!(uptime(&env.console("cli")) > up);
+    assert_uptime_went_on(&env, "cli", up, "saved on 10.0");
 
     let up = uptime(&env.console("srv"));
     let r = rejuvenate(&env, "srv", "cold", None);
@@ -192,7 +192,7 @@ fn upgrade_from_7_2_to_10_0_keeps_the_guest_and_the_way_back_is_refused() {
     assert!(r["state_bytes"].as_u64().unwrap() < 4 << 20, "{r}");
     assert_same_connection(&env, conn, "warm upgrade 7.2 -> 10.0");
     assert_memtouch_clean(&env, "srv");
-    assert!(uptime(&env.console("srv")) > up, "the guest rebooted");
+    assert_uptime_went_on(&env, "srv", up, "the guest rebooted");
     // Again on 10.0 (its firmware stays the one it booted with).
     let r = rejuvenate(&env, "srv", "warm", Some(&q10));
     assert_eq!(r["fell_back_to_old_binary"], false, "{r}");
@@ -386,7 +386,7 @@ fn cpr_transfer_on_qemu_10_0_keeps_the_guest() {
         assert!(same_file(&exe_of(&r["new_pid"]), &q10), "{r}");
         assert_same_connection(&env, conn, &format!("cpr round {round}"));
         assert_memtouch_clean(&env, "srv");
-        assert!(uptime(&env.console("srv")) > up, "round {round}: rebooted");
+        assert_uptime_went_on(&env, "srv", up, &format!("round {round}: rebooted"));
         let srv = status_of(&env, "srv");
         assert_eq!(srv["pid"], r["new_pid"], "{srv}");
         assert_eq!(srv["state"], "running", "{srv}");
@@ -489,4 +489,20 @@ fn q35_vms_upgrade_warm_from_7_2_to_10_0_and_back_keeping_data_and_connection() 
     q35_warm_to(&env, "primary", &q7, l2, "server 10.0 -> 7.2");
     env.ok(&["down"]);
     env.assert_clean();
+}
+
+/// Waits for the guest's next `vmcsnap-stat` line, then asserts that its
+/// uptime went on from `up` (the guest did not reboot). CI once read the
+/// console right after a saved restart returned, before the guest had
+/// printed a line since, and saw the old uptime.
+fn assert_uptime_went_on(env: &Env, vm: &str, up: f64, what: &str) {
+    let stats = |c: &str| c.lines().filter(|l| l.starts_with("vmcsnap-stat")).count();
+    let n = stats(&env.console(vm));
+    let c = env.wait_console(
+        vm,
+        "a new vmcsnap-stat line",
+        Duration::from_secs(120),
+        |c| stats(c) > n,
+    );
+    assert!(uptime(&c) > up, "{what}: uptime {} after {up}", uptime(&c));
 }
