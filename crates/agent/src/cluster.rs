@@ -150,6 +150,7 @@ impl Cluster {
                 module_dir: None,
                 bios: None,
                 ram_pad_kib: Some(0),
+                microvm_pic: Some(false),
                 cpr_ready: false,
                 cpr_channel: None,
             };
