@@ -189,7 +189,7 @@ pub fn recover_dead(config: &QemuConfig, qemu_log: &Path) -> Option<Vm> {
 /// The installed QEMU, then the kept copy of the previous one.
 fn start_again(config: &QemuConfig, qemu_log: &Path, intent: &Intent) -> Result<Vm, AgentError> {
     use crate::restart_recovery as r;
-    let candidates = r::candidates(config, r::How::Resume, None)?;
+    let candidates = r::candidates(config, intent, r::How::Resume, None)?;
     r::start_again(config, qemu_log, intent, &candidates).map(|(vm, _)| vm)
 }
 

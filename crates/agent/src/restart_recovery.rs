@@ -7,7 +7,10 @@
 //! A cold restart leaves the `boot` intent. From that:
 //!
 //! - **resume** tries the QEMU the operator names (`VMCSNAP_QEMU` of the
-//!   CLI, else the installed one), then the kept copy;
+//!   CLI, else the installed one), then the kept copy. A named QEMU whose
+//!   release cannot load what the kept copy's release saved (a microvm VM
+//!   from 10.0 to 7.2, [`crate::qemu_crossing::check`]) is refused before
+//!   anything starts; the installed one is then skipped, with a log line;
 //! - **rollback** tries the kept copy only: the VM goes back to the QEMU it
 //!   ran before the restart.
 //!
@@ -32,25 +35,39 @@ pub use vmcsnap_control::Recover as How;
 /// one.
 pub fn candidates(
     config: &QemuConfig,
+    intent: &Intent,
     how: How,
     qemu: Option<&Path>,
 ) -> Result<Vec<(PathBuf, QemuConfig)>, AgentError> {
     let kept_dir = crate::qemu_kept::dir_of(config);
+    let kept = crate::qemu_kept::load(&kept_dir);
+    let old_bin = kept.as_ref().map(|k| k.bin.as_path());
     let mut v = vec![];
     let mut missing = None;
     if how == How::Resume {
         match qemu {
-            Some(p) => v.push((p.to_path_buf(), installed(config, p))),
-            None => match crate::qemu::find_qemu() {
-                Ok(p) => {
-                    let c = installed(config, &p);
-                    v.push((p, c))
+            Some(p) => {
+                if let Some(why) = refused_crossing(config, intent, old_bin, p) {
+                    return Err(AgentError::BadRequest(format!(
+                        "{why}; nothing was started: `vmcsnap rejuvenate --vm {} --rollback` starts it on the kept copy, or name a QEMU of that release in VMCSNAP_QEMU",
+                        config.name
+                    )));
                 }
+                v.push((p.to_path_buf(), installed(config, p)))
+            }
+            None => match crate::qemu::find_qemu() {
+                Ok(p) => match refused_crossing(config, intent, old_bin, &p) {
+                    Some(why) => log(format!("{why}; trying the kept copy only")),
+                    None => {
+                        let c = installed(config, &p);
+                        v.push((p, c))
+                    }
+                },
                 Err(e) => missing = Some(e),
             },
         }
     }
-    if let Some(k) = crate::qemu_kept::load(&kept_dir) {
+    if let Some(k) = kept {
         v.push((k.bin.clone(), k.config(config)));
     }
     if v.is_empty() {
@@ -64,6 +81,35 @@ pub fn candidates(
         });
     }
     Ok(v)
+}
+
+/// Why `bin` cannot load the state of the unfinished restart `intent`,
+/// saved by the QEMU release of `old_bin` (the kept copy of the QEMU the VM
+/// ran): `None` if it can, for a cold restart's fresh boot, or when a
+/// release cannot be read (the load itself then tells).
+fn refused_crossing(
+    config: &QemuConfig,
+    intent: &Intent,
+    old_bin: Option<&Path>,
+    bin: &Path,
+) -> Option<String> {
+    use crate::qemu_crossing::{binary_version, check, dialect_of};
+    let mode = match intent {
+        Intent::Restart { warm: true, .. } => vmcsnap_control::RejuvenateMode::Warm,
+        Intent::Restart { warm: false, .. } => vmcsnap_control::RejuvenateMode::Saved,
+        Intent::Boot | Intent::Resume => return None,
+    };
+    let name = &config.name;
+    let from = dialect_of(name, binary_version(old_bin?).ok()?).ok()?;
+    let to = dialect_of(name, binary_version(bin).ok()?).ok()?;
+    match check(name, config.machine, mode, from, to) {
+        Ok(()) => None,
+        Err(crate::qemu_crossing::CrossingError::Refused { why, .. }) => Some(format!(
+            "VM {name:?}: {} is {to}, which cannot load the state {from} saved ({why})",
+            bin.display()
+        )),
+        Err(e) => Some(e.to_string()),
+    }
 }
 
 /// Starts the VM of `config` again as `intent` (`restart` or `boot`) says,
@@ -152,7 +198,7 @@ pub fn recover(
         }
     };
     let config = member.vm.config.clone();
-    let cands = candidates(&config, how, qemu)?;
+    let cands = candidates(&config, &intent, how, qemu)?;
     let (mut vm, bin) = start_again(&config, &member.vm.qemu_log, &intent, &cands)?;
     vm.boot_ms = member.vm.boot_ms;
     member.vm = vm;
@@ -180,4 +226,105 @@ pub fn recover(
         on_kept_copy,
         pid: member.vm.pid,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn config(dir: &Path, machine: &str) -> QemuConfig {
+        serde_json::from_value(serde_json::json!({
+            "name": "a", "accel": "tcg", "memory_mib": 64, "vcpus": 1,
+            "ram_file": dir.join("ram"), "kernel": "/k", "machine": machine,
+            "console_log": dir.join("console.log"), "qmp_socket": dir.join("qmp.sock"),
+            "disks": [], "port_socket": dir.join("port.sock"),
+            "mac": "52:54:00:00:00:01", "incoming": false
+        }))
+        .unwrap()
+    }
+
+    /// A stand-in for a QEMU binary that only answers `--version`.
+    fn fake_qemu(path: &Path, version: &str) {
+        std::fs::write(
+            path,
+            format!("#!/bin/sh\necho 'QEMU emulator version {version} (test)'\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// A kept copy of a QEMU of release `version` for the VM of `config`.
+    fn keep_fake(config: &QemuConfig, version: &str) {
+        let dir = crate::qemu_kept::dir_of(config);
+        std::fs::create_dir_all(&dir).unwrap();
+        fake_qemu(&dir.join("qemu-system-x86_64"), version);
+        let origin = crate::qemu_kept::Origin {
+            installed: "/usr/bin/qemu-system-x86_64".into(),
+            data_dir: None,
+        };
+        std::fs::write(dir.join("kept.json"), serde_json::to_vec(&origin).unwrap()).unwrap();
+    }
+
+    fn warm() -> Intent {
+        Intent::Restart {
+            state: "/nowhere/state".into(),
+            warm: true,
+        }
+    }
+
+    /// Regression test: `rejuvenate --resume` with a named QEMU that cannot
+    /// load the saved state (a microvm VM saved by 10.0, resumed on 7.2)
+    /// used to try it anyway: the load failed in QEMU, then the kept copy
+    /// was tried. It is refused before anything starts, naming both
+    /// releases and the way out.
+    #[test]
+    fn a_resume_on_a_release_that_cannot_load_the_state_is_refused_before_starting() {
+        let d = tempfile::tempdir().unwrap();
+        let c = config(d.path(), "microvm");
+        keep_fake(&c, "10.0.2");
+        let q7 = d.path().join("qemu72");
+        fake_qemu(&q7, "7.2.19");
+        let e = candidates(&c, &warm(), How::Resume, Some(&q7))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("is QEMU 7.2, which cannot load the state QEMU 10.0 saved"),
+            "{e}"
+        );
+        assert!(
+            e.contains("nothing was started") && e.contains("--rollback"),
+            "{e}"
+        );
+        // A rollback uses the kept copy alone.
+        let v = candidates(&c, &warm(), How::Rollback, Some(&q7)).unwrap();
+        assert_eq!(v.len(), 1);
+        assert!(v[0].0.ends_with("qemu-kept/qemu-system-x86_64"));
+    }
+
+    #[test]
+    fn resumes_that_qemu_can_make_keep_the_named_binary_first() {
+        let d = tempfile::tempdir().unwrap();
+        let q10 = d.path().join("qemu10");
+        fake_qemu(&q10, "10.0.2");
+        let q7 = d.path().join("qemu72");
+        fake_qemu(&q7, "7.2.19");
+        // An upgrade of a microvm VM, a q35 VM either way, a cold restart's
+        // boot either way.
+        for (machine, kept, named, intent) in [
+            ("microvm", "7.2.19", &q10, warm()),
+            ("q35", "10.0.2", &q7, warm()),
+            ("microvm", "10.0.2", &q7, Intent::Boot),
+        ] {
+            let dir = d
+                .path()
+                .join(format!("{machine}-{kept}-{intent:?}").replace('/', "_"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let c = config(&dir, machine);
+            keep_fake(&c, kept);
+            let v = candidates(&c, &intent, How::Resume, Some(named)).unwrap();
+            assert_eq!(v.len(), 2, "{machine} {kept} {intent:?}");
+            assert_eq!(&v[0].0, named);
+        }
+    }
 }
