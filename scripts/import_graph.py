@@ -12,7 +12,7 @@ file that defines the module, and prints:
     qemu_exit.rs, qemu_kept.rs, vm.rs, record.rs, capacity.rs, paths.rs,
     and every file that talks QMP through vmcsnap_qmp) importing a file of
     the operations (snapshot, restore, rejuvenate, removal, sampler), of
-    the cluster (cluster.rs, cluster_snapshot/, cluster_restore/, the
+    the cluster (cluster.rs, cluster_record.rs, cluster_snapshot/, cluster_restore/, the
     orchestrator crate) or of the server (server.rs, dispatch.rs).
 
 Test code is left out (files tests.rs and *_tests.rs, and everything from
@@ -37,11 +37,11 @@ CRATES = {
 
 VM_FILES = {
     "qemu.rs", "qemu_exit.rs", "qemu_kept.rs", "vm.rs", "record.rs",
-    "capacity.rs", "paths.rs",
+    "capacity.rs", "paths.rs", "guest_console.rs",
 }
 OPERATIONS = ("snapshot", "restore", "rejuvenate", "rejuvenate_cpr",
               "snapshot_removal", "sampler")
-CLUSTER = ("cluster", "cluster_snapshot", "cluster_restore")
+CLUSTER = ("cluster", "cluster_record", "cluster_snapshot", "cluster_restore")
 SERVER = ("server", "dispatch")
 
 

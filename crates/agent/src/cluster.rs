@@ -168,7 +168,7 @@ impl Cluster {
             config.cpu = crate::cpu_model::choose(self.accel, dialect, kernel_release.as_deref());
             // Recorded before it starts: no QEMU of ours runs unrecorded.
             let qemu_log = dir.join("qemu.log");
-            crate::record::save(
+            crate::cluster_record::save(
                 &self.run,
                 self,
                 &[crate::record::VmRecord::pending(
@@ -276,7 +276,7 @@ impl Cluster {
         })
     }
 
-    /// A cluster whose VMs a new agent adopts ([`crate::record::adopt`]):
+    /// A cluster whose VMs a new agent adopts ([`crate::cluster_record::adopt`]):
     /// a fresh switch, and nothing in the cluster directory is touched.
     pub fn adopted(
         run: &RunDir,
@@ -302,7 +302,7 @@ impl Cluster {
 
     /// Writes the durable record of the cluster's VMs (see [`crate::record`]).
     pub fn persist(&self) -> Result<(), AgentError> {
-        crate::record::save(&self.run, self, &[])
+        crate::cluster_record::save(&self.run, self, &[])
     }
 
     /// Stops one VM: its QEMU, RAM file, sockets and switch port go; its
@@ -578,7 +578,7 @@ impl Cluster {
         if !removed.is_empty() {
             log(format!("teardown: removed the VMs' disks {removed:?}"));
         }
-        crate::record::clear(&self.run);
+        crate::cluster_record::clear(&self.run);
     }
 }
 

@@ -1,7 +1,7 @@
 //! Where a guest's TCP counters come from.
 //!
 //! The lab guest prints them on its console once a second (`vmcsnap-stat`
-//! lines, see [`crate::cluster_snapshot::parse_console`]); that path is
+//! lines, see [`crate::guest_console::parse_console`]); that path is
 //! unchanged and still waits for stat lines where the reports need them.
 //! An image VM (a real distribution image, [`QemuConfig::image`]) prints no
 //! such lines: its counters are read from `/proc/net` through its guest
@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use vmcsnap_qmp::ga;
 
-use crate::cluster_snapshot::{GuestView, TcpCounters};
+use crate::guest_console::GuestView;
 use crate::qemu::QemuConfig;
+use vmcsnap_control::TcpCounters;
 
 /// How long an image VM's guest agent gets to give its counters (it is
 /// slow under TCG, and slower still in a restored guest loading its pages).
@@ -43,7 +44,7 @@ pub fn from_agent(config: &QemuConfig) -> bool {
 pub fn guest_counters(config: &QemuConfig) -> Option<TcpCounters> {
     match &config.image {
         None => {
-            let c = crate::cluster_snapshot::tcp_now(&config.console_log);
+            let c = crate::guest_console::tcp_now(&config.console_log);
             c.retrans.map(|_| c)
         }
         Some(image) => match ga::read_tcp_counters(&image.qga_socket, GUEST_AGENT_WAIT) {

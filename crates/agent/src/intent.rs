@@ -3,7 +3,7 @@
 //! Before the agent pauses a VM it did not find paused, or takes its QEMU
 //! away, it writes what it is doing to `<vm-dir>/intent.json` (atomically,
 //! synced); when the work is done it removes the file. An agent that
-//! adopts the VM after a crash ([`crate::record::adopt`]) reads the file
+//! adopts the VM after a crash ([`crate::cluster_record::adopt`]) reads the file
 //! and finishes the work, so that no VM stays paused and no VM whose QEMU
 //! was being replaced is lost:
 //!

@@ -250,7 +250,7 @@ pub fn recover(
                 log(format!("cannot write the VM record: {e}"));
             }
         }
-        None => crate::record::clear(run),
+        None => crate::cluster_record::clear(run),
     }
 }
 

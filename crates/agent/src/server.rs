@@ -124,7 +124,7 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
             // VMs of an agent that died: adopt them before serving anyone
             // (what it left half-done is finished in the background: see
             // `recover`).
-            let cluster = crate::record::adopt(run)?;
+            let cluster = crate::cluster_record::adopt(run)?;
             (listener, held, cluster, opts.exit_when_idle, 0)
         }
     };
@@ -514,7 +514,7 @@ fn run_locked(
                     log(format!("cannot write the VM record: {e}"));
                 }
             }
-            None => crate::record::clear(&sh.run),
+            None => crate::cluster_record::clear(&sh.run),
         }
     }
     if !read_only {

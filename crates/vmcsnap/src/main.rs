@@ -139,7 +139,7 @@ fn run(cli: Cli) -> Result<()> {
                 Ok(v) => expect!(v, Response::Gc)?,
                 // No agent, hence no VM and no operation: collect here.
                 Err(e @ vmcsnap_control::ControlError::NoAgent { .. }) => {
-                    if vmcsnap_agent::record::needs_agent(&run_dir) {
+                    if vmcsnap_agent::cluster_record::needs_agent(&run_dir) {
                         expect!(request(&sock, &Request::Gc)?, Response::Gc)?
                     } else {
                         let _ = e;
@@ -684,7 +684,7 @@ fn request(sock: &Path, req: &Request) -> Result<Response> {
     match call(sock, req, None, &mut |m| eprintln!("  {m}")) {
         Err(e) if matches!(e, vmcsnap_control::ControlError::NoAgent { .. }) => {
             let run_dir = RunDir::new(sock.parent().unwrap_or(Path::new(".")));
-            if !vmcsnap_agent::record::needs_agent(&run_dir) {
+            if !vmcsnap_agent::cluster_record::needs_agent(&run_dir) {
                 return Err(e.into());
             }
             eprintln!("  no agent answers but {} records VMs or an unfinished restore: starting an agent to take them over", run_dir.root().display());

@@ -38,10 +38,11 @@ use vmcsnap_coord::snapshot::{
 use vmcsnap_coord::transport::InProcessNetwork;
 use vmcsnap_switch::PortId;
 
+pub use crate::guest_console::{console_text, parse_console, tcp_now, GuestView};
 pub use report::{ClusterReport, VmReport};
 pub use vmcsnap_control::ProtocolStats;
 pub use vmcsnap_orchestrator::cluster_snapshot::metrics::{
-    console_text, parse_console, tcp_now, Backoff, GuestView, PairBackoff, TcpCounters, TcpGrowth,
+    Backoff, PairBackoff, TcpCounters, TcpGrowth,
 };
 
 use crate::cluster::Cluster;

@@ -50,7 +50,7 @@ impl GuestBefore {
             .zip(counters)
             .map(|(c, tcp)| GuestBefore {
                 path: c.console_log.clone(),
-                offset: metrics::console_offset(&c.console_log),
+                offset: crate::guest_console::console_offset(&c.console_log),
                 tcp: tcp.unwrap_or_default(),
                 agent: guest_counters::from_agent(c).then(|| c.clone()),
             })
@@ -60,7 +60,7 @@ impl GuestBefore {
     /// The counters after the snapshot: the view's (the lab guest's last
     /// stat line, or else the ones before: no line, no retransmission seen);
     /// an image VM's guest agent reading, unknown if it did not answer.
-    fn tcp_after(&self, view: &metrics::GuestView) -> TcpCounters {
+    fn tcp_after(&self, view: &crate::guest_console::GuestView) -> TcpCounters {
         if self.agent.is_some() || view.stat_lines > 0 {
             view.tcp
         } else {
@@ -168,10 +168,14 @@ pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentErr
     // second since the snapshot started), and want one more than elapsed.
     let min_lines = after_us.saturating_sub(f.start_unix_us) / 1_000_000 + 2;
     let mut views = loop {
-        let views: Vec<metrics::GuestView> = f
+        let views: Vec<crate::guest_console::GuestView> = f
             .before
             .iter()
-            .map(|b| metrics::parse_console(&metrics::console_since(&b.path, b.offset)))
+            .map(|b| {
+                crate::guest_console::parse_console(&crate::guest_console::console_since(
+                    &b.path, b.offset,
+                ))
+            })
             .collect();
         let waiting = views
             .iter()

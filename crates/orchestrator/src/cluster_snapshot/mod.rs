@@ -3,6 +3,5 @@
 pub mod metrics;
 
 pub use metrics::{
-    backoff, communicating_pairs, console_offset, console_since, console_text, parse_console,
-    tcp_now, Backoff, GuestView, Moments, PairBackoff, TcpCounters, TcpGrowth,
+    backoff, communicating_pairs, Backoff, Moments, PairBackoff, TcpCounters, TcpGrowth,
 };
