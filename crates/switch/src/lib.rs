@@ -134,6 +134,7 @@ pub mod stats;
 pub mod testing;
 #[cfg(test)]
 mod testing_tests;
+pub mod tunnel;
 
 pub use crate::core::{Counters, Decision, MacAddr, PortId, QueuedFrame, SwitchCore};
 pub use dhcp::{DhcpConfig, DhcpError, DhcpLease};
