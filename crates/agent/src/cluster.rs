@@ -44,6 +44,13 @@ pub struct Cluster {
     run: RunDir,
 }
 
+/// What every VM of an `up` is launched with.
+struct Launch<'a> {
+    qemu_bin: &'a std::path::Path,
+    dialect: vmcsnap_migstream::Dialect,
+    assets: &'a vmcsnap_guest::GuestAssets,
+}
+
 impl Cluster {
     /// Boots every VM of `spec` and returns once all are ready.
     pub fn up(
@@ -94,101 +101,13 @@ impl Cluster {
         progress: &mut dyn FnMut(&str),
     ) -> Result<(), AgentError> {
         let spec = self.spec.clone();
-        let addresses = spec.addressing();
-        for (vm_spec, address) in spec.vm.iter().zip(addresses) {
-            let dir = self.run.vm_dir(&vm_spec.name);
-            std::fs::create_dir_all(&dir).map_err(AgentError::io("creating", &dir))?;
-            let image = match vm_spec.kind() {
-                vmcsnap_spec::GuestKind::Lab => None,
-                vmcsnap_spec::GuestKind::Image(g) => Some((
-                    crate::image_vm::prepare(&spec, vm_spec, &g, &address, &dir, progress)?,
-                    g.machine,
-                )),
+        for (vm_spec, address) in spec.vm.iter().zip(spec.addressing()) {
+            let launch = Launch {
+                qemu_bin,
+                dialect,
+                assets,
             };
-            let disk = match &image {
-                Some((p, _)) => p.disks[0].path.clone(),
-                None => {
-                    let disk = dir.join("data.qcow2");
-                    progress(&format!(
-                        "{}: creating {} MiB data disk",
-                        vm_spec.name, vm_spec.disk_mib
-                    ));
-                    vmcsnap_guest::make_data_disk(&disk, vm_spec.disk_mib, &vm_spec.name)?;
-                    disk
-                }
-            };
-            let port_socket = dir.join("port.sock");
-            let port = plug(&self.switch, &vm_spec.name, &port_socket, &address)?;
-            let ram_file = self.run.shm_path(&spec.cluster.name, &vm_spec.name);
-            let _ = std::fs::remove_file(&ram_file);
-            let workload =
-                spec.expand_workload(&vm_spec.name)
-                    .map_err(|source| AgentError::Spec {
-                        path: "spec".into(),
-                        source,
-                    })?;
-            let mut config = QemuConfig {
-                name: vm_spec.name.clone(),
-                accel: self.accel,
-                memory_mib: vm_spec.memory_mib,
-                vcpus: vm_spec.vcpus,
-                ram_file,
-                machine: qemu::Machine::Microvm,
-                cpu: None,
-                kernel: Some(assets.kernel.clone()),
-                initrd: Some(assets.initrd.clone()),
-                cmdline: lab_cmdline(vm_spec, &address, &workload)?,
-                console_log: dir.join("console.log"),
-                qmp_socket: dir.join("qmp.sock"),
-                disks: vec![qemu::DiskConfig::qcow2(qemu::DISK_NODE, disk.clone())],
-                image: None,
-                port_socket,
-                mac: address.mac_string(),
-                incoming: false,
-                paused: false,
-                data_dir: None,
-                module_dir: None,
-                bios: None,
-                ram_pad_kib: Some(0),
-                microvm_pic: Some(false),
-                cpr_ready: false,
-                cpr_channel: None,
-            };
-            (config.data_dir, config.module_dir) = qemu::installation_dirs(qemu_bin);
-            let mut kernel_release = crate::cpu_model::lab_kernel_release(&assets.dir);
-            if let Some((p, machine)) = image {
-                kernel_release = p.kernel_release;
-                config.machine = machine;
-                config.kernel = p.kernel;
-                config.initrd = p.initrd;
-                config.cmdline = p.cmdline;
-                config.disks = p.disks;
-                config.image = Some(p.devices);
-            }
-            config.cpu = crate::cpu_model::choose(self.accel, dialect, kernel_release.as_deref());
-            // Recorded before it starts: no QEMU of ours runs unrecorded.
-            let qemu_log = dir.join("qemu.log");
-            crate::cluster_record::save(
-                &self.run,
-                self,
-                &[crate::record::VmRecord::pending(
-                    &config, &qemu_log, address, &disk,
-                )],
-            )?;
-            let vm = Vm::spawn(qemu_bin, config, qemu_log)?;
-            log(format!(
-                "VM {}: started QEMU pid {} ({})",
-                vm.name,
-                vm.pid,
-                self.accel.name()
-            ));
-            self.members.push(Member {
-                vm,
-                address,
-                port,
-                disk,
-            });
-            self.persist()?;
+            self.launch(&launch, vm_spec, address, progress)?;
         }
         // A QEMU version vmcsnap does not speak fails `up` now, before
         // anything is asked of a VM (its QMP greeting names the version).
@@ -200,7 +119,140 @@ impl Cluster {
             self.members.len(),
             self.accel.name()
         ));
-        let timeout = Duration::from_secs(spec.cluster.boot_timeout_s);
+        self.wait_ready(Duration::from_secs(spec.cluster.boot_timeout_s), progress)?;
+        for m in &mut self.members {
+            m.vm.qmp()?;
+        }
+        Ok(())
+    }
+
+    /// Prepares one VM's files and starts its QEMU (recorded first: no
+    /// QEMU of ours runs unrecorded).
+    fn launch(
+        &mut self,
+        launch: &Launch,
+        vm_spec: &vmcsnap_spec::VmSpec,
+        address: VmAddress,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<(), AgentError> {
+        let spec = self.spec.clone();
+        let dir = self.run.vm_dir(&vm_spec.name);
+        std::fs::create_dir_all(&dir).map_err(AgentError::io("creating", &dir))?;
+        let image = match vm_spec.kind() {
+            vmcsnap_spec::GuestKind::Lab => None,
+            vmcsnap_spec::GuestKind::Image(g) => Some((
+                crate::image_vm::prepare(&spec, vm_spec, &g, &address, &dir, progress)?,
+                g.machine,
+            )),
+        };
+        let disk = match &image {
+            Some((p, _)) => p.disks[0].path.clone(),
+            None => {
+                let disk = dir.join("data.qcow2");
+                progress(&format!(
+                    "{}: creating {} MiB data disk",
+                    vm_spec.name, vm_spec.disk_mib
+                ));
+                vmcsnap_guest::make_data_disk(&disk, vm_spec.disk_mib, &vm_spec.name)?;
+                disk
+            }
+        };
+        let port_socket = dir.join("port.sock");
+        let port = plug(&self.switch, &vm_spec.name, &port_socket, &address)?;
+        let ram_file = self.run.shm_path(&spec.cluster.name, &vm_spec.name);
+        let _ = std::fs::remove_file(&ram_file);
+        let mut config = self.lab_config(launch, vm_spec, &address, &dir, ram_file, &disk)?;
+        let mut kernel_release = crate::cpu_model::lab_kernel_release(&launch.assets.dir);
+        if let Some((p, machine)) = image {
+            kernel_release = p.kernel_release;
+            config.machine = machine;
+            config.kernel = p.kernel;
+            config.initrd = p.initrd;
+            config.cmdline = p.cmdline;
+            config.disks = p.disks;
+            config.image = Some(p.devices);
+        }
+        config.cpu =
+            crate::cpu_model::choose(self.accel, launch.dialect, kernel_release.as_deref());
+        let qemu_log = dir.join("qemu.log");
+        crate::cluster_record::save(
+            &self.run,
+            self,
+            &[crate::record::VmRecord::pending(
+                &config, &qemu_log, address, &disk,
+            )],
+        )?;
+        let vm = Vm::spawn(launch.qemu_bin, config, qemu_log)?;
+        log(format!(
+            "VM {}: started QEMU pid {} ({})",
+            vm.name,
+            vm.pid,
+            self.accel.name()
+        ));
+        self.members.push(Member {
+            vm,
+            address,
+            port,
+            disk,
+        });
+        self.persist()
+    }
+
+    /// The QEMU configuration of a lab VM launched now (an image VM's
+    /// devices replace its boot and disks).
+    fn lab_config(
+        &self,
+        launch: &Launch,
+        vm_spec: &vmcsnap_spec::VmSpec,
+        address: &VmAddress,
+        dir: &std::path::Path,
+        ram_file: std::path::PathBuf,
+        disk: &std::path::Path,
+    ) -> Result<QemuConfig, AgentError> {
+        let workload =
+            self.spec
+                .expand_workload(&vm_spec.name)
+                .map_err(|source| AgentError::Spec {
+                    path: "spec".into(),
+                    source,
+                })?;
+        let mut config = QemuConfig {
+            name: vm_spec.name.clone(),
+            accel: self.accel,
+            memory_mib: vm_spec.memory_mib,
+            vcpus: vm_spec.vcpus,
+            ram_file,
+            machine: qemu::Machine::Microvm,
+            cpu: None,
+            kernel: Some(launch.assets.kernel.clone()),
+            initrd: Some(launch.assets.initrd.clone()),
+            cmdline: lab_cmdline(vm_spec, address, &workload)?,
+            console_log: dir.join("console.log"),
+            qmp_socket: dir.join("qmp.sock"),
+            disks: vec![qemu::DiskConfig::qcow2(qemu::DISK_NODE, disk)],
+            image: None,
+            port_socket: dir.join("port.sock"),
+            mac: address.mac_string(),
+            incoming: false,
+            paused: false,
+            data_dir: None,
+            module_dir: None,
+            bios: None,
+            ram_pad_kib: Some(0),
+            microvm_pic: Some(false),
+            cpr_ready: false,
+            cpr_channel: None,
+        };
+        (config.data_dir, config.module_dir) = qemu::installation_dirs(launch.qemu_bin);
+        Ok(config)
+    }
+
+    /// Waits until every member's guest is ready, or `timeout`.
+    fn wait_ready(
+        &mut self,
+        timeout: Duration,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<(), AgentError> {
         let deadline = Instant::now() + timeout;
         loop {
             let mut waiting = 0;
@@ -217,7 +269,7 @@ impl Cluster {
                 }
             }
             if waiting == 0 {
-                break;
+                return Ok(());
             }
             if Instant::now() >= deadline {
                 let m = self
@@ -233,10 +285,6 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        for m in &mut self.members {
-            m.vm.qmp()?;
-        }
-        Ok(())
     }
 
     /// A cluster with a switch and no VM yet (a restore without a cluster
