@@ -26,8 +26,6 @@ pub(super) fn populate_ram(
 ) -> Result<(), AgentError> {
     /// Bytes read per `pmemsave` (about 10 ms of QEMU's main loop under TCG).
     const CHUNK: u64 = 8 << 20;
-    /// microvm maps RAM below 3 GiB, and the rest from 4 GiB.
-    const LOW_RAM: u64 = 3 << 30;
     let t = Instant::now();
     progress(&format!(
         "{}: first hot snapshot of this QEMU: reading guest RAM once so that the pause stays short",
@@ -40,11 +38,7 @@ pub(super) fn populate_ram(
         ));
         std::thread::sleep(delay);
     }
-    let ram = vm.config.ram_kib() * 1024;
-    let ranges = [
-        (0, ram.min(LOW_RAM)),
-        (4 << 30, ram.saturating_sub(LOW_RAM)),
-    ];
+    let ranges = guest_ram_ranges(vm.config.machine, vm.config.ram_kib() * 1024);
     for (base, len) in ranges {
         let mut off = 0;
         while off < len {
@@ -69,6 +63,78 @@ pub(super) fn populate_ram(
         vm.name,
         t.elapsed().as_secs_f64() * 1000.0
     ));
+    Ok(())
+}
+
+/// Where `machine` maps `ram` bytes of guest RAM in guest-physical memory:
+/// (base, length) below and above 4 GiB, as QEMU 7.2 and 10.0 lay it out
+/// (`hw/i386/microvm.c`, `pc_q35.c`; vmcsnap sets no `max-ram-below-4g`).
+/// microvm puts up to 3 GiB low; q35 puts all of it low below 2.75 GiB and
+/// else 2 GiB low (the rest is its PCI hole and MMCONFIG).
+pub(super) fn guest_ram_ranges(machine: crate::qemu::Machine, ram: u64) -> [(u64, u64); 2] {
+    use crate::qemu::Machine;
+    let low_max = match machine {
+        Machine::Microvm => 3 << 30,
+        Machine::Q35 if ram >= 0xb000_0000 => 2 << 30,
+        Machine::Q35 => 0xb000_0000,
+    };
+    let low = ram.min(low_max);
+    [(0, low), (4 << 30, ram - low)]
+}
+
+/// Pages of guest RAM QEMU may leave unmapped and still count as read:
+/// q35's legacy window (0xa0000-0xfffff: VGA, option ROMs, BIOS) is not
+/// RAM to `pmemsave`.
+const UNMAPPED_SLACK_PAGES: u64 = 256;
+
+/// Pages of guest RAM QEMU has mapped now (from its smaps), `None` where
+/// /proc cannot tell.
+pub(super) fn resident_pages(vm: &Vm) -> Option<u64> {
+    match crate::accessed::ram_use(vm.pid, &vm.config.ram_file) {
+        Ok(u) => Some(u.rss),
+        Err(e) => {
+            tracing::debug!(vm = %vm.name, error = %e, "guest RAM residency unknown");
+            None
+        }
+    }
+}
+
+/// Hot: makes sure QEMU has (nearly) every page of guest RAM mapped, so
+/// that its read of every page before write protection costs no fault
+/// inside the pause: reads guest RAM ([`populate_ram`]) when the mapping
+/// shows pages missing, or, where /proc cannot tell, once per QEMU.
+/// Called when the snapshot begins and again once the VM is ready to
+/// pause (a cluster snapshot's VMs wait for each other in between);
+/// `ram` accumulates what was found and done.
+pub(super) fn ensure_ram_mapped(
+    vm: &mut Vm,
+    hooks: &dyn Hooks,
+    progress: &mut dyn FnMut(&str),
+    delay: Duration,
+    ram: &mut Option<vmcsnap_control::RamResidency>,
+) -> Result<(), AgentError> {
+    let ram_pages = vm.config.ram_kib() / 4;
+    let now = resident_pages(vm);
+    let r = ram.get_or_insert_with(|| vmcsnap_control::RamResidency {
+        ram_pages,
+        resident_before: now.unwrap_or(0),
+        ..Default::default()
+    });
+    let missing = |resident: u64| ram_pages.saturating_sub(resident) > UNMAPPED_SLACK_PAGES;
+    let read = match now {
+        Some(resident) => missing(resident),
+        None => !vm.ram_populated,
+    };
+    if read {
+        if let Some(resident) = now {
+            tracing::info!(vm = %vm.name, resident, ram_pages, "guest RAM not all mapped in QEMU: reading it");
+        }
+        let t = Instant::now();
+        populate_ram(vm, hooks, progress, delay)?;
+        r.read = true;
+        r.read_ms += t.elapsed().as_secs_f64() * 1000.0;
+    }
+    r.resident_at_pause = if read { resident_pages(vm) } else { now }.unwrap_or(0);
     Ok(())
 }
 
@@ -504,6 +570,30 @@ mod tests {
         AgentError::Snapshot {
             vm: "a".into(),
             detail: detail.into(),
+        }
+    }
+
+    #[test]
+    fn guest_ram_is_read_where_each_machine_maps_it() {
+        use crate::qemu::Machine;
+        const G: u64 = 1 << 30;
+        const M: u64 = 1 << 20;
+        let r = guest_ram_ranges;
+        assert_eq!(r(Machine::Microvm, 512 * M), [(0, 512 * M), (4 * G, 0)]);
+        assert_eq!(r(Machine::Microvm, 4 * G), [(0, 3 * G), (4 * G, G)]);
+        assert_eq!(r(Machine::Q35, 512 * M), [(0, 512 * M), (4 * G, 0)]);
+        assert_eq!(r(Machine::Q35, 2 * G), [(0, 2 * G), (4 * G, 0)]);
+        // Regression: q35 from 2.75 GiB keeps only 2 GiB low; the read
+        // took microvm's 3 GiB and missed up to 1 GiB of guest RAM, which
+        // QEMU then populated inside the pause.
+        assert_eq!(r(Machine::Q35, 2816 * M), [(0, 2 * G), (4 * G, 768 * M)]);
+        assert_eq!(r(Machine::Q35, 3 * G), [(0, 2 * G), (4 * G, G)]);
+        assert_eq!(r(Machine::Q35, 6 * G), [(0, 2 * G), (4 * G, 4 * G)]);
+        for m in [Machine::Microvm, Machine::Q35] {
+            for ram in [256 * M, 2816 * M - 4096, 3 * G + 4096, 8 * G] {
+                let [(_, low), (_, high)] = r(m, ram);
+                assert_eq!(low + high, ram, "{m:?} {ram}");
+            }
         }
     }
 
