@@ -198,6 +198,11 @@ def main():
     summarize(results, a.out)
 
 
+def pause_start_spread(row):
+    starts = [v["pause_start_ms"] for v in row["vms"] if v.get("pause_start_ms") is not None]
+    return max(starts) - min(starts) if starts else None
+
+
 def summarize(results, out):
     med = benchlib.med
     print(f"\n{'VMs':>3} {'mode':<10} {'ok':>5} {'backoff avg':>11} {'backoff max':>11} {'downtime':>9} "
@@ -221,6 +226,8 @@ def summarize(results, out):
                 "retrans_growth_per_run": [r["retrans_growth"] for r in good],
                 "logged": med([r["switch"]["logged"] for r in good]),
                 "dropped": sum(r["switch"]["dropped"] for r in good),
+                # How far apart the VMs' pauses started (first to last STOP).
+                "pause_start_spread_ms": med([pause_start_spread(r) for r in good]) if mode != "none" else None,
             }
             summary.append(s)
             f1 = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731

@@ -48,7 +48,7 @@ pub use results::rejuvenate::{RecoverResult, Recovered, RejuvenateReport, Rejuve
 pub use results::restore::{
     ClockOutcome, ClockSync, Quality, RestoreReport, RestoreRunning, Spread,
 };
-pub use results::snapshot::{PauseLimitReport, SnapshotReport};
+pub use results::snapshot::{PauseLimitReport, RamResidency, SnapshotReport};
 pub use results::snapshot_manifest::SnapshotMetrics;
 pub use results::{AgentInfo, ClusterDown, Response, Stopped, Unexpected};
 pub use storage::{ImageStorage, StorageLayout, NO_DISK};

@@ -143,6 +143,37 @@ fn hot_cluster_snapshot_is_consistent_and_keeps_every_frame() {
         }
         let vms = r["vms"].as_array().unwrap();
         assert_eq!(vms.len(), 4);
+        // Every VM's cut was prepared (cut probes read) before any VM
+        // stopped: the pauses start together. Regression: each VM stopped
+        // as soon as its own cut was prepared, 22-41 ms apart at 4-8 VMs.
+        let first_stop = vms
+            .iter()
+            .map(|v| v["pause_start_ms"].as_f64().unwrap())
+            .fold(f64::INFINITY, f64::min);
+        for v in vms {
+            assert_eq!(v["stop_barrier_complete"], true, "round {round}: {v}");
+            let prepared = v["cut_prepared_ms"].as_f64().expect("cut_prepared_ms");
+            assert!(
+                prepared <= first_stop,
+                "round {round}: {} prepared its cut at {prepared} ms, after the first stop at {first_stop} ms: {v}",
+                v["vm"]
+            );
+            // QEMU read all of guest RAM just before the pause (so that its
+            // own read of every page inside the pause is quick), in every
+            // round. Regression: only a QEMU's first hot snapshot read it,
+            // and `qemu_setup` grew to 27-457 ms in later ones.
+            let ram = &v["ram"];
+            let (pages, mapped) = (
+                ram["ram_pages"].as_u64().expect("ram residency"),
+                ram["resident_at_pause"].as_u64().unwrap(),
+            );
+            assert!(
+                pages > 0 && mapped + 256 >= pages,
+                "round {round}: {} had {mapped} of {pages} pages mapped: {v}",
+                v["vm"]
+            );
+            assert_eq!(ram["read"], true, "round {round}: {v}");
+        }
         for v in vms {
             let t = |k: &str| v[k].as_f64().unwrap();
             assert!(

@@ -21,6 +21,7 @@
 //! state written: a failed or abandoned cluster snapshot leaves nothing
 //! that is listed, and every VM keeps running.
 
+mod barrier;
 mod peer;
 mod report;
 
@@ -262,6 +263,11 @@ fn run_protocol(
         // migration settings) and waits; the protocol starts once all are
         // ready, so that the pauses start together.
         let (ready_tx, ready_rx) = mpsc::channel();
+        // And once started, every VM prepares its network cut (the guest
+        // reads the cut probes, which takes each VM its own time) before
+        // any VM stops (pre-copy: QEMU pauses each VM by itself).
+        let barrier = (ctx.mode != Mode::Precopy)
+            .then(|| Arc::new(barrier::StopBarrier::new(c.members.len())));
         let mut snaps = Vec::new();
         let mut workers = Vec::new();
         for ((m, (tx, _, _)), config) in c.members.iter_mut().zip(&peers).zip(configs) {
@@ -293,6 +299,7 @@ fn run_protocol(
                 progress: progress_tx.clone(),
                 ready: ready_tx.clone(),
                 cut_probes: ctx.cut_probes,
+                barrier: barrier.clone(),
             };
             let run = ctx.run;
             snaps.push(s.spawn(move || peer::snapshot_thread(m, run, job)));

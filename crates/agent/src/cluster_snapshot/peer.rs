@@ -11,6 +11,8 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::barrier::{BarrierWait, StopBarrier, STOP_BARRIER_BOUND};
+
 use vmcsnap_coord::snapshot::{PeerInput, PeerWorker};
 use vmcsnap_switch::{CutReport, PortId, PrepareReport, SwitchHandle};
 
@@ -75,6 +77,8 @@ pub struct VmOutcome {
     pub prepare: Option<PrepareReport>,
     /// What the switch read from the VM after the pause.
     pub cut: Option<CutReport>,
+    /// Its wait at the stop barrier, between its cut prepared and its stop.
+    pub barrier: Option<BarrierWait>,
 }
 
 /// Everything a snapshot thread needs besides the VM.
@@ -95,6 +99,8 @@ pub struct Job {
     pub ready: Sender<Result<String, String>>,
     /// Cut probes before the pause (see [`Options::cut_probes`](super::Options::cut_probes)).
     pub cut_probes: u32,
+    /// Hot and stop-copy: every VM's cut is prepared before any VM stops.
+    pub barrier: Option<Arc<StopBarrier>>,
 }
 
 /// Prepares the VM's snapshot, says so on `ready`, waits for the worker's
@@ -117,6 +123,8 @@ pub fn snapshot_thread(member: &mut Member, run: &RunDir, job: Job) -> VmOutcome
         commands: job.commands,
         ready: Some(job.ready),
         probes: job.cut_probes,
+        barrier: job.barrier,
+        barrier_wait: None,
     };
     let progress = job.progress.clone();
     let result = snapshot::snapshot(member, run, job.opts, &mut hooks, &mut |line| {
@@ -124,6 +132,11 @@ pub fn snapshot_thread(member: &mut Member, run: &RunDir, job: Job) -> VmOutcome
     });
     out.prepare = hooks.prepare;
     out.cut = hooks.cut;
+    out.barrier = hooks.barrier_wait;
+    if let (Some(b), None) = (&hooks.barrier, hooks.barrier_wait) {
+        // Failed or abandoned before its cut was prepared.
+        b.leave();
+    }
     match result {
         Ok(report) => {
             out.report = Some(report);
@@ -162,6 +175,10 @@ struct CutHooks {
     ready: Option<Sender<Result<String, String>>>,
     /// Cut probes before the pause (`vmcsnap_switch::mediator::probe`).
     probes: u32,
+    /// Where the VM waits, its cut prepared, for every VM's (`barrier`).
+    barrier: Option<Arc<StopBarrier>>,
+    /// Once it arrived there.
+    barrier_wait: Option<BarrierWait>,
 }
 
 impl Hooks for CutHooks {
@@ -184,6 +201,26 @@ impl Hooks for CutHooks {
             CUT_DRAIN_BOUND,
             self.probes,
         )?);
+        if let Some(b) = &self.barrier {
+            let cancel = self.cancel.clone();
+            let wait = b.arrive(STOP_BARRIER_BOUND, &|| {
+                cancel.lock().unwrap_or_else(|p| p.into_inner()).clone()
+            });
+            self.barrier_wait = Some(wait);
+            if !wait.complete {
+                tracing::warn!(
+                    vm = %self.vm,
+                    waited_us = wait.waited_us,
+                    "stop barrier: going on without every VM's cut prepared"
+                );
+            }
+            if let Some(why) = self.cancelled() {
+                return Err(AgentError::Snapshot {
+                    vm: self.vm.clone(),
+                    detail: format!("cancelled: {why}"),
+                });
+            }
+        }
         Ok(())
     }
 

@@ -109,14 +109,9 @@ pub fn snapshot(
         ));
         opts.mode = Mode::StopCopy;
     }
-    // A first hot snapshot reads all of guest RAM once, while the guest
-    // runs: before anything of the snapshot exists, and before the capture
-    // starts waiting for QEMU's connection (a bounded wait), since the read
-    // takes 20 s for a 4 GiB guest under TCG and longer on a busy host.
-    if opts.mode == Mode::Hot && !vm.ram_populated {
-        let delay = crate::fault::ram_read_delay(opts.fault);
-        populate_ram(vm, &*hooks, progress, delay)?;
-    }
+    // A hot snapshot reads all of guest RAM once the VM is ready to pause
+    // (`run_mode`, `warm_ram`); what QEMU had mapped before is noted now.
+    let ram = (opts.mode == Mode::Hot).then(|| ram_at_start(vm));
     let root = opts
         .target
         .as_ref()
@@ -231,6 +226,7 @@ pub fn snapshot(
         ram_check,
         fault: opts.fault,
         untracked_write: None,
+        ram,
     };
     if let Some(d) = &disk_layer {
         // Outside the pause: the backing files' index (cached after the
@@ -432,6 +428,7 @@ pub fn snapshot(
         pause_end_unix_us: t.resume_us,
         transient_done_unix_us: t.transient_done_us,
         complete_unix_us: unix_us(),
+        ram: ctx.ram,
     };
     progress(&format!(
         "{}: snapshot {} committed: downtime {:.1} ms, disk {:.1} ms, total {:.1} ms",
@@ -478,6 +475,8 @@ struct Ctx {
     fault: Option<crate::fault::Fault>,
     /// `precopy-untracked-write`: the page to put back before resuming.
     untracked_write: Option<final_ram::UntrackedWrite>,
+    /// Hot: guest RAM as QEMU had it mapped, and its read (`warm_ram`).
+    ram: Option<vmcsnap_control::RamResidency>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -506,6 +505,13 @@ fn run_mode(
     let uri = prepare_relay(vm, &exe, sock, ctx)?;
     // The overlay, opened by QEMU now: in the pause it is only put on top.
     disks::add_overlays(vm, &mut ctx.disks, ctx.stamp)?;
+    if mode == Mode::Hot {
+        // As late as possible before the pause, and before the capture
+        // starts waiting for QEMU's connection (a bounded wait: the read
+        // takes 20 s for a 4 GiB guest under TCG, longer on a busy host).
+        let delay = crate::fault::ram_read_delay(ctx.fault);
+        warm_ram(vm, &*hooks, progress, delay, &mut ctx.ram)?;
+    }
     hooks.ready()?;
     match mode {
         Mode::Hot | Mode::StopCopy => {
@@ -518,17 +524,19 @@ fn run_mode(
                     "stop-copy"
                 }
             ));
-            hooks.before_pause()?;
             // The work inside a hot pause is QEMU's (migration setup, device
             // state, write protection): ahead of other VMs' vCPUs, so that
             // the pauses of a cluster snapshot do not queue for the CPU.
             // The background copy after it runs at the VM's own priority.
+            // Raised before `before_pause`, whose end a cluster snapshot's
+            // VMs wait for together: nothing is left between it and `stop`.
             let boost = (mode == Mode::Hot)
                 .then(|| {
                     let file = crate::thread_priority::record_path(&vm.config);
                     crate::thread_priority::Boost::start(vm.pid, PAUSE_NICE, &file)
                 })
                 .flatten();
+            hooks.before_pause()?;
             // Nothing to do between `stop` and the disk snapshot: send the
             // three commands at once (no round trip inside the pause).
             let all_at_once = was_running && !hooks.works_while_paused() && ctx.reference.is_none();

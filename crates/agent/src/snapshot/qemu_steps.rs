@@ -1,4 +1,4 @@
-//! The QMP steps of a snapshot: reading guest RAM once before a first hot
+//! The QMP steps of a snapshot: reading guest RAM once before a hot
 //! snapshot, waiting for the guest to resume, watching the migration,
 //! and putting QEMU's settings back (the disks: `disks`).
 
@@ -13,8 +13,8 @@ use vmcsnap_migstream::{BackgroundResume, Dialect};
 /// inside the pause: 170-250 ms for a fresh 256 MiB guest under TCG instead
 /// of 20-40 ms once populated (measured). QMP `pmemsave` of guest-physical
 /// RAM to /dev/null, in chunks so that QEMU's main loop is never blocked
-/// for long, reads every page without pausing the guest. Needed once per
-/// QEMU process. `delay` (the injected fault `ram-read-delay`) is added
+/// for long, reads every page without pausing the guest. See [`warm_ram`]
+/// for why before every hot snapshot. `delay` (the injected fault `ram-read-delay`) is added
 /// to the read, as a large guest or a busy host would take. (A pre-copy migration cancelled after its first pass does
 /// the same but may complete on its own for an idle guest, which leaves the
 /// disks inactive: QEMU 7.2 then aborts at the next migration.)
@@ -26,11 +26,9 @@ pub(super) fn populate_ram(
 ) -> Result<(), AgentError> {
     /// Bytes read per `pmemsave` (about 10 ms of QEMU's main loop under TCG).
     const CHUNK: u64 = 8 << 20;
-    /// microvm maps RAM below 3 GiB, and the rest from 4 GiB.
-    const LOW_RAM: u64 = 3 << 30;
     let t = Instant::now();
     progress(&format!(
-        "{}: first hot snapshot of this QEMU: reading guest RAM once so that the pause stays short",
+        "{}: reading guest RAM once so that the pause stays short",
         vm.name
     ));
     if !delay.is_zero() {
@@ -40,11 +38,7 @@ pub(super) fn populate_ram(
         ));
         std::thread::sleep(delay);
     }
-    let ram = vm.config.ram_kib() * 1024;
-    let ranges = [
-        (0, ram.min(LOW_RAM)),
-        (4 << 30, ram.saturating_sub(LOW_RAM)),
-    ];
+    let ranges = guest_ram_ranges(vm.config.machine, vm.config.ram_kib() * 1024);
     for (base, len) in ranges {
         let mut off = 0;
         while off < len {
@@ -63,12 +57,82 @@ pub(super) fn populate_ram(
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-    vm.ram_populated = true;
     crate::log(format!(
         "VM {}: guest RAM read once in {:.0} ms",
         vm.name,
         t.elapsed().as_secs_f64() * 1000.0
     ));
+    Ok(())
+}
+
+/// Where `machine` maps `ram` bytes of guest RAM in guest-physical memory:
+/// (base, length) below and above 4 GiB, as QEMU 7.2 and 10.0 lay it out
+/// (`hw/i386/microvm.c`, `pc_q35.c`; vmcsnap sets no `max-ram-below-4g`).
+/// microvm puts up to 3 GiB low; q35 puts all of it low below 2.75 GiB and
+/// else 2 GiB low (the rest is its PCI hole and MMCONFIG).
+pub(super) fn guest_ram_ranges(machine: crate::qemu::Machine, ram: u64) -> [(u64, u64); 2] {
+    use crate::qemu::Machine;
+    let low_max = match machine {
+        Machine::Microvm => 3 << 30,
+        Machine::Q35 if ram >= 0xb000_0000 => 2 << 30,
+        Machine::Q35 => 0xb000_0000,
+    };
+    let low = ram.min(low_max);
+    [(0, low), (4 << 30, ram - low)]
+}
+
+/// Pages of guest RAM that may stay unmapped after the read: q35's legacy
+/// window (0xa0000-0xfffff: VGA, option ROMs, BIOS) is not RAM to
+/// `pmemsave`.
+const UNMAPPED_SLACK_PAGES: u64 = 256;
+
+/// Pages of guest RAM QEMU has mapped now (from its smaps), `None` where
+/// /proc cannot tell.
+pub(super) fn resident_pages(vm: &Vm) -> Option<u64> {
+    match crate::accessed::ram_use(vm.pid, &vm.config.ram_file) {
+        Ok(u) => Some(u.rss),
+        Err(e) => {
+            tracing::debug!(vm = %vm.name, error = %e, "guest RAM residency unknown");
+            None
+        }
+    }
+}
+
+/// Hot, when the snapshot begins: guest RAM as QEMU has it mapped.
+pub(super) fn ram_at_start(vm: &Vm) -> vmcsnap_control::RamResidency {
+    vmcsnap_control::RamResidency {
+        ram_pages: vm.config.ram_kib() / 4,
+        resident_before: resident_pages(vm).unwrap_or(0),
+        ..Default::default()
+    }
+}
+
+/// Hot, once the VM is ready to pause: has QEMU read all of guest RAM
+/// ([`populate_ram`]) so that its own read of every page before write
+/// protection, inside the pause, is quick. Before every hot snapshot, not
+/// once per QEMU: a page QEMU has mapped still costs that read a slow
+/// miss when it was not touched for a while (measured on this host, a
+/// nested VM: 4 lab VMs of 160 MiB, all of RAM mapped, `qemu_setup`
+/// 27-457 ms, median ~110 ms, without a read just before the pause and
+/// 1.4-47 ms, median ~5 ms, with one; the SQL primary of issue 32 lost
+/// 288 ms so). `ram` gets the read's time and what was mapped after it.
+pub(super) fn warm_ram(
+    vm: &mut Vm,
+    hooks: &dyn Hooks,
+    progress: &mut dyn FnMut(&str),
+    delay: Duration,
+    ram: &mut Option<vmcsnap_control::RamResidency>,
+) -> Result<(), AgentError> {
+    let r = ram.get_or_insert_with(|| ram_at_start(vm));
+    let t = Instant::now();
+    populate_ram(vm, hooks, progress, delay)?;
+    r.read = true;
+    r.read_ms = t.elapsed().as_secs_f64() * 1000.0;
+    r.resident_at_pause = resident_pages(vm).unwrap_or(0);
+    let missing = r.ram_pages.saturating_sub(r.resident_at_pause);
+    if missing > UNMAPPED_SLACK_PAGES {
+        tracing::warn!(vm = %vm.name, missing, ram_pages = r.ram_pages, "guest RAM read, but QEMU has pages of it unmapped: they cost faults inside the pause");
+    }
     Ok(())
 }
 
@@ -504,6 +568,30 @@ mod tests {
         AgentError::Snapshot {
             vm: "a".into(),
             detail: detail.into(),
+        }
+    }
+
+    #[test]
+    fn guest_ram_is_read_where_each_machine_maps_it() {
+        use crate::qemu::Machine;
+        const G: u64 = 1 << 30;
+        const M: u64 = 1 << 20;
+        let r = guest_ram_ranges;
+        assert_eq!(r(Machine::Microvm, 512 * M), [(0, 512 * M), (4 * G, 0)]);
+        assert_eq!(r(Machine::Microvm, 4 * G), [(0, 3 * G), (4 * G, G)]);
+        assert_eq!(r(Machine::Q35, 512 * M), [(0, 512 * M), (4 * G, 0)]);
+        assert_eq!(r(Machine::Q35, 2 * G), [(0, 2 * G), (4 * G, 0)]);
+        // Regression: q35 from 2.75 GiB keeps only 2 GiB low; the read
+        // took microvm's 3 GiB and missed up to 1 GiB of guest RAM, which
+        // QEMU then populated inside the pause.
+        assert_eq!(r(Machine::Q35, 2816 * M), [(0, 2 * G), (4 * G, 768 * M)]);
+        assert_eq!(r(Machine::Q35, 3 * G), [(0, 2 * G), (4 * G, G)]);
+        assert_eq!(r(Machine::Q35, 6 * G), [(0, 2 * G), (4 * G, 4 * G)]);
+        for m in [Machine::Microvm, Machine::Q35] {
+            for ram in [256 * M, 2816 * M - 4096, 3 * G + 4096, 8 * G] {
+                let [(_, low), (_, high)] = r(m, ram);
+                assert_eq!(low + high, ram, "{m:?} {ram}");
+            }
         }
     }
 

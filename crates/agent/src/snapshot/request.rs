@@ -126,7 +126,8 @@ pub trait Hooks {
     fn ready(&mut self) -> Result<(), AgentError> {
         Ok(())
     }
-    /// Hot and stop-copy: just before the VM is paused.
+    /// Hot and stop-copy: just before the VM is paused (a cluster snapshot
+    /// prepares the VM's network cut here and waits for every VM's).
     fn before_pause(&mut self) -> Result<(), AgentError> {
         Ok(())
     }

@@ -61,6 +61,29 @@ pub struct SnapshotReport {
     pub transient_done_unix_us: u64,
     /// Unix µs: the image was committed.
     pub complete_unix_us: u64,
+    /// Hot: how much of guest RAM QEMU had mapped before the pause, and
+    /// whether the agent had it read first (QEMU populates what is not
+    /// mapped inside the pause, `qemu_setup`).
+    #[serde(default)]
+    pub ram: Option<RamResidency>,
+}
+
+/// Guest RAM as QEMU had it mapped (its page tables) around a hot
+/// snapshot's "read guest RAM once" step, in 4 KiB pages. QEMU reads every
+/// page before write-protecting RAM; a page that is not mapped then costs
+/// a page fault inside the pause.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct RamResidency {
+    /// Guest RAM.
+    pub ram_pages: u64,
+    /// Mapped when the snapshot began.
+    pub resident_before: u64,
+    /// Mapped just before the VM was ready to pause (after any read).
+    pub resident_at_pause: u64,
+    /// Whether the agent had QEMU read guest RAM for this snapshot.
+    pub read: bool,
+    /// How long those reads took, ms.
+    pub read_ms: f64,
 }
 
 impl SnapshotReport {
