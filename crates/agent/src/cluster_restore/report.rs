@@ -105,6 +105,8 @@ pub fn build(
             started_unix_us: *started,
             start_received_ms: rep.start_received_ms.map(|t| t + offset),
             run_sent_ms: rep.run_sent_ms + offset,
+            loaded_ms: rep.loaded_ms.map(|t| t + offset),
+            pages_before_run: rep.pages_before_run,
             backoff_ms: backoff,
             disruption_ms: start + backoff,
             wss_hybrid: pv.map_or(0, |v| v.hybrid),

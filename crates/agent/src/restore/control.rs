@@ -12,7 +12,15 @@
 //!  agent ─▶ {"req":"counters"}          source ─▶ {"bytes_read":B,"pages_read":P}
 //!  agent ─▶ {"req":"hold","ms":N}       source ─▶ (the same, after holding
 //!                                                   the background N ms from now)
+//!  agent ─▶ {"req":"start","ms":N}      source ─▶ (the same, after ending the
+//!                                                   hold until START and holding
+//!                                                   the background N ms from now)
 //! ```
+//!
+//! A cluster restore's source holds its background push from its start
+//! until START ([`super::page_source::SourcePlan::hold_until_start`]): a VM
+//! that waits for START leaves the CPUs and the disk to the VMs still
+//! loading their working sets, whose loads the restore line waits for.
 //!
 //! A source whose agent went away loses nothing: it serves on and accepts
 //! the next agent's connection.
@@ -66,6 +74,13 @@ pub enum Request {
         /// How long.
         ms: u64,
     },
+    /// START: the hold until START ends; demand faults only for `ms` from
+    /// now (the start's quiet time), then the counters. Unlike `Hold` it
+    /// shortens a longer hold.
+    Start {
+        /// How long.
+        ms: u64,
+    },
 }
 
 /// What the source has read from the image so far.
@@ -104,8 +119,11 @@ impl Served {
     }
 
     fn answer(&self, req: Request) -> Counters {
-        if let Request::Hold { ms } = req {
-            hold_at_least(&self.hold, Instant::now() + Duration::from_millis(ms));
+        let at = |ms| Instant::now() + Duration::from_millis(ms);
+        match req {
+            Request::Counters => {}
+            Request::Hold { ms } => hold_at_least(&self.hold, at(ms)),
+            Request::Start { ms } => self.hold.hold_until(at(ms)),
         }
         self.counters()
     }
@@ -266,6 +284,30 @@ mod tests {
         drop(c);
         let mut next = Control::new(d.path());
         assert_eq!(next.ask(Request::Counters).unwrap().pages_read, 7);
+    }
+
+    #[test]
+    fn start_ends_the_hold_until_start_and_holds_for_the_quiet_time() {
+        let d = tempfile::tempdir().unwrap();
+        let served = Served {
+            bytes: Arc::default(),
+            pages: Arc::default(),
+            hold: BackgroundHold::default(),
+        };
+        // A cluster restore's source: held until START.
+        let far = Instant::now() + super::super::page_source::HOLD_UNTIL_START_MAX;
+        served.hold.hold_until(far);
+        listen(d.path(), served.clone()).unwrap();
+        let mut c = Control::new(d.path());
+        let before = Instant::now();
+        c.ask(Request::Start { ms: 1000 }).unwrap();
+        let until = served.hold.until().expect("held for the quiet time");
+        assert!(until < far, "START ended the hold until START: {until:?}");
+        assert!(until >= before + Duration::from_millis(1000), "{until:?}");
+        assert!(until <= Instant::now() + Duration::from_millis(1000));
+        // Without a quiet time the push goes on at once.
+        c.ask(Request::Start { ms: 0 }).unwrap();
+        assert!(served.hold.until().unwrap() <= Instant::now());
     }
 
     #[test]

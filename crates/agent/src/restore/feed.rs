@@ -171,6 +171,7 @@ fn source_job(job: &Job, background_after: Option<Duration>, member: VmRecord) -
             prefetch_blocks: opts.prefetch_blocks,
             priorities: opts.priorities,
             start_quiet_ms: opts.start_quiet.as_millis() as u64,
+            hold_until_start: opts.cluster.is_some(),
             hold_until_exists: opts
                 .cluster
                 .as_ref()
@@ -233,10 +234,11 @@ impl Loaded<'_> {
         page_source::counters(self.dir, c).map_or((0, 0), |n| (n.bytes_read, n.pages_read))
     }
 
-    /// Holds the background push for `quiet` from now.
-    fn hold(&mut self, quiet: Duration) {
+    /// START: ends the hold until START, holds the background push for
+    /// `quiet` from now.
+    fn start(&mut self, quiet: Duration) {
         if let Some(c) = self.control.as_mut() {
-            page_source::hold(self.dir, c, quiet.as_millis() as u64);
+            page_source::start(self.dir, c, quiet.as_millis() as u64);
         }
     }
 }
@@ -460,6 +462,8 @@ pub(super) fn feed(
                         progress(&format!(
                             "{name}: device state and {n} pages loaded, waiting for START"
                         ));
+                        st.obs.loaded_ms = Some(ms_since_t0(Instant::now()));
+                        observe(&st.obs);
                         tell(RestoreEvent::Loaded { qemu_pid: vm.pid });
                         (phase, since) = (Phase::Ready, Instant::now());
                     }
@@ -479,7 +483,7 @@ pub(super) fn feed(
                     }
                 },
                 Phase::Ready if start_requested => {
-                    loaded.hold(quiet);
+                    loaded.start(quiet);
                     if let Err(e) = vm.execute("cont", Value::Null) {
                         st.failure = Some(e);
                         break;

@@ -22,6 +22,15 @@ pub struct VmRestoreReport {
     /// When its source had sent the device state and RUN; from there to
     /// `latency_ms` QEMU loads the device state and starts the guest.
     pub run_sent_ms: f64,
+    /// When its QEMU had loaded the device state (LOAD_FIN): from
+    /// `run_sent_ms` to here QEMU loaded it, from here to
+    /// `start_received_ms` the VM waited for START (the restore line).
+    #[serde(default)]
+    pub loaded_ms: Option<f64>,
+    /// Pages sent before RUN (its working set); `pages_before_start` adds
+    /// what was pushed until the start.
+    #[serde(default)]
+    pub pages_before_run: u64,
     /// HotRestore's backoff approximation: the largest start-time lag of a
     /// VM this one sends to (it starts later than this one), 0 if none.
     pub backoff_ms: f64,
