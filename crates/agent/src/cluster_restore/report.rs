@@ -106,6 +106,8 @@ pub fn build(
             start_received_ms: rep.start_received_ms.map(|t| t + offset),
             run_sent_ms: rep.run_sent_ms + offset,
             loaded_ms: rep.loaded_ms.map(|t| t + offset),
+            qemu_ready_ms: rep.qemu_ready_ms.map(|t| t + offset),
+            begun_ms: offset,
             pages_before_run: rep.pages_before_run,
             backoff_ms: backoff,
             disruption_ms: start + backoff,
@@ -173,6 +175,8 @@ pub fn build(
             .collect(),
         lp_objective: plan.lp_objective,
         duration_ms: t0.elapsed().as_secs_f64() * 1000.0,
+        planned_ms: 0.0,
+        load_sent_ms: 0.0,
         guest_clocks: Vec::new(),
     }
 }

@@ -330,6 +330,7 @@ pub(super) fn feed(
     // The agent's own image, by its /proc link (as for the stream relay).
     let exe = PathBuf::from(format!("/proc/{}/exe", std::process::id()));
     let events = page_source::spawn(&exe, &ps_dir, stream, preempt).map_err(|e| fail(&name, e))?;
+    let source_spawned = Instant::now();
     let source = Source {
         dir: ps_dir.clone(),
         events,
@@ -361,6 +362,7 @@ pub(super) fn feed(
         }))
     });
     let mut st = Started::default();
+    st.obs.qemu_ready_ms = Some(ms_since_t0(source_spawned));
     let outcome = std::thread::scope(|s| {
         let h = s.spawn(move || source.run(&tx));
         let mut last_progress = Instant::now();

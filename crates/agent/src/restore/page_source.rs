@@ -239,6 +239,10 @@ pub struct Observed {
     /// ready for START, LOAD_FIN sent).
     #[serde(default)]
     pub loaded_ms: Option<f64>,
+    /// Request to QEMU listening for the stream and the page source
+    /// started: from here to `run_sent_ms` the working set is sent.
+    #[serde(default)]
+    pub qemu_ready_ms: Option<f64>,
     /// Memory-image bytes read before the start.
     pub bytes_before: u64,
     /// Pages loaded before the start (a cluster restore).

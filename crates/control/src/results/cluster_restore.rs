@@ -27,6 +27,16 @@ pub struct VmRestoreReport {
     /// `start_received_ms` the VM waited for START (the restore line).
     #[serde(default)]
     pub loaded_ms: Option<f64>,
+    /// When its QEMU listened for the stream and its page source started:
+    /// from its restore's begin (after `load_sent_ms` of the cluster) to
+    /// here QEMU started; from here to `run_sent_ms` its working set was
+    /// sent.
+    #[serde(default)]
+    pub qemu_ready_ms: Option<f64>,
+    /// When its own restore began (LOAD reached it): ms since the cluster
+    /// restore's request.
+    #[serde(default)]
+    pub begun_ms: f64,
     /// Pages sent before RUN (its working set); `pages_before_start` adds
     /// what was pushed until the start.
     #[serde(default)]
@@ -131,6 +141,15 @@ pub struct ClusterRestoreReport {
     pub loading: bool,
     /// Request to report, ms.
     pub duration_ms: f64,
+    /// Request to the plan made (graph, working-set sizes, the LP) and
+    /// every VM's snapshot checked, ms.
+    #[serde(default)]
+    pub planned_ms: f64,
+    /// Request to LOAD sent to every VM (the cluster's network is up), ms:
+    /// each VM's own restore (its QEMU, working set, device state) begins
+    /// here.
+    #[serde(default)]
+    pub load_sent_ms: f64,
     /// Each guest's clock, set to the host's once every guest ran
     /// (`crate::guest_clock`).
     pub guest_clocks: Vec<ClockSync>,

@@ -32,6 +32,11 @@ pub struct RestoreReport {
     /// `start_received_ms`.
     #[serde(default)]
     pub loaded_ms: Option<f64>,
+    /// Request to QEMU listening for the stream (started, its incoming
+    /// socket connected) and the page source started; from here to
+    /// `run_sent_ms` the working set is sent.
+    #[serde(default)]
+    pub qemu_ready_ms: Option<f64>,
     /// Pages sent before RUN: the working set proper (`ws_pages` adds, in
     /// a cluster restore, what was pushed until the start).
     #[serde(default)]
