@@ -108,6 +108,7 @@ pub fn build(
             loaded_ms: rep.loaded_ms.map(|t| t + offset),
             qemu_ready_ms: rep.qemu_ready_ms.map(|t| t + offset),
             begun_ms: offset,
+            background_before_start: rep.background_before_start,
             pages_before_run: rep.pages_before_run,
             backoff_ms: backoff,
             disruption_ms: start + backoff,

@@ -28,7 +28,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -90,6 +90,9 @@ pub struct Counters {
     pub bytes_read: u64,
     /// Pages.
     pub pages_read: u64,
+    /// Whether it has pushed any page in the background yet.
+    #[serde(default)]
+    pub background_begun: bool,
 }
 
 /// The answer to a line that is not a [`Request`].
@@ -106,6 +109,8 @@ pub struct Served {
     pub bytes: Arc<AtomicU64>,
     /// Pages read.
     pub pages: Arc<AtomicU64>,
+    /// The sender has pushed a page in the background.
+    pub background_begun: Arc<AtomicBool>,
     /// The sender's hold.
     pub hold: BackgroundHold,
 }
@@ -115,6 +120,7 @@ impl Served {
         Counters {
             bytes_read: self.bytes.load(Ordering::Relaxed),
             pages_read: self.pages.load(Ordering::Relaxed),
+            background_begun: self.background_begun.load(Ordering::Relaxed),
         }
     }
 
@@ -261,6 +267,7 @@ mod tests {
         let served = Served {
             bytes: Arc::new(AtomicU64::new(4096)),
             pages: Arc::new(AtomicU64::new(1)),
+            background_begun: Arc::default(),
             hold: BackgroundHold::default(),
         };
         listen(d.path(), served.clone()).unwrap();
@@ -268,6 +275,7 @@ mod tests {
         let want = Counters {
             bytes_read: 4096,
             pages_read: 1,
+            background_begun: false,
         };
         assert_eq!(c.ask(Request::Counters).unwrap(), want);
         assert_eq!(served.hold.until(), None);
@@ -292,6 +300,7 @@ mod tests {
         let served = Served {
             bytes: Arc::default(),
             pages: Arc::default(),
+            background_begun: Arc::default(),
             hold: BackgroundHold::default(),
         };
         // A cluster restore's source: held until START.
@@ -306,8 +315,11 @@ mod tests {
         assert!(until >= before + Duration::from_millis(1000), "{until:?}");
         assert!(until <= Instant::now() + Duration::from_millis(1000));
         // Without a quiet time the push goes on at once.
-        c.ask(Request::Start { ms: 0 }).unwrap();
+        assert!(!c.ask(Request::Start { ms: 0 }).unwrap().background_begun);
         assert!(served.hold.until().unwrap() <= Instant::now());
+        // The answer tells whether the source had pushed in the background.
+        served.background_begun.store(true, Ordering::Relaxed);
+        assert!(c.ask(Request::Counters).unwrap().background_begun);
     }
 
     #[test]

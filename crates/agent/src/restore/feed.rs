@@ -235,11 +235,11 @@ impl Loaded<'_> {
     }
 
     /// START: ends the hold until START, holds the background push for
-    /// `quiet` from now.
-    fn start(&mut self, quiet: Duration) {
-        if let Some(c) = self.control.as_mut() {
-            page_source::start(self.dir, c, quiet.as_millis() as u64);
-        }
+    /// `quiet` from now. Whether the source had pushed in the background
+    /// before (`None`: unknown).
+    fn start(&mut self, quiet: Duration) -> Option<bool> {
+        let c = self.control.as_mut()?;
+        page_source::start(self.dir, c, quiet.as_millis() as u64).map(|n| n.background_begun)
     }
 }
 
@@ -485,7 +485,7 @@ pub(super) fn feed(
                     }
                 },
                 Phase::Ready if start_requested => {
-                    loaded.start(quiet);
+                    st.obs.background_before_start = loaded.start(quiet).unwrap_or(false);
                     if let Err(e) = vm.execute("cont", Value::Null) {
                         st.failure = Some(e);
                         break;

@@ -133,6 +133,7 @@ pub fn report(f: &Finishing) -> Result<Report, AgentError> {
         start_received_ms: obs.start_received_ms,
         loaded_ms: obs.loaded_ms,
         qemu_ready_ms: obs.qemu_ready_ms,
+        background_before_start: obs.background_before_start,
         pages_before_run: out.pages_before_run,
         request_unix_us: job.t0_unix_us,
         // Exact from the source up to RUN; in a cluster restore, what had

@@ -243,6 +243,10 @@ pub struct Observed {
     /// started: from here to `run_sent_ms` the working set is sent.
     #[serde(default)]
     pub qemu_ready_ms: Option<f64>,
+    /// In a cluster restore: its source had pushed pages in the
+    /// background before START (it holds them until START).
+    #[serde(default)]
+    pub background_before_start: bool,
     /// Memory-image bytes read before the start.
     pub bytes_before: u64,
     /// Pages loaded before the start (a cluster restore).
@@ -452,6 +456,7 @@ pub fn counters(dir: &Path, c: &mut control::Control) -> Option<control::Counter
         Ok(Some(Ended::Done(o))) => Some(control::Counters {
             bytes_read: o.bytes_read,
             pages_read: o.pages_read,
+            background_begun: o.pages_background > 0,
         }),
         _ => {
             crate::log(format!("{e}"));
@@ -463,12 +468,14 @@ pub fn counters(dir: &Path, c: &mut control::Control) -> Option<control::Counter
 /// START for the page source of `dir`: ends its hold until START and
 /// holds the background push for `ms` (the start's quiet time) from now;
 /// nothing to do for a source that has pushed every page.
-pub fn start(dir: &Path, c: &mut control::Control, ms: u64) {
-    if let Err(e) = c.ask(control::Request::Start { ms }) {
+pub fn start(dir: &Path, c: &mut control::Control, ms: u64) -> Option<control::Counters> {
+    let r = c.ask(control::Request::Start { ms });
+    if let Err(e) = &r {
         if !matches!(read_result(dir), Ok(Some(Ended::Done(_)))) {
             crate::log(format!("{e}"));
         }
     }
+    r.ok()
 }
 
 /// The pid of the page source serving from `dir`, if it still runs.
@@ -693,11 +700,13 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
         .collect();
     let mut pages =
         ImagePages::new(&img, &keys, plan.prefetch_blocks).map_err(|e| bad(e.to_string()))?;
+    let background_begun = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     control::listen(
         dir,
         control::Served {
             bytes: pages.bytes_read.clone(),
             pages: pages.pages_read.clone(),
+            background_begun: background_begun.clone(),
             hold: hold.clone(),
         },
     )
@@ -705,6 +714,7 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
     if let Some(path) = plan.hold_until_exists.clone() {
         hold_until_exists(path, hold);
     }
+    let began = background_begun.clone();
     let prio = super::feed::priorities().filter(|_| plan.priorities);
     if let Some(p) = prio {
         let _ = priority::set_current_thread(p.fault_path);
@@ -720,6 +730,9 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
     };
     let started = SystemTime::now();
     let mut on_event = |ev| {
+        if let SourceEvent::Work(postcopy::Work::Background) = &ev {
+            began.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         if let (SourceEvent::Work(w), Some(p)) = (&ev, prio) {
             let _ = priority::set_current_thread(p.for_work(*w));
         }

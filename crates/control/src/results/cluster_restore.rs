@@ -37,6 +37,11 @@ pub struct VmRestoreReport {
     /// restore's request.
     #[serde(default)]
     pub begun_ms: f64,
+    /// Its page source had pushed pages in the background before START
+    /// (it holds them until START, so that a VM that waits leaves the CPUs
+    /// to the VMs still loading: false).
+    #[serde(default)]
+    pub background_before_start: bool,
     /// Pages sent before RUN (its working set); `pages_before_start` adds
     /// what was pushed until the start.
     #[serde(default)]

@@ -37,6 +37,10 @@ pub struct RestoreReport {
     /// `run_sent_ms` the working set is sent.
     #[serde(default)]
     pub qemu_ready_ms: Option<f64>,
+    /// In a cluster restore: its page source had pushed pages in the
+    /// background before START (it holds them until START: false).
+    #[serde(default)]
+    pub background_before_start: bool,
     /// Pages sent before RUN: the working set proper (`ws_pages` adds, in
     /// a cluster restore, what was pushed until the start).
     #[serde(default)]
