@@ -152,6 +152,19 @@ fn a_cluster_snapshot_restores_in_every_mode_and_its_workloads_continue() {
             // once in CI: r2, sampled size 33, nothing in the queue).
             if mode == "eager-rl" {
                 assert!(v["pages_before_start"].as_u64().unwrap() > 0, "{mode}: {v}");
+            } else {
+                // Until its START, a VM loads its working set and the pages
+                // QEMU faults on while it loads the device state, nothing
+                // in the background: a VM that waits for START must not
+                // take the CPUs and the disk from the VMs still loading
+                // theirs (the restore line waits for those). Regression:
+                // hotrestore-rl VMs pushed their background while they
+                // waited, 5-37k pages per VM on the Redis cluster.
+                assert_eq!(
+                    v["background_before_start"], false,
+                    "{mode}: {} pushed pages in the background before its START: {v}",
+                    v["vm"]
+                );
             }
         }
         if mode == "hotrestore-rl" {

@@ -144,6 +144,7 @@ fn restore_cluster_journaled(
         restore::check_versions(&img, &opts.snapshot, &qemu_bin)?;
         saved.push(restore::saved_vm(&img, &opts.snapshot)?);
     }
+    let planned_ms = t0.elapsed().as_secs_f64() * 1000.0;
     let first = saved.first().ok_or_else(|| {
         AgentError::BadRequest(format!("cluster snapshot {:?} has no VM", opts.snapshot))
     })?;
@@ -227,6 +228,7 @@ fn restore_cluster_journaled(
         loads: ctx.loads.clone(),
         on_running: &mut on_running,
     });
+    let load_sent_ms = t0.elapsed().as_secs_f64() * 1000.0;
     let (outcome, outcomes, start_order) =
         run_protocol(&c, run, &plan, &opts, replay, early, progress);
     let mut errors = Vec::new();
@@ -280,6 +282,7 @@ fn restore_cluster_journaled(
         .unwrap_or_else(|| crate::guest_clock::sync_all(restored.iter().map(|r| &r.0.vm.config)));
     let mut report = report::build(&m, &plan, &opts, &restored, &start_order, t0, start_unix_us);
     report.guest_clocks = clocks;
+    (report.planned_ms, report.load_sent_ms) = (planned_ms, load_sent_ms);
     for (member, ..) in restored {
         c.members.push(member);
     }

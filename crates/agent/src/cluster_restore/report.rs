@@ -105,6 +105,11 @@ pub fn build(
             started_unix_us: *started,
             start_received_ms: rep.start_received_ms.map(|t| t + offset),
             run_sent_ms: rep.run_sent_ms + offset,
+            loaded_ms: rep.loaded_ms.map(|t| t + offset),
+            qemu_ready_ms: rep.qemu_ready_ms.map(|t| t + offset),
+            begun_ms: offset,
+            background_before_start: rep.background_before_start,
+            pages_before_run: rep.pages_before_run,
             backoff_ms: backoff,
             disruption_ms: start + backoff,
             wss_hybrid: pv.map_or(0, |v| v.hybrid),
@@ -171,6 +176,8 @@ pub fn build(
             .collect(),
         lp_objective: plan.lp_objective,
         duration_ms: t0.elapsed().as_secs_f64() * 1000.0,
+        planned_ms: 0.0,
+        load_sent_ms: 0.0,
         guest_clocks: Vec::new(),
     }
 }

@@ -236,7 +236,7 @@ pub fn start(vm: &mut Vm, job: &SourceJob, run: &RunDir) -> Result<(), AgentErro
     let mut obs = page_source::read_observed(&dir);
     obs.start_received_ms = Some(ms_since(job.finish.t0_unix_us));
     page_source::write_observed(&dir, &obs);
-    page_source::hold(&dir, &mut Control::new(&dir), job.plan.start_quiet_ms);
+    let _ = page_source::start(&dir, &mut Control::new(&dir), job.plan.start_quiet_ms);
     vm.execute("cont", serde_json::Value::Null)?;
     Ok(())
 }

@@ -12,7 +12,15 @@
 //!  agent ─▶ {"req":"counters"}          source ─▶ {"bytes_read":B,"pages_read":P}
 //!  agent ─▶ {"req":"hold","ms":N}       source ─▶ (the same, after holding
 //!                                                   the background N ms from now)
+//!  agent ─▶ {"req":"start","ms":N}      source ─▶ (the same, after ending the
+//!                                                   hold until START and holding
+//!                                                   the background N ms from now)
 //! ```
+//!
+//! A cluster restore's source holds its background push from its start
+//! until START ([`super::page_source::SourcePlan::hold_until_start`]): a VM
+//! that waits for START leaves the CPUs and the disk to the VMs still
+//! loading their working sets, whose loads the restore line waits for.
 //!
 //! A source whose agent went away loses nothing: it serves on and accepts
 //! the next agent's connection.
@@ -20,7 +28,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -66,6 +74,13 @@ pub enum Request {
         /// How long.
         ms: u64,
     },
+    /// START: the hold until START ends; demand faults only for `ms` from
+    /// now (the start's quiet time), then the counters. Unlike `Hold` it
+    /// shortens a longer hold.
+    Start {
+        /// How long.
+        ms: u64,
+    },
 }
 
 /// What the source has read from the image so far.
@@ -75,6 +90,9 @@ pub struct Counters {
     pub bytes_read: u64,
     /// Pages.
     pub pages_read: u64,
+    /// Whether it has pushed any page in the background yet.
+    #[serde(default)]
+    pub background_begun: bool,
 }
 
 /// The answer to a line that is not a [`Request`].
@@ -91,6 +109,8 @@ pub struct Served {
     pub bytes: Arc<AtomicU64>,
     /// Pages read.
     pub pages: Arc<AtomicU64>,
+    /// The sender has pushed a page in the background.
+    pub background_begun: Arc<AtomicBool>,
     /// The sender's hold.
     pub hold: BackgroundHold,
 }
@@ -100,12 +120,16 @@ impl Served {
         Counters {
             bytes_read: self.bytes.load(Ordering::Relaxed),
             pages_read: self.pages.load(Ordering::Relaxed),
+            background_begun: self.background_begun.load(Ordering::Relaxed),
         }
     }
 
     fn answer(&self, req: Request) -> Counters {
-        if let Request::Hold { ms } = req {
-            hold_at_least(&self.hold, Instant::now() + Duration::from_millis(ms));
+        let at = |ms| Instant::now() + Duration::from_millis(ms);
+        match req {
+            Request::Counters => {}
+            Request::Hold { ms } => hold_at_least(&self.hold, at(ms)),
+            Request::Start { ms } => self.hold.hold_until(at(ms)),
         }
         self.counters()
     }
@@ -243,6 +267,7 @@ mod tests {
         let served = Served {
             bytes: Arc::new(AtomicU64::new(4096)),
             pages: Arc::new(AtomicU64::new(1)),
+            background_begun: Arc::default(),
             hold: BackgroundHold::default(),
         };
         listen(d.path(), served.clone()).unwrap();
@@ -250,6 +275,7 @@ mod tests {
         let want = Counters {
             bytes_read: 4096,
             pages_read: 1,
+            background_begun: false,
         };
         assert_eq!(c.ask(Request::Counters).unwrap(), want);
         assert_eq!(served.hold.until(), None);
@@ -266,6 +292,34 @@ mod tests {
         drop(c);
         let mut next = Control::new(d.path());
         assert_eq!(next.ask(Request::Counters).unwrap().pages_read, 7);
+    }
+
+    #[test]
+    fn start_ends_the_hold_until_start_and_holds_for_the_quiet_time() {
+        let d = tempfile::tempdir().unwrap();
+        let served = Served {
+            bytes: Arc::default(),
+            pages: Arc::default(),
+            background_begun: Arc::default(),
+            hold: BackgroundHold::default(),
+        };
+        // A cluster restore's source: held until START.
+        let far = Instant::now() + super::super::page_source::HOLD_UNTIL_START_MAX;
+        served.hold.hold_until(far);
+        listen(d.path(), served.clone()).unwrap();
+        let mut c = Control::new(d.path());
+        let before = Instant::now();
+        c.ask(Request::Start { ms: 1000 }).unwrap();
+        let until = served.hold.until().expect("held for the quiet time");
+        assert!(until < far, "START ended the hold until START: {until:?}");
+        assert!(until >= before + Duration::from_millis(1000), "{until:?}");
+        assert!(until <= Instant::now() + Duration::from_millis(1000));
+        // Without a quiet time the push goes on at once.
+        assert!(!c.ask(Request::Start { ms: 0 }).unwrap().background_begun);
+        assert!(served.hold.until().unwrap() <= Instant::now());
+        // The answer tells whether the source had pushed in the background.
+        served.background_begun.store(true, Ordering::Relaxed);
+        assert!(c.ask(Request::Counters).unwrap().background_begun);
     }
 
     #[test]

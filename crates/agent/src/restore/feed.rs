@@ -171,6 +171,7 @@ fn source_job(job: &Job, background_after: Option<Duration>, member: VmRecord) -
             prefetch_blocks: opts.prefetch_blocks,
             priorities: opts.priorities,
             start_quiet_ms: opts.start_quiet.as_millis() as u64,
+            hold_until_start: opts.cluster.is_some(),
             hold_until_exists: opts
                 .cluster
                 .as_ref()
@@ -233,11 +234,12 @@ impl Loaded<'_> {
         page_source::counters(self.dir, c).map_or((0, 0), |n| (n.bytes_read, n.pages_read))
     }
 
-    /// Holds the background push for `quiet` from now.
-    fn hold(&mut self, quiet: Duration) {
-        if let Some(c) = self.control.as_mut() {
-            page_source::hold(self.dir, c, quiet.as_millis() as u64);
-        }
+    /// START: ends the hold until START, holds the background push for
+    /// `quiet` from now. Whether the source had pushed in the background
+    /// before (`None`: unknown).
+    fn start(&mut self, quiet: Duration) -> Option<bool> {
+        let c = self.control.as_mut()?;
+        page_source::start(self.dir, c, quiet.as_millis() as u64).map(|n| n.background_begun)
     }
 }
 
@@ -328,6 +330,7 @@ pub(super) fn feed(
     // The agent's own image, by its /proc link (as for the stream relay).
     let exe = PathBuf::from(format!("/proc/{}/exe", std::process::id()));
     let events = page_source::spawn(&exe, &ps_dir, stream, preempt).map_err(|e| fail(&name, e))?;
+    let source_spawned = Instant::now();
     let source = Source {
         dir: ps_dir.clone(),
         events,
@@ -359,6 +362,7 @@ pub(super) fn feed(
         }))
     });
     let mut st = Started::default();
+    st.obs.qemu_ready_ms = Some(ms_since_t0(source_spawned));
     let outcome = std::thread::scope(|s| {
         let h = s.spawn(move || source.run(&tx));
         let mut last_progress = Instant::now();
@@ -460,6 +464,8 @@ pub(super) fn feed(
                         progress(&format!(
                             "{name}: device state and {n} pages loaded, waiting for START"
                         ));
+                        st.obs.loaded_ms = Some(ms_since_t0(Instant::now()));
+                        observe(&st.obs);
                         tell(RestoreEvent::Loaded { qemu_pid: vm.pid });
                         (phase, since) = (Phase::Ready, Instant::now());
                     }
@@ -479,7 +485,7 @@ pub(super) fn feed(
                     }
                 },
                 Phase::Ready if start_requested => {
-                    loaded.hold(quiet);
+                    st.obs.background_before_start = loaded.start(quiet).unwrap_or(false);
                     if let Err(e) = vm.execute("cont", Value::Null) {
                         st.failure = Some(e);
                         break;

@@ -131,6 +131,10 @@ pub fn report(f: &Finishing) -> Result<Report, AgentError> {
         restore_latency_ms,
         run_sent_ms,
         start_received_ms: obs.start_received_ms,
+        loaded_ms: obs.loaded_ms,
+        qemu_ready_ms: obs.qemu_ready_ms,
+        background_before_start: obs.background_before_start,
+        pages_before_run: out.pages_before_run,
         request_unix_us: job.t0_unix_us,
         // Exact from the source up to RUN; in a cluster restore, what had
         // been read by the start (pages pushed while it waited count).

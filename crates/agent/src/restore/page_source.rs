@@ -155,6 +155,12 @@ pub struct SourcePlan {
     /// comes (asked on the control socket by whichever agent starts it).
     #[serde(default)]
     pub start_quiet_ms: u64,
+    /// A cluster restore: the background push is held from the source's
+    /// start until START (at most [`HOLD_UNTIL_START_MAX`]): a VM that
+    /// waits for START does not compete with the VMs still loading their
+    /// working sets. START ends it ([`control::Request::Start`]).
+    #[serde(default)]
+    pub hold_until_start: bool,
     /// Testing (`crate::fault`, `background-held-until=PATH`): only demand
     /// faults are served while this file does not exist.
     #[serde(default)]
@@ -167,6 +173,11 @@ pub struct SourcePlan {
 
 /// Where the page-source process finds the preempt channel's socket.
 pub const PREEMPT_FD: i32 = 3;
+
+/// The longest a cluster restore's source holds its background push for
+/// START ([`SourcePlan::hold_until_start`]); START comes within the
+/// Coordinator's load deadline or the restore is abandoned.
+pub const HOLD_UNTIL_START_MAX: Duration = Duration::from_secs(600);
 
 /// What finishing the restore takes (read by whoever finishes it).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -224,6 +235,18 @@ pub struct Observed {
     pub latency_ms: Option<f64>,
     /// In a cluster restore, request to START.
     pub start_received_ms: Option<f64>,
+    /// In a cluster restore, request to the device state loaded (the VM
+    /// ready for START, LOAD_FIN sent).
+    #[serde(default)]
+    pub loaded_ms: Option<f64>,
+    /// Request to QEMU listening for the stream and the page source
+    /// started: from here to `run_sent_ms` the working set is sent.
+    #[serde(default)]
+    pub qemu_ready_ms: Option<f64>,
+    /// In a cluster restore: its source had pushed pages in the
+    /// background before START (it holds them until START).
+    #[serde(default)]
+    pub background_before_start: bool,
     /// Memory-image bytes read before the start.
     pub bytes_before: u64,
     /// Pages loaded before the start (a cluster restore).
@@ -433,6 +456,7 @@ pub fn counters(dir: &Path, c: &mut control::Control) -> Option<control::Counter
         Ok(Some(Ended::Done(o))) => Some(control::Counters {
             bytes_read: o.bytes_read,
             pages_read: o.pages_read,
+            background_begun: o.pages_background > 0,
         }),
         _ => {
             crate::log(format!("{e}"));
@@ -441,14 +465,17 @@ pub fn counters(dir: &Path, c: &mut control::Control) -> Option<control::Counter
     }
 }
 
-/// Holds the background push of the page source of `dir` for `ms` from
-/// now; nothing to do for a source that has pushed every page.
-pub fn hold(dir: &Path, c: &mut control::Control, ms: u64) {
-    if let Err(e) = c.ask(control::Request::Hold { ms }) {
+/// START for the page source of `dir`: ends its hold until START and
+/// holds the background push for `ms` (the start's quiet time) from now;
+/// nothing to do for a source that has pushed every page.
+pub fn start(dir: &Path, c: &mut control::Control, ms: u64) -> Option<control::Counters> {
+    let r = c.ask(control::Request::Start { ms });
+    if let Err(e) = &r {
         if !matches!(read_result(dir), Ok(Some(Ended::Done(_)))) {
             crate::log(format!("{e}"));
         }
     }
+    r.ok()
 }
 
 /// The pid of the page source serving from `dir`, if it still runs.
@@ -656,6 +683,9 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
     let device_state = img.device_state().map_err(|e| bad(e.to_string()))?;
     let id = |&(block, page): &(u32, u32)| PageId { block, page };
     let hold = BackgroundHold::default();
+    if plan.hold_until_start {
+        hold.hold_until(Instant::now() + HOLD_UNTIL_START_MAX);
+    }
     let scfg = SourceConfig {
         before_run: plan.before_run.iter().map(id).collect(),
         demand_cluster: plan.demand_cluster,
@@ -670,11 +700,13 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
         .collect();
     let mut pages =
         ImagePages::new(&img, &keys, plan.prefetch_blocks).map_err(|e| bad(e.to_string()))?;
+    let background_begun = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     control::listen(
         dir,
         control::Served {
             bytes: pages.bytes_read.clone(),
             pages: pages.pages_read.clone(),
+            background_begun: background_begun.clone(),
             hold: hold.clone(),
         },
     )
@@ -682,6 +714,7 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
     if let Some(path) = plan.hold_until_exists.clone() {
         hold_until_exists(path, hold);
     }
+    let began = background_begun.clone();
     let prio = super::feed::priorities().filter(|_| plan.priorities);
     if let Some(p) = prio {
         let _ = priority::set_current_thread(p.fault_path);
@@ -697,6 +730,9 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
     };
     let started = SystemTime::now();
     let mut on_event = |ev| {
+        if let SourceEvent::Work(postcopy::Work::Background) = &ev {
+            began.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         if let (SourceEvent::Work(w), Some(p)) = (&ev, prio) {
             let _ = priority::set_current_thread(p.for_work(*w));
         }

@@ -22,6 +22,30 @@ pub struct VmRestoreReport {
     /// When its source had sent the device state and RUN; from there to
     /// `latency_ms` QEMU loads the device state and starts the guest.
     pub run_sent_ms: f64,
+    /// When its QEMU had loaded the device state (LOAD_FIN): from
+    /// `run_sent_ms` to here QEMU loaded it, from here to
+    /// `start_received_ms` the VM waited for START (the restore line).
+    #[serde(default)]
+    pub loaded_ms: Option<f64>,
+    /// When its QEMU listened for the stream and its page source started:
+    /// from its restore's begin (after `load_sent_ms` of the cluster) to
+    /// here QEMU started; from here to `run_sent_ms` its working set was
+    /// sent.
+    #[serde(default)]
+    pub qemu_ready_ms: Option<f64>,
+    /// When its own restore began (LOAD reached it): ms since the cluster
+    /// restore's request.
+    #[serde(default)]
+    pub begun_ms: f64,
+    /// Its page source had pushed pages in the background before START
+    /// (it holds them until START, so that a VM that waits leaves the CPUs
+    /// to the VMs still loading: false).
+    #[serde(default)]
+    pub background_before_start: bool,
+    /// Pages sent before RUN (its working set); `pages_before_start` adds
+    /// what was pushed until the start.
+    #[serde(default)]
+    pub pages_before_run: u64,
     /// HotRestore's backoff approximation: the largest start-time lag of a
     /// VM this one sends to (it starts later than this one), 0 if none.
     pub backoff_ms: f64,
@@ -122,6 +146,15 @@ pub struct ClusterRestoreReport {
     pub loading: bool,
     /// Request to report, ms.
     pub duration_ms: f64,
+    /// Request to the plan made (graph, working-set sizes, the LP) and
+    /// every VM's snapshot checked, ms.
+    #[serde(default)]
+    pub planned_ms: f64,
+    /// Request to LOAD sent to every VM (the cluster's network is up), ms:
+    /// each VM's own restore (its QEMU, working set, device state) begins
+    /// here.
+    #[serde(default)]
+    pub load_sent_ms: f64,
     /// Each guest's clock, set to the host's once every guest ran
     /// (`crate::guest_clock`).
     pub guest_clocks: Vec<ClockSync>,

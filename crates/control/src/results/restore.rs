@@ -27,6 +27,24 @@ pub struct RestoreReport {
     /// In a cluster restore, request to the Coordinator's START reaching
     /// this VM's source (the working set was loaded and it waited since).
     pub start_received_ms: Option<f64>,
+    /// In a cluster restore, request to the device state loaded: the VM
+    /// was ready for START (LOAD_FIN) and waited from here to
+    /// `start_received_ms`.
+    #[serde(default)]
+    pub loaded_ms: Option<f64>,
+    /// Request to QEMU listening for the stream (started, its incoming
+    /// socket connected) and the page source started; from here to
+    /// `run_sent_ms` the working set is sent.
+    #[serde(default)]
+    pub qemu_ready_ms: Option<f64>,
+    /// In a cluster restore: its page source had pushed pages in the
+    /// background before START (it holds them until START: false).
+    #[serde(default)]
+    pub background_before_start: bool,
+    /// Pages sent before RUN: the working set proper (`ws_pages` adds, in
+    /// a cluster restore, what was pushed until the start).
+    #[serde(default)]
+    pub pages_before_run: u64,
     /// The request's wall clock time, unix µs (to put the times above on
     /// a cluster restore's clock); not sent.
     #[serde(skip)]
