@@ -40,6 +40,10 @@ pub struct Vm {
     pub boot_ms: Option<u64>,
     /// QEMU's own output.
     pub qemu_log: PathBuf,
+    /// Whether this QEMU process has read every page of guest RAM (page
+    /// tables populated), so that a hot snapshot's write-protect setup is
+    /// quick; see `snapshot::populate_ram`.
+    pub ram_populated: bool,
     /// `None` for a QEMU adopted from a previous agent image (after an
     /// agent restart by exec it is still our child, known by pid only).
     child: Option<Child>,
@@ -92,6 +96,7 @@ impl Vm {
             started_at: SystemTime::now(),
             boot_ms: None,
             qemu_log,
+            ram_populated: false,
             child: Some(child),
             qmp: None,
             past_events: Vec::new(),
@@ -123,6 +128,7 @@ impl Vm {
             started_at,
             boot_ms,
             qemu_log,
+            ram_populated: false,
             child: None,
             qmp: None,
             past_events: Vec::new(),

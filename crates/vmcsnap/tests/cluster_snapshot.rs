@@ -158,10 +158,9 @@ fn hot_cluster_snapshot_is_consistent_and_keeps_every_frame() {
                 "round {round}: {} prepared its cut at {prepared} ms, after the first stop at {first_stop} ms: {v}",
                 v["vm"]
             );
-            // QEMU read all of guest RAM just before the pause (so that its
-            // own read of every page inside the pause is quick), in every
-            // round. Regression: only a QEMU's first hot snapshot read it,
-            // and `qemu_setup` grew to 27-457 ms in later ones.
+            // QEMU had all of guest RAM mapped before the pause (so its
+            // read of every page inside the pause costs no fault), in
+            // every round: read once by the first, still mapped after.
             let ram = &v["ram"];
             let (pages, mapped) = (
                 ram["ram_pages"].as_u64().expect("ram residency"),
@@ -172,7 +171,11 @@ fn hot_cluster_snapshot_is_consistent_and_keeps_every_frame() {
                 "round {round}: {} had {mapped} of {pages} pages mapped: {v}",
                 v["vm"]
             );
-            assert_eq!(ram["read"], true, "round {round}: {v}");
+            if round > 0 {
+                // Read by the first round already, and nothing since
+                // unmapped it: no second read.
+                assert_eq!(ram["read"], false, "round {round}: {v}");
+            }
         }
         for v in vms {
             let t = |k: &str| v[k].as_f64().unwrap();

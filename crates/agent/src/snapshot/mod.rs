@@ -109,9 +109,16 @@ pub fn snapshot(
         ));
         opts.mode = Mode::StopCopy;
     }
-    // A hot snapshot reads all of guest RAM once the VM is ready to pause
-    // (`run_mode`, `warm_ram`); what QEMU had mapped before is noted now.
-    let ram = (opts.mode == Mode::Hot).then(|| ram_at_start(vm));
+    // A first hot snapshot reads all of guest RAM once, while the guest
+    // runs: before anything of the snapshot exists, and before the capture
+    // starts waiting for QEMU's connection (a bounded wait), since the read
+    // takes 20 s for a 4 GiB guest under TCG and longer on a busy host.
+    // Checked again once the VM is ready to pause (`run_mode`).
+    let mut ram = None;
+    if opts.mode == Mode::Hot {
+        let delay = crate::fault::ram_read_delay(opts.fault);
+        ensure_ram_mapped(vm, &*hooks, progress, delay, &mut ram)?;
+    }
     let root = opts
         .target
         .as_ref()
@@ -475,7 +482,7 @@ struct Ctx {
     fault: Option<crate::fault::Fault>,
     /// `precopy-untracked-write`: the page to put back before resuming.
     untracked_write: Option<final_ram::UntrackedWrite>,
-    /// Hot: guest RAM as QEMU had it mapped, and its read (`warm_ram`).
+    /// Hot: guest RAM as QEMU had it mapped (`ensure_ram_mapped`).
     ram: Option<vmcsnap_control::RamResidency>,
 }
 
@@ -506,11 +513,9 @@ fn run_mode(
     // The overlay, opened by QEMU now: in the pause it is only put on top.
     disks::add_overlays(vm, &mut ctx.disks, ctx.stamp)?;
     if mode == Mode::Hot {
-        // As late as possible before the pause, and before the capture
-        // starts waiting for QEMU's connection (a bounded wait: the read
-        // takes 20 s for a 4 GiB guest under TCG, longer on a busy host).
-        let delay = crate::fault::ram_read_delay(ctx.fault);
-        warm_ram(vm, &*hooks, progress, delay, &mut ctx.ram)?;
+        // Whatever unmapped guest RAM since the snapshot began (or a read
+        // that missed some) is made up for here, outside the pause.
+        ensure_ram_mapped(vm, &*hooks, progress, Duration::ZERO, &mut ctx.ram)?;
     }
     hooks.ready()?;
     match mode {

@@ -1,4 +1,4 @@
-//! The QMP steps of a snapshot: reading guest RAM once before a hot
+//! The QMP steps of a snapshot: reading guest RAM once before a first hot
 //! snapshot, waiting for the guest to resume, watching the migration,
 //! and putting QEMU's settings back (the disks: `disks`).
 
@@ -13,8 +13,8 @@ use vmcsnap_migstream::{BackgroundResume, Dialect};
 /// inside the pause: 170-250 ms for a fresh 256 MiB guest under TCG instead
 /// of 20-40 ms once populated (measured). QMP `pmemsave` of guest-physical
 /// RAM to /dev/null, in chunks so that QEMU's main loop is never blocked
-/// for long, reads every page without pausing the guest. See [`warm_ram`]
-/// for why before every hot snapshot. `delay` (the injected fault `ram-read-delay`) is added
+/// for long, reads every page without pausing the guest. Needed once per
+/// QEMU process. `delay` (the injected fault `ram-read-delay`) is added
 /// to the read, as a large guest or a busy host would take. (A pre-copy migration cancelled after its first pass does
 /// the same but may complete on its own for an idle guest, which leaves the
 /// disks inactive: QEMU 7.2 then aborts at the next migration.)
@@ -28,7 +28,7 @@ pub(super) fn populate_ram(
     const CHUNK: u64 = 8 << 20;
     let t = Instant::now();
     progress(&format!(
-        "{}: reading guest RAM once so that the pause stays short",
+        "{}: first hot snapshot of this QEMU: reading guest RAM once so that the pause stays short",
         vm.name
     ));
     if !delay.is_zero() {
@@ -57,6 +57,7 @@ pub(super) fn populate_ram(
             std::thread::sleep(Duration::from_millis(1));
         }
     }
+    vm.ram_populated = true;
     crate::log(format!(
         "VM {}: guest RAM read once in {:.0} ms",
         vm.name,
@@ -81,9 +82,9 @@ pub(super) fn guest_ram_ranges(machine: crate::qemu::Machine, ram: u64) -> [(u64
     [(0, low), (4 << 30, ram - low)]
 }
 
-/// Pages of guest RAM that may stay unmapped after the read: q35's legacy
-/// window (0xa0000-0xfffff: VGA, option ROMs, BIOS) is not RAM to
-/// `pmemsave`.
+/// Pages of guest RAM QEMU may leave unmapped and still count as read:
+/// q35's legacy window (0xa0000-0xfffff: VGA, option ROMs, BIOS) is not
+/// RAM to `pmemsave`.
 const UNMAPPED_SLACK_PAGES: u64 = 256;
 
 /// Pages of guest RAM QEMU has mapped now (from its smaps), `None` where
@@ -98,41 +99,42 @@ pub(super) fn resident_pages(vm: &Vm) -> Option<u64> {
     }
 }
 
-/// Hot, when the snapshot begins: guest RAM as QEMU has it mapped.
-pub(super) fn ram_at_start(vm: &Vm) -> vmcsnap_control::RamResidency {
-    vmcsnap_control::RamResidency {
-        ram_pages: vm.config.ram_kib() / 4,
-        resident_before: resident_pages(vm).unwrap_or(0),
-        ..Default::default()
-    }
-}
-
-/// Hot, once the VM is ready to pause: has QEMU read all of guest RAM
-/// ([`populate_ram`]) so that its own read of every page before write
-/// protection, inside the pause, is quick. Before every hot snapshot, not
-/// once per QEMU: a page QEMU has mapped still costs that read a slow
-/// miss when it was not touched for a while (measured on this host, a
-/// nested VM: 4 lab VMs of 160 MiB, all of RAM mapped, `qemu_setup`
-/// 27-457 ms, median ~110 ms, without a read just before the pause and
-/// 1.4-47 ms, median ~5 ms, with one; the SQL primary of issue 32 lost
-/// 288 ms so). `ram` gets the read's time and what was mapped after it.
-pub(super) fn warm_ram(
+/// Hot: makes sure QEMU has (nearly) every page of guest RAM mapped, so
+/// that its read of every page before write protection costs no fault
+/// inside the pause: reads guest RAM ([`populate_ram`]) when the mapping
+/// shows pages missing, or, where /proc cannot tell, once per QEMU.
+/// Called when the snapshot begins and again once the VM is ready to
+/// pause (a cluster snapshot's VMs wait for each other in between);
+/// `ram` accumulates what was found and done.
+pub(super) fn ensure_ram_mapped(
     vm: &mut Vm,
     hooks: &dyn Hooks,
     progress: &mut dyn FnMut(&str),
     delay: Duration,
     ram: &mut Option<vmcsnap_control::RamResidency>,
 ) -> Result<(), AgentError> {
-    let r = ram.get_or_insert_with(|| ram_at_start(vm));
-    let t = Instant::now();
-    populate_ram(vm, hooks, progress, delay)?;
-    r.read = true;
-    r.read_ms = t.elapsed().as_secs_f64() * 1000.0;
-    r.resident_at_pause = resident_pages(vm).unwrap_or(0);
-    let missing = r.ram_pages.saturating_sub(r.resident_at_pause);
-    if missing > UNMAPPED_SLACK_PAGES {
-        tracing::warn!(vm = %vm.name, missing, ram_pages = r.ram_pages, "guest RAM read, but QEMU has pages of it unmapped: they cost faults inside the pause");
+    let ram_pages = vm.config.ram_kib() / 4;
+    let now = resident_pages(vm);
+    let r = ram.get_or_insert_with(|| vmcsnap_control::RamResidency {
+        ram_pages,
+        resident_before: now.unwrap_or(0),
+        ..Default::default()
+    });
+    let missing = |resident: u64| ram_pages.saturating_sub(resident) > UNMAPPED_SLACK_PAGES;
+    let read = match now {
+        Some(resident) => missing(resident),
+        None => !vm.ram_populated,
+    };
+    if read {
+        if let Some(resident) = now {
+            tracing::info!(vm = %vm.name, resident, ram_pages, "guest RAM not all mapped in QEMU: reading it");
+        }
+        let t = Instant::now();
+        populate_ram(vm, hooks, progress, delay)?;
+        r.read = true;
+        r.read_ms += t.elapsed().as_secs_f64() * 1000.0;
     }
+    r.resident_at_pause = if read { resident_pages(vm) } else { now }.unwrap_or(0);
     Ok(())
 }
 
