@@ -49,18 +49,18 @@ pub struct VmSnapshotReport {
     pub frames_drained_at_cut: u64,
     /// Hot and stop-copy: its network cut was prepared and it reached the
     /// stop barrier, where it waited for every VM's cut before its `stop`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cut_prepared_ms: Option<f64>,
     /// How long it waited there, µs.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_barrier_wait_us: Option<u64>,
     /// Every VM's cut was prepared when it went on to its `stop` (false: the
     /// barrier's bound ran out, the pauses did not start together).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_barrier_complete: Option<bool>,
     /// Hot: guest RAM as QEMU had it mapped before the pause (see
     /// [`RamResidency`](crate::RamResidency)).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ram: Option<crate::RamResidency>,
     /// The guest's TCP RetransSegs before and after the snapshot.
     pub retrans_before: Option<u64>,
