@@ -157,11 +157,10 @@ impl Cluster {
                 disk
             }
         };
-        let port_socket = dir.join("port.sock");
-        let port = plug(&self.switch, &vm_spec.name, &port_socket, &address)?;
         let ram_file = self.run.shm_path(&spec.cluster.name, &vm_spec.name);
         let _ = std::fs::remove_file(&ram_file);
         let mut config = self.lab_config(launch, vm_spec, &address, &dir, ram_file, &disk)?;
+        let port = plug(&self.switch, &vm_spec.name, &config.port_socket, &address)?;
         let mut kernel_release = crate::cpu_model::lab_kernel_release(&launch.assets.dir);
         if let Some((p, machine)) = image {
             kernel_release = p.kernel_release;
