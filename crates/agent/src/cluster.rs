@@ -349,18 +349,31 @@ impl Cluster {
 
     /// Writes the durable record of the cluster's VMs (see [`crate::record`]).
     pub fn persist(&self) -> Result<(), AgentError> {
-        crate::cluster_record::save(&self.run, self, &[])
+        crate::cluster_record::save(&self.run, self, &[])?;
+        // A VM runs again where one was stopped: the record names it now.
+        for m in &self.members {
+            if let Some(dir) = m.vm.config.console_log.parent() {
+                crate::vm_disks::unmark_stopped(dir);
+            }
+        }
+        Ok(())
     }
 
     /// Stops one VM: its QEMU, RAM file, sockets and switch port go; its
-    /// disk overlays and logs stay in its directory. The rest of the
-    /// cluster runs on.
+    /// disk overlays and logs stay in its directory, marked so that no
+    /// `gc` takes them (see `vm_disks`). The rest of the cluster runs on.
     pub fn stop_vm(&mut self, vm: &str) -> Result<(), AgentError> {
         let i = self
             .members
             .iter()
             .position(|m| m.vm.name == vm)
             .ok_or_else(|| AgentError::NoSuchVm(vm.to_string()))?;
+        // Marked before it leaves the record: a crash in between leaves a
+        // member with a stale mark (which the next `gc` removes), never a
+        // stopped VM's disks unmarked.
+        if let Some(dir) = self.members[i].vm.config.console_log.parent() {
+            crate::vm_disks::mark_stopped(dir)?;
+        }
         let mut m = self.members.remove(i);
         m.vm.shutdown();
         if let Err(e) = self.switch.remove_port(m.port) {
@@ -621,7 +634,12 @@ impl Cluster {
         // Every disk the VMs wrote: the current overlays (a snapshot's
         // `data-<ms>.qcow2`) and what they back on (see `vm_disks`), and
         // those of VMs stopped before.
-        let removed = crate::vm_disks::remove_unused(&self.run.cluster_dir(), &[]);
+        let removed = crate::vm_disks::remove_unused(
+            &self.run.cluster_dir(),
+            &[],
+            crate::vm_disks::StoppedDisks::Remove,
+        )
+        .removed;
         if !removed.is_empty() {
             log(format!("teardown: removed the VMs' disks {removed:?}"));
         }

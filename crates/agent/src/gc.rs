@@ -12,7 +12,8 @@
 //!   frozen disk of a snapshot that stays does (one taken of such a VM; see
 //!   `snapshot_removal::disk_refs`);
 //! - the disk files of a VM directory under `cluster/` that no VM of the
-//!   cluster up and no live QEMU uses ([`vm_dir_leftovers`]);
+//!   cluster up and no live QEMU uses, unless `vmcsnap stop` stopped that VM
+//!   ([`vm_dir_leftovers`]);
 //! - a cached disk index (`<run>/disk-index/`) of a file that no snapshot
 //!   and no VM has any more ([`disk_index`]).
 
@@ -31,9 +32,12 @@ pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, 
     let mut result = GcResult {
         removed: vec![],
         kept_in_use: vec![],
+        kept_stopped: vec![],
     };
     let cache = run.root().join("disk-index");
-    result.removed.extend(vm_dir_leftovers(run, cluster));
+    let vm_dirs = vm_dir_leftovers(run, cluster);
+    result.removed.extend(vm_dirs.removed);
+    result.kept_stopped = vm_dirs.kept_stopped;
     if !root.is_dir() {
         let in_use = crate::snapshot_removal::InUse::gather(&root, cluster, &Default::default());
         result.removed.extend(disk_index::clean(
@@ -76,18 +80,29 @@ pub fn collect(run: &RunDir, cluster: &mut Option<Cluster>) -> Result<GcResult, 
 }
 
 /// The disk files of VM directories that no member of the cluster has
-/// (a VM gone with a `down` that left them; see `vm_disks`).
-fn vm_dir_leftovers(run: &RunDir, cluster: &Option<Cluster>) -> Vec<PathBuf> {
+/// (a VM gone with a `down` that left them; see `vm_disks`); those of VMs
+/// `vmcsnap stop` took out stay.
+fn vm_dir_leftovers(run: &RunDir, cluster: &Option<Cluster>) -> crate::vm_disks::Removal {
     let members: Vec<PathBuf> = cluster
         .iter()
         .flat_map(|c| &c.members)
         .filter_map(|m| m.vm.config.console_log.parent().map(PathBuf::from))
         .collect();
-    let removed = crate::vm_disks::remove_unused(&run.cluster_dir(), &members);
-    for f in &removed {
+    let done = crate::vm_disks::remove_unused(
+        &run.cluster_dir(),
+        &members,
+        crate::vm_disks::StoppedDisks::Keep,
+    );
+    for f in &done.removed {
         log(format!("gc: removed {}", f.display()));
     }
-    removed
+    for f in &done.kept_stopped {
+        log(format!(
+            "gc: kept {} (its VM is stopped, not removed)",
+            f.display()
+        ));
+    }
+    done
 }
 
 /// Every file a VM of the cluster reads or writes as disk: the recorded

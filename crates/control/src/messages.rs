@@ -337,6 +337,10 @@ pub struct GcResult {
     pub removed: Vec<PathBuf>,
     /// Leftover-looking directories kept because a VM's disk uses them.
     pub kept_in_use: Vec<PathBuf>,
+    /// Disk files of VMs `vmcsnap stop` took out of the cluster: they stay
+    /// until the VM runs again or `vmcsnap down`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept_stopped: Vec<PathBuf>,
 }
 
 /// What a snapshot is.

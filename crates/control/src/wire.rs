@@ -48,7 +48,11 @@ pub enum ControlError {
     #[error("control protocol error: {0}")]
     Protocol(String),
     /// The agent closed the connection without a final reply.
-    #[error("the agent closed the connection before answering (did it crash? see its log in the run directory)")]
+    #[error(
+        "the agent closed the connection before answering (did it crash? see its log in the run \
+         directory). `vmcsnap status` starts a new agent, which adopts the VMs and finishes or \
+         undoes what the old one had begun; then check whether the operation took effect"
+    )]
     Hangup,
     /// The agent ran the request and it failed.
     #[error("{0}")]

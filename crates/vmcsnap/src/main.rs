@@ -158,6 +158,12 @@ fn run(cli: Cli) -> Result<()> {
                         p.display()
                     );
                 }
+                for p in &r.kept_stopped {
+                    println!(
+                        "kept {} (its VM was stopped, not removed: `vmcsnap down` removes it)",
+                        p.display()
+                    );
+                }
                 if r.removed.is_empty() {
                     println!("nothing to remove");
                 }

@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::{cluster_lock, last_field, Env};
@@ -56,14 +56,35 @@ fn agent_pid(env: &Env) -> Option<i32> {
         .ok()
 }
 
+/// What [`kill_agent_during`] saw.
+struct Killed {
+    /// The agent was killed while the command ran.
+    mid_way: bool,
+    /// The command exited with status 0.
+    ok: bool,
+    /// Its stdout and stderr.
+    output: String,
+}
+
+impl Killed {
+    fn describe(&self) -> &'static str {
+        if self.mid_way {
+            "mid-way"
+        } else {
+            "already done"
+        }
+    }
+}
+
 /// Runs `args` in the background, kills the agent after `delay` (if the
 /// command is still running by then), and waits for the command to end.
-/// Returns whether the agent was killed while the command ran.
-fn kill_agent_during(env: &Env, args: &[&str], delay: Duration) -> bool {
+fn kill_agent_during(env: &Env, args: &[&str], delay: Duration) -> Killed {
+    let out_path = env.run_dir().join("killed-command.out");
+    let out = std::fs::File::create(&out_path).unwrap();
     let mut child: Child = env
         .command(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
         .spawn()
         .unwrap();
     let t = Instant::now();
@@ -76,8 +97,8 @@ fn kill_agent_during(env: &Env, args: &[&str], delay: Duration) -> bool {
         pid = agent_pid(env).or(pid);
         std::thread::sleep(Duration::from_millis(1));
     }
-    let killed = child.try_wait().unwrap().is_none();
-    if killed {
+    let mid_way = child.try_wait().unwrap().is_none();
+    if mid_way {
         let pid = agent_pid(env)
             .or(pid)
             .expect("an agent runs while the command does");
@@ -87,17 +108,25 @@ fn kill_agent_during(env: &Env, args: &[&str], delay: Duration) -> bool {
         let _ = std::fs::remove_file(env.run_dir().join("agent.pid"));
     }
     let deadline = Instant::now() + Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() {
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
         assert!(
             Instant::now() < deadline,
             "vmcsnap {args:?} did not end after its agent was killed"
         );
         std::thread::sleep(Duration::from_millis(10));
-    }
-    if killed {
+    };
+    if mid_way {
         wait_recovered(env);
     }
-    killed
+    let output = std::fs::read_to_string(&out_path).unwrap_or_default();
+    Killed {
+        mid_way,
+        ok: status.success(),
+        output,
+    }
 }
 
 /// Starts the next agent (through `status`) and waits until it has
@@ -117,6 +146,19 @@ fn wait_recovered(env: &Env) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The disk files of a VM directory (`*.qcow2` and frozen-chain
+/// directories), sorted.
+fn disk_files(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".qcow2") || n.starts_with("disk-"))
+        .collect();
+    names.sort();
+    names
 }
 
 fn vm_states(env: &Env) -> Vec<(String, String, u64)> {
@@ -191,7 +233,8 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
         &env,
         &["up", spec.to_str().unwrap()],
         Duration::from_millis(100) + rng.below_ms(1500),
-    );
+    )
+    .mid_way;
     eprintln!("up: agent killed mid-way: {killed}");
     // Every QEMU that was started is known to the new agent (none orphaned),
     // and runs. An `up` killed before it started every VM leaves a partial
@@ -247,9 +290,13 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
         let killed = kill_agent_during(&env, op, delay);
         let what = format!(
             "round {round}: {op:?} killed after {delay:?} ({})",
-            if killed { "mid-way" } else { "already done" }
+            killed.describe()
         );
         eprintln!("{what}");
+        eprintln!(
+            "  its output: {}",
+            killed.output.trim_end().replace('\n', "\n  ")
+        );
         assert_all_running(&env, &what);
         assert_traffic_goes_on(&env, &what, conn);
         // The next operation on the adopted VMs works.
@@ -282,17 +329,39 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
     env.ok(&["snapshot", "cli", "--mode", "hot", "--name", "cli-snap"]);
     for (round, mode) in ["workingset", "eager", "lazy"].iter().enumerate() {
         env.ok(&["stop", "cli"]);
+        let cli_disks = disk_files(&env.run_dir().join("cluster/cli"));
         let delay = rng.below_ms([300, 700, 1500][round]);
-        let killed = kill_agent_during(
-            &env,
-            &["restore", "--wait", "cli-snap", "--mode", mode],
-            delay,
-        );
+        let restore = ["restore", "--wait", "cli-snap", "--mode", mode];
+        let killed = kill_agent_during(&env, &restore, delay);
         let what = format!(
             "restore {mode} killed after {delay:?} ({})",
-            if killed { "mid-way" } else { "already done" }
+            killed.describe()
         );
         eprintln!("{what}");
+        eprintln!(
+            "  its output: {}",
+            killed.output.trim_end().replace('\n', "\n  ")
+        );
+        if !vm_states(&env).iter().any(|s| s.0 == "cli") {
+            // Killed before the agent began the restore (nothing to redo):
+            // the command failed and said so, and the stopped VM's disks are
+            // all still there (regression: the next agent's cleanup deleted
+            // them; seed 1795867408064540299).
+            assert!(
+                killed.mid_way && !killed.ok,
+                "{what}: cli is gone, yet the restore succeeded"
+            );
+            assert!(
+                !killed.output.trim().is_empty(),
+                "{what}: the restore failed silently"
+            );
+            assert_eq!(
+                disk_files(&env.run_dir().join("cluster/cli")),
+                cli_disks,
+                "{what}: the stopped VM's disks changed"
+            );
+            env.ok(&restore);
+        }
         assert_all_running(&env, &what);
         env.wait_console("cli", &what, Duration::from_secs(90), |c| {
             last_field(c, "pingpong:", "total").unwrap_or(0) >= 20
@@ -305,7 +374,7 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
     let killed = kill_agent_during(&env, &["restore", "--wait", "--cluster", "all"], delay);
     let what = format!(
         "cluster restore killed after {delay:?} ({})",
-        if killed { "mid-way" } else { "already done" }
+        killed.describe()
     );
     eprintln!("{what}");
     assert_all_running(&env, &what);
