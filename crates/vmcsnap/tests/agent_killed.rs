@@ -97,6 +97,16 @@ fn kill_agent_during(env: &Env, args: &[&str], delay: Duration) -> Killed {
         pid = agent_pid(env).or(pid);
         std::thread::sleep(Duration::from_millis(1));
     }
+    // A command that starts its agent may not have written the agent's pid
+    // yet: wait for it (killing the agent as soon as it is there).
+    let t = Instant::now();
+    while pid.is_none() && t.elapsed() < Duration::from_secs(10) {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        pid = agent_pid(env);
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let mid_way = child.try_wait().unwrap().is_none();
     if mid_way {
         let pid = agent_pid(env)
@@ -297,6 +307,13 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
             "  its output: {}",
             killed.output.trim_end().replace('\n', "\n  ")
         );
+        // Not killed: it must have succeeded (a failure here once went
+        // unseen, and left a VM `postmigrate`).
+        assert!(
+            killed.mid_way || killed.ok,
+            "{what}: failed:\n{}",
+            killed.output
+        );
         assert_all_running(&env, &what);
         assert_traffic_goes_on(&env, &what, conn);
         // The next operation on the adopted VMs works.
@@ -377,6 +394,27 @@ fn no_vm_is_lost_or_left_paused_when_the_agent_is_killed() {
         killed.describe()
     );
     eprintln!("{what}");
+    eprintln!(
+        "  its output: {}",
+        killed.output.trim_end().replace('\n', "\n  ")
+    );
+    if vm_states(&env).is_empty() {
+        // Killed before the agent began the restore: nothing to redo. The
+        // command failed and said so, no QEMU was left behind, and the
+        // restore works when asked again.
+        assert!(
+            killed.mid_way && !killed.ok,
+            "{what}: no VM runs, yet the restore succeeded"
+        );
+        let agent = agent_pid(&env).map(|p| p as u32);
+        let strays: Vec<u32> = env
+            .processes()
+            .into_iter()
+            .filter(|p| Some(*p) != agent)
+            .collect();
+        assert!(strays.is_empty(), "{what}: processes left: {strays:?}");
+        env.ok(&["restore", "--wait", "--cluster", "all"]);
+    }
     assert_all_running(&env, &what);
     env.wait_console("cli", &what, Duration::from_secs(90), |c| {
         last_field(c, "pingpong:", "total").unwrap_or(0) >= 20
