@@ -147,6 +147,6 @@ pub use mediator::{
 };
 pub use server::{
     ConnectionState, DrainState, InjectReport, SettleReport, Switch, SwitchConfig, SwitchHandle,
-    DEFAULT_MAX_QUEUE_BYTES,
+    TunnelConfig, DEFAULT_MAX_QUEUE_BYTES,
 };
-pub use stats::{PortStats, SwitchStats};
+pub use stats::{PortStats, RefusedCounts, SwitchStats, TunnelCounters, TunnelPortStats};
