@@ -161,6 +161,12 @@ pub enum SwitchError {
         /// The largest allowed.
         max: usize,
     },
+    /// A tunnel port was named as a member of a cut session.
+    #[error(
+        "{0} is a tunnel to another host's switch, not a VM: list only VM ports in \
+         begin_cut_session (frames through a tunnel carry their sender's color themselves)"
+    )]
+    TunnelInCutSession(PortId),
     /// Freezing (handover) does not carry tunnels.
     #[error(
         "cannot freeze the switch: it has {tunnels} tunnel port(s), which a handover does not \

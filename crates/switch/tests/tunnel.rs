@@ -348,11 +348,49 @@ fn a_frame_of_another_epoch_is_switched_untagged_and_counted() {
 }
 
 #[test]
-fn a_switch_with_a_tunnel_refuses_to_freeze_and_runs_on() {
+fn a_tunnel_is_no_session_member_and_refuses_to_freeze() {
     let p = Pair::new(1, 1);
+    let (tx, _rx) = mpsc::channel();
+    let e =
+        p.a.sw
+            .begin_cut_session(1, &[p.a.ports[0], p.ta], tx)
+            .unwrap_err();
+    assert!(e.to_string().contains("is a tunnel"), "{e}");
     let e = p.a.sw.freeze().unwrap_err();
     assert!(e.to_string().contains("1 tunnel port"), "{e}");
     p.a.sw.remove_port(p.ta).unwrap();
     assert!(p.a.stats().port(p.ta).is_none());
     let _ = (Switch::start, p.tb);
+}
+
+/// The next frame datagram the raw end receives (keepalives skipped).
+fn next_frame(raw: &UdpSocket) -> (Header, Vec<u8>) {
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = raw.recv(&mut buf).unwrap();
+        let (h, payload) = tunnel::decode(&buf[..n]).unwrap();
+        if h.kind == Kind::Frame {
+            return (h, payload.to_vec());
+        }
+    }
+}
+
+#[test]
+fn a_frame_keeps_its_color_at_reception_when_the_session_ends_before_it_is_sent() {
+    let (mut r, t, raw) = raw_rig();
+    let (tx, _rx) = mpsc::channel();
+    r.sw.begin_cut_session(9, &r.ports, tx).unwrap();
+    // The tunnel port is held, so the frame waits in its queue.
+    r.sw.hold(t).unwrap();
+    r.clients[0].send(&eth(BCAST, mac(0), 1, 60));
+    wait_for(&r.sw, "the frame queued", |s| port(s, t).queued_frames == 1);
+    r.sw.end_cut_session().unwrap();
+    r.clients[0].send(&eth(BCAST, mac(0), 2, 60));
+    wait_for(&r.sw, "the frame queued", |s| port(s, t).queued_frames == 2);
+    r.sw.release(t).unwrap();
+    let (h1, f1) = next_frame(&raw);
+    let (h2, f2) = next_frame(&raw);
+    assert_eq!((seq_of(&f1), h1.tag), (1, Some((Color::Pre, 9))));
+    assert_eq!((seq_of(&f2), h2.tag), (2, None));
+    assert!(h1.seq < h2.seq);
 }

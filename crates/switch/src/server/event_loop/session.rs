@@ -13,6 +13,9 @@ impl EventLoop {
     ) -> Result<()> {
         for &p in ports {
             self.known(p)?;
+            if self.tunnels.contains_key(&p) {
+                return Err(SwitchError::TunnelInCutSession(p));
+            }
         }
         self.core.begin_session(epoch, ports, self.max_log_bytes)?;
         self.triggers = Some(triggers);
