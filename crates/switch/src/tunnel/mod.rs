@@ -5,7 +5,11 @@
 //! drop duplicates and count losses.
 //!
 //! This module is the wire format and the receiver's sequence check, free
-//! of I/O; joining switches through it is issue 33's next step.
+//! of I/O. A switch uses it for its tunnel ports
+//! ([`SwitchHandle::add_tunnel`](crate::SwitchHandle::add_tunnel); the
+//! I/O is in the event loop, the color rules in
+//! [`SwitchCore::receive_remote`](crate::SwitchCore::receive_remote) and
+//! [`SwitchCore::wire_tag`](crate::SwitchCore::wire_tag)).
 //!
 //! # Datagram layout (all integers big-endian)
 //!
