@@ -154,4 +154,4 @@ pub use server::{
     ConnectionState, DrainState, InjectReport, SettleReport, Switch, SwitchConfig, SwitchHandle,
     TunnelConfig, DEFAULT_MAX_QUEUE_BYTES,
 };
-pub use stats::{PortStats, RefusedCounts, SwitchStats, TunnelCounters, TunnelPortStats};
+pub use stats::{PeerCut, PortStats, RefusedCounts, SwitchStats, TunnelCounters, TunnelPortStats};

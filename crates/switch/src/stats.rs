@@ -52,8 +52,26 @@ pub struct TunnelPortStats {
     /// A datagram (frame or keepalive) came from the other switch within
     /// the last [`PEER_ALIVE_MS`](crate::server::TUNNEL_PEER_ALIVE_MS).
     pub peer_alive: bool,
+    /// The other switch's latest word that its cut session is complete
+    /// (every VM cut: it sends no more pre frames of that epoch), and how
+    /// many datagrams it sent before saying so have not arrived yet.
+    /// Before ending a cut session of that epoch, wait (bounded) for
+    /// `missing` 0 on every tunnel: pre frames still in the network would
+    /// otherwise arrive after the session, unlogged.
+    #[serde(default)]
+    pub peer_cut: Option<PeerCut>,
     /// Datagram counters.
     pub counters: TunnelCounters,
+}
+
+/// See [`TunnelPortStats::peer_cut`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerCut {
+    /// The epoch of the other switch's session whose ports are all cut.
+    pub epoch: u64,
+    /// Datagrams it sent before that word that have not arrived (within
+    /// the sequence window of 64; older ones are delivered or lost).
+    pub missing: u64,
 }
 
 /// Datagram counters of a tunnel (or summed over every tunnel).

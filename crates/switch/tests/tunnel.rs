@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use vmcsnap_switch::mediator::Color;
 use vmcsnap_switch::tunnel::{self, Header, Kind};
-use vmcsnap_switch::{LogReason, PortId, Switch, SwitchHandle, TunnelCounters};
+use vmcsnap_switch::{LogReason, PeerCut, PortId, Switch, SwitchHandle, TunnelCounters};
 
 /// A free UDP address on loopback (bound and released at once).
 fn free_addr() -> SocketAddr {
@@ -27,6 +27,14 @@ fn counters(sw: &SwitchHandle, tunnel: PortId) -> TunnelCounters {
         .as_ref()
         .expect("a tunnel port")
         .counters
+}
+
+fn peer_cut(sw: &SwitchHandle, tunnel: PortId) -> Option<PeerCut> {
+    port(&sw.stats().unwrap(), tunnel)
+        .tunnel
+        .as_ref()
+        .expect("a tunnel port")
+        .peer_cut
 }
 
 /// Switch A with `na` VMs, switch B with `nb`, a tunnel between them.
@@ -295,7 +303,16 @@ fn a_cut_session_on_both_switches_holds_and_logs_across_the_tunnel() {
     assert_eq!(seq_of(&p.b.clients[1].recv()), 1);
     // A's vm0 is cut; its frame to B's vm0 (pre) holds vm0 and triggers
     // its cut.
+    assert_eq!(peer_cut(&p.b.sw, p.tb), None);
     cut_port(&p.a.sw, p.a.ports[0]);
+    // A's keepalive says so; B has every datagram A sent before it.
+    wait_for(&p.b.sw, "A's word that its cut is complete", |s| {
+        port(s, p.tb).tunnel.as_ref().unwrap().peer_cut
+            == Some(PeerCut {
+                epoch: 5,
+                missing: 0,
+            })
+    });
     p.a.clients[0].send(&eth(mac(10), mac(0), 2, 60));
     assert_eq!(tb_rx.recv_timeout(TIMEOUT).unwrap(), b0);
     let s = p.b.stats();
@@ -393,4 +410,57 @@ fn a_frame_keeps_its_color_at_reception_when_the_session_ends_before_it_is_sent(
     assert_eq!((seq_of(&f1), h1.tag), (1, Some((Color::Pre, 9))));
     assert_eq!((seq_of(&f2), h2.tag), (2, None));
     assert!(h1.seq < h2.seq);
+}
+
+fn keepalive(incarnation: u64, seq: u64, tag: Option<(Color, u64)>) -> Vec<u8> {
+    let header = Header {
+        kind: Kind::Keepalive,
+        tag,
+        incarnation,
+        seq,
+    };
+    let mut out = Vec::new();
+    tunnel::encode(&header, &[], &mut out);
+    out
+}
+
+#[test]
+fn the_peers_cut_is_complete_once_every_datagram_before_its_word_is_in() {
+    let (mut r, t, raw) = raw_rig();
+    let (tx, _rx) = mpsc::channel();
+    r.sw.begin_cut_session(4, &r.ports, tx).unwrap();
+    cut_port(&r.sw, r.ports[0]);
+    // The switch's own word, right after its last cut.
+    let mut buf = [0u8; 2048];
+    loop {
+        let n = raw.recv(&mut buf).unwrap();
+        let (h, _) = tunnel::decode(&buf[..n]).unwrap();
+        if h.kind == Kind::Keepalive && h.tag == Some((Color::Post, 4)) {
+            break;
+        }
+    }
+    // The raw peer: a keepalive, then its word (seq 4) overtakes two pre
+    // frames (seq 2, 3) that arrive after it.
+    let pre = Some((Color::Pre, 4));
+    raw.send(&keepalive(50, 1, pre)).unwrap();
+    raw.send(&keepalive(50, 4, Some((Color::Post, 4)))).unwrap();
+    let missing = |m| {
+        Some(PeerCut {
+            epoch: 4,
+            missing: m,
+        })
+    };
+    wait_for(&r.sw, "the word", |_| peer_cut(&r.sw, t) == missing(2));
+    raw.send(&datagram(50, 3, pre, &eth(mac(0), mac(10), 3, 60)))
+        .unwrap();
+    assert_eq!(seq_of(&r.clients[0].recv()), 3);
+    assert_eq!(peer_cut(&r.sw, t), missing(1));
+    raw.send(&datagram(50, 2, pre, &eth(mac(0), mac(10), 2, 60)))
+        .unwrap();
+    assert_eq!(seq_of(&r.clients[0].recv()), 2);
+    assert_eq!(peer_cut(&r.sw, t), missing(0));
+    // Both were in flight to a cut VM: channel state, logged here.
+    let log = r.sw.end_cut_session().unwrap();
+    let got: Vec<u32> = log.frames.iter().map(|f| seq_of(&f.data)).collect();
+    assert_eq!(got, vec![3, 2]);
 }

@@ -67,6 +67,16 @@ impl SwitchCore {
         (self.receive_as(ingress, frame, tag), colored)
     }
 
+    /// The epoch of the active session once every one of its ports is cut
+    /// and sends post frames: from then on this switch sends no pre frame
+    /// of that epoch (what a tunnel's keepalives tell the other switch).
+    pub fn session_all_post(&self) -> Option<u64> {
+        self.session
+            .as_ref()
+            .filter(|s| s.all_post())
+            .map(|s| s.epoch())
+    }
+
     /// The color and epoch for the header of a queued frame sent into a
     /// tunnel: the color its sender had when this switch received it (pre
     /// for a session sender's frame received before the session began), of

@@ -133,6 +133,22 @@ fn frames_into_the_tunnel_carry_their_color_at_reception() {
 }
 
 #[test]
+fn all_post_once_every_port_is_cut_and_no_half_frame_pends() {
+    let (mut c, vm, _) = setup();
+    assert_eq!(c.session_all_post(), None);
+    c.prepare_cut(vm[0]).unwrap();
+    c.cut(vm[0], false).unwrap();
+    assert_eq!(c.session_all_post(), None);
+    c.prepare_cut(vm[1]).unwrap();
+    c.cut(vm[1], true).unwrap(); // half a frame pending: still pre
+    assert_eq!(c.session_all_post(), None);
+    c.receive(vm[1], &frame(BCAST, mac(1), 9));
+    assert_eq!(c.session_all_post(), Some(EPOCH));
+    c.end_session().unwrap();
+    assert_eq!(c.session_all_post(), None);
+}
+
+#[test]
 fn a_frame_queued_before_the_session_goes_out_pre() {
     let mut c = SwitchCore::new(1 << 20);
     let vm = c.add_port("vm0");

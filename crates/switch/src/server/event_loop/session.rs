@@ -84,6 +84,7 @@ impl EventLoop {
             .is_some_and(|c| c.decoder.buffered_len() > 0);
         self.core.set_now(unix_us());
         self.core.cut(port, partial_pending)?;
+        self.mark_tunnels_if_all_post();
         log::debug!(
             "{port}: cut after draining {} frames ({} bytes){}",
             count.frames,

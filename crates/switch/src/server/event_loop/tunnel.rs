@@ -18,11 +18,13 @@ use super::*;
 use crate::core::RemoteColor;
 use crate::mediator::Color;
 use crate::server::{TunnelConfig, TUNNEL_KEEPALIVE, TUNNEL_PEER_ALIVE_MS};
-use crate::stats::{TunnelCounters, TunnelPortStats};
+use crate::stats::{PeerCut, TunnelCounters, TunnelPortStats};
 use crate::tunnel::{self, Header, Kind, SeqVerdict, SeqWindow};
 
 /// Datagrams read from one tunnel before giving the others a turn.
 const READ_DATAGRAMS: usize = 256;
+/// Receive errors in a row before a tunnel waits for its next event.
+const MAX_RECV_ERRORS: u32 = 8;
 
 pub(super) struct TunnelIo {
     config: TunnelConfig,
@@ -33,6 +35,8 @@ pub(super) struct TunnelIo {
     window: SeqWindow,
     next_keepalive: Instant,
     last_rx: Option<Instant>,
+    /// The newest post keepalive: (epoch, incarnation, seq).
+    peer_mark: Option<(u64, u64, u64)>,
     counters: TunnelCounters,
     out: Vec<u8>,
 }
@@ -57,9 +61,9 @@ impl TunnelIo {
         Ok(())
     }
 
-    fn send_keepalive(&mut self, now: Instant) {
+    fn send_keepalive(&mut self, now: Instant, tag: Option<(Color, u64)>) {
         self.next_keepalive = now + TUNNEL_KEEPALIVE;
-        match self.send(Kind::Keepalive, None, &[]) {
+        match self.send(Kind::Keepalive, tag, &[]) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => {
@@ -69,16 +73,34 @@ impl TunnelIo {
         }
     }
 
+    /// Keeps the earliest post keepalive of an epoch: what the other
+    /// switch sent before it may be channel state; what it sent after it
+    /// (post frames, more keepalives) is not waited for.
+    fn note_peer_mark(&mut self, epoch: u64, incarnation: u64, seq: u64) {
+        let newer = match self.peer_mark {
+            Some((e, i, s)) if e == epoch && i == incarnation => seq < s,
+            _ => true,
+        };
+        if newer {
+            self.peer_mark = Some((epoch, incarnation, seq));
+        }
+    }
+
     pub(super) fn stats(&self, now: Instant) -> TunnelPortStats {
         let seq = self.window.counts();
         let mut counters = self.counters;
         counters.lost = seq.lost;
         counters.restarts = seq.restarts;
         let alive = Duration::from_millis(TUNNEL_PEER_ALIVE_MS);
+        let peer_cut = self.peer_mark.and_then(|(epoch, incarnation, seq)| {
+            let missing = self.window.missing_below(incarnation, seq)?;
+            Some(PeerCut { epoch, missing })
+        });
         TunnelPortStats {
             local: self.local,
             remote: self.config.remote,
             peer_alive: self.last_rx.is_some_and(|t| now.duration_since(t) < alive),
+            peer_cut,
             counters,
         }
     }
@@ -136,12 +158,14 @@ impl EventLoop {
             window: SeqWindow::new(),
             next_keepalive: Instant::now(),
             last_rx: None,
+            peer_mark: None,
             counters: TunnelCounters::default(),
             out: Vec::with_capacity(tunnel::MAX_DATAGRAM_LEN),
         };
-        io.send_keepalive(Instant::now());
-        self.tunnels.insert(port, io);
         self.core.client_connected(port);
+        let tag = self.keepalive_tag(port);
+        io.send_keepalive(Instant::now(), tag);
+        self.tunnels.insert(port, io);
         Ok(port)
     }
 
@@ -162,10 +186,48 @@ impl EventLoop {
 
     /// Sends the keepalives that are due.
     pub(super) fn keepalives_due(&mut self, now: Instant) {
-        for t in self.tunnels.values_mut() {
-            if t.next_keepalive <= now {
-                t.send_keepalive(now);
-            }
+        let due: Vec<PortId> = self
+            .tunnels
+            .iter()
+            .filter(|(_, t)| t.next_keepalive <= now)
+            .map(|(&p, _)| p)
+            .collect();
+        for port in due {
+            self.keepalive(port, now);
+        }
+    }
+
+    fn keepalive(&mut self, port: PortId, now: Instant) {
+        let tag = self.keepalive_tag(port);
+        if let Some(t) = self.tunnels.get_mut(&port) {
+            t.send_keepalive(now, tag);
+        }
+    }
+
+    /// A keepalive tells the other switch where this one's cut session
+    /// stands: post once every session port is cut and no frame waits for
+    /// the tunnel (so every pre frame of the epoch went out before it),
+    /// pre while the session runs, untagged without one.
+    fn keepalive_tag(&self, port: PortId) -> Option<(Color, u64)> {
+        let epoch = self.core.session_epoch()?;
+        let queued = self.core.port(port).map_or(0, |v| v.queued_frames);
+        if self.core.session_all_post().is_some() && queued == 0 {
+            Some((Color::Post, epoch))
+        } else {
+            Some((Color::Pre, epoch))
+        }
+    }
+
+    /// Once the last session port is cut, sends every tunnel's queue and
+    /// then a post keepalive at once, instead of at the next tick.
+    pub(super) fn mark_tunnels_if_all_post(&mut self) {
+        if self.core.session_all_post().is_none() {
+            return;
+        }
+        let ports: Vec<PortId> = self.tunnels.keys().copied().collect();
+        for port in ports {
+            self.flush_tunnel(port);
+            self.keepalive(port, Instant::now());
         }
     }
 
@@ -182,6 +244,7 @@ impl EventLoop {
 
     /// Returns true if the budget ran out before the socket was empty.
     fn read_datagrams(&mut self, port: PortId, buf: &mut [u8]) -> bool {
+        let mut errors = 0;
         for _ in 0..READ_DATAGRAMS {
             let Some(t) = self.tunnels.get_mut(&port) else {
                 return false;
@@ -189,11 +252,19 @@ impl EventLoop {
             let n = match t.socket.recv(buf) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
-                Err(e) => {
+                Err(e) if errors < MAX_RECV_ERRORS => {
                     // E.g. ECONNREFUSED: an earlier datagram found nobody
-                    // at the remote address. The error is consumed.
+                    // at the remote address. The error is consumed, and
+                    // datagrams may wait behind it.
+                    errors += 1;
                     log::debug!("{port}: tunnel receive: {e}");
                     continue;
+                }
+                Err(e) => {
+                    log::warn!(
+                        "{port}: tunnel receive keeps failing, waiting for the next event: {e}"
+                    );
+                    return false;
                 }
             };
             self.tunnel_datagram(port, &buf[..n]);
@@ -223,7 +294,12 @@ impl EventLoop {
                 }
                 t.last_rx = Some(Instant::now());
                 match header.kind {
-                    Kind::Keepalive => t.counters.keepalives_received += 1,
+                    Kind::Keepalive => {
+                        t.counters.keepalives_received += 1;
+                        if let Some((Color::Post, epoch)) = header.tag {
+                            t.note_peer_mark(epoch, header.incarnation, header.seq);
+                        }
+                    }
                     Kind::Frame => self.switch_remote(port, payload, header.tag),
                 }
             }
