@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use vmcsnap_switch::mediator::Color;
 use vmcsnap_switch::tunnel::{self, Header, Kind};
-use vmcsnap_switch::{LogReason, PeerCut, PortId, Switch, SwitchHandle, TunnelCounters};
+use vmcsnap_switch::{LogReason, PeerCut, PortId, SwitchHandle, TunnelCounters};
 
 /// A free UDP address on loopback (bound and released at once).
 fn free_addr() -> SocketAddr {
@@ -264,7 +264,6 @@ fn a_frame_too_large_for_the_path_is_dropped_and_counted() {
     bad.max_datagram_len = 65536;
     let e = r.sw.add_tunnel_with(bad).unwrap_err();
     assert!(e.to_string().contains("max_datagram_len 65536"), "{e}");
-    let _ = &mut r;
 }
 
 /// The whole cut of a port whose fake QEMU reads nothing meanwhile.
@@ -343,7 +342,6 @@ fn a_cut_session_on_both_switches_holds_and_logs_across_the_tunnel() {
     assert_eq!((log_b.stats.violations, log_b.stats.triggers), (0, 1));
     assert_eq!((log_a.frames.len(), log_a.stats.violations), (0, 0));
     assert_eq!(counters(&p.b.sw, p.tb).other_epoch, 0);
-    let _ = p.ta;
 }
 
 #[test]
@@ -377,7 +375,6 @@ fn a_tunnel_is_no_session_member_and_refuses_to_freeze() {
     assert!(e.to_string().contains("1 tunnel port"), "{e}");
     p.a.sw.remove_port(p.ta).unwrap();
     assert!(p.a.stats().port(p.ta).is_none());
-    let _ = (Switch::start, p.tb);
 }
 
 /// The next frame datagram the raw end receives (keepalives skipped).
