@@ -461,3 +461,22 @@ fn the_peers_cut_is_complete_once_every_datagram_before_its_word_is_in() {
     let got: Vec<u32> = log.frames.iter().map(|f| seq_of(&f.data)).collect();
     assert_eq!(got, vec![3, 2]);
 }
+
+#[test]
+fn a_local_address_in_use_or_a_taken_name_is_refused() {
+    let r = Rig::new(1);
+    let busy = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let at = busy.local_addr().unwrap();
+    let e = r.sw.add_tunnel("t", at, free_addr()).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("bind") && msg.contains(&at.to_string()),
+        "{msg}"
+    );
+    let e =
+        r.sw.add_tunnel("vm0", free_addr(), free_addr())
+            .unwrap_err();
+    assert!(e.to_string().contains("already used"), "{e}");
+    // Nothing was added.
+    assert_eq!(r.stats().ports.len(), 1);
+}

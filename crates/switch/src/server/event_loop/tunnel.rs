@@ -42,6 +42,22 @@ pub(super) struct TunnelIo {
 }
 
 impl TunnelIo {
+    fn new(config: TunnelConfig, local: SocketAddr, socket: UdpSocket, incarnation: u64) -> Self {
+        TunnelIo {
+            config,
+            local,
+            socket,
+            incarnation,
+            next_seq: 1,
+            window: SeqWindow::new(),
+            next_keepalive: Instant::now(),
+            last_rx: None,
+            peer_mark: None,
+            counters: TunnelCounters::default(),
+            out: Vec::with_capacity(tunnel::MAX_DATAGRAM_LEN),
+        }
+    }
+
     /// Sends one datagram; the sequence number is used up only if it went.
     fn send(&mut self, kind: Kind, tag: Option<(Color, u64)>, payload: &[u8]) -> io::Result<()> {
         let header = Header {
@@ -106,16 +122,20 @@ impl TunnelIo {
     }
 }
 
-/// A non-blocking UDP socket bound at `config.local`, connected to
-/// `config.remote`.
-fn open_socket(config: &TunnelConfig) -> Result<(UdpSocket, SocketAddr)> {
-    let fail = |what, source| SwitchError::TunnelSocket {
+fn socket_error(config: &TunnelConfig, what: &'static str, source: io::Error) -> SwitchError {
+    SwitchError::TunnelSocket {
         name: config.name.clone(),
         local: config.local,
         remote: config.remote,
         what,
         source,
-    };
+    }
+}
+
+/// A non-blocking UDP socket bound at `config.local`, connected to
+/// `config.remote`.
+fn open_socket(config: &TunnelConfig) -> Result<(UdpSocket, SocketAddr)> {
+    let fail = |what, source| socket_error(config, what, source);
     let socket = UdpSocket::bind(config.local).map_err(|e| fail("bind", e))?;
     socket
         .connect(config.remote)
@@ -140,28 +160,10 @@ impl EventLoop {
             .register(&mut socket, conn_token(port), interest)
         {
             self.core.remove_port(port);
-            return Err(SwitchError::TunnelSocket {
-                name: config.name,
-                local: config.local,
-                remote: config.remote,
-                what: "register",
-                source: e,
-            });
+            return Err(socket_error(&config, "register", e));
         }
         log::debug!("{port}: tunnel {local} -> {}", config.remote);
-        let mut io = TunnelIo {
-            config,
-            local,
-            socket,
-            incarnation: self.last_incarnation,
-            next_seq: 1,
-            window: SeqWindow::new(),
-            next_keepalive: Instant::now(),
-            last_rx: None,
-            peer_mark: None,
-            counters: TunnelCounters::default(),
-            out: Vec::with_capacity(tunnel::MAX_DATAGRAM_LEN),
-        };
+        let mut io = TunnelIo::new(config, local, socket, self.last_incarnation);
         self.core.client_connected(port);
         let tag = self.keepalive_tag(port);
         io.send_keepalive(Instant::now(), tag);
