@@ -128,6 +128,54 @@ pub enum SwitchError {
         /// Epoch of the active session.
         epoch: u64,
     },
+    /// A tunnel's UDP socket could not be set up.
+    #[error(
+        "cannot set up tunnel {name:?} from {local} to {remote}: {what}: {source}; \
+         choose a free local address of this host (and a remote address of the form ip:port)"
+    )]
+    TunnelSocket {
+        /// The tunnel port's name.
+        name: String,
+        /// The local address.
+        local: std::net::SocketAddr,
+        /// The remote address.
+        remote: std::net::SocketAddr,
+        /// The step that failed (bind, connect, register).
+        what: &'static str,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// A tunnel's datagram bound is out of range.
+    #[error(
+        "tunnel {name:?}: max_datagram_len {len} is out of range: it must be {min}..={max} \
+         (a header and the shortest frame, at most one UDP datagram)"
+    )]
+    TunnelDatagramLen {
+        /// The tunnel port's name.
+        name: String,
+        /// The bound given.
+        len: usize,
+        /// The smallest allowed.
+        min: usize,
+        /// The largest allowed.
+        max: usize,
+    },
+    /// A tunnel port was named as a member of a cut session.
+    #[error(
+        "{0} is a tunnel to another host's switch, not a VM: list only VM ports in \
+         begin_cut_session (frames through a tunnel carry their sender's color themselves)"
+    )]
+    TunnelInCutSession(PortId),
+    /// Freezing (handover) does not carry tunnels.
+    #[error(
+        "cannot freeze the switch: it has {tunnels} tunnel port(s), which a handover does not \
+         carry; remove them (remove_port) before freezing and add them again after the thaw"
+    )]
+    FreezeWithTunnels {
+        /// How many tunnel ports the switch has.
+        tunnels: usize,
+    },
     /// The DHCP configuration or a lease is not usable (see [`crate::dhcp`]).
     #[error(transparent)]
     Dhcp(#[from] crate::dhcp::DhcpError),

@@ -69,6 +69,11 @@
 //! - [`pcap`]: optional packet capture, one pcapng file per port
 //!   ([`SwitchConfig::capture_dir`]).
 //!
+//! - [`tunnel`]: the datagram format of a tunnel to another host's
+//!   switch. [`SwitchHandle::add_tunnel`] makes that switch one more port
+//!   (one UDP datagram per frame); frames from it take the color their
+//!   header carries, so the mediator's rules hold across hosts.
+//!
 //! Beside them, [`handover`] freezes the running switch
 //! ([`SwitchHandle::freeze`]) and thaws it in a new process image after the
 //! agent `execve`s itself ([`Switch::thaw`]), keeping every connection and
@@ -147,6 +152,6 @@ pub use mediator::{
 };
 pub use server::{
     ConnectionState, DrainState, InjectReport, SettleReport, Switch, SwitchConfig, SwitchHandle,
-    DEFAULT_MAX_QUEUE_BYTES,
+    TunnelConfig, DEFAULT_MAX_QUEUE_BYTES,
 };
-pub use stats::{PortStats, SwitchStats};
+pub use stats::{PeerCut, PortStats, RefusedCounts, SwitchStats, TunnelCounters, TunnelPortStats};

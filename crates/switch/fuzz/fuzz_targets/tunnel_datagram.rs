@@ -1,7 +1,8 @@
 //! Feeds arbitrary datagrams to a tunnel's receiving end
 //! (`vmcsnap_switch::tunnel::decode`, then `SeqWindow::observe`): nothing
 //! may panic, a datagram that decodes encodes back to the same bytes, and
-//! no (incarnation, seq) is ever delivered twice.
+//! no (incarnation, seq) is ever delivered twice; `missing_below` stays
+//! below the number it is asked about.
 //!
 //! Input: datagrams, each `[len, bytes...]` (`len` bytes follow, fewer at
 //! the end of the input).
@@ -34,6 +35,15 @@ fuzz_target!(|data: &[u8]| {
                 );
             }
             SeqVerdict::Duplicate | SeqVerdict::Stale => {}
+        }
+        // What a post keepalive's receiver waits for: bounded, and never
+        // more than the numbers below it.
+        if let Some(missing) = window.missing_below(header.incarnation, header.seq) {
+            assert!(
+                missing <= header.seq.saturating_sub(1),
+                "{missing} missing below {}",
+                header.seq
+            );
         }
     }
 });

@@ -82,6 +82,8 @@ impl SwitchCore {
                 queue,
                 queued_bytes,
                 counters: p.counters,
+                // A switch with tunnels refuses to freeze.
+                tunnel: false,
             };
             core.next_id = core.next_id.max(p.id.0 + 1);
             core.ports.insert(p.id, port);

@@ -32,6 +32,9 @@
 mod dhcp;
 pub(crate) mod frozen;
 mod mac;
+mod remote;
+#[cfg(test)]
+mod remote_tests;
 mod session;
 #[cfg(test)]
 mod session_tests;
@@ -39,6 +42,7 @@ mod session_tests;
 mod tests;
 
 pub use mac::MacAddr;
+pub use remote::RemoteColor;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -221,6 +225,8 @@ struct Port {
     queue: VecDeque<QueuedFrame>,
     queued_bytes: usize,
     counters: Counters,
+    /// A tunnel to another host's switch ([`SwitchCore::add_tunnel_port`]).
+    tunnel: bool,
 }
 
 /// The switching state machine. See the [module docs](self).
@@ -275,15 +281,20 @@ impl SwitchCore {
 
     /// Adds a disconnected, not held port.
     pub fn add_port(&mut self, name: impl Into<String>) -> PortId {
+        self.add_port_of_kind(name.into(), false)
+    }
+
+    fn add_port_of_kind(&mut self, name: String, tunnel: bool) -> PortId {
         let id = PortId(self.next_id);
         self.next_id += 1;
         let port = Port {
-            name: name.into(),
+            name,
             connected: false,
             holding: false,
             queue: VecDeque::new(),
             queued_bytes: 0,
             counters: Counters::default(),
+            tunnel,
         };
         self.ports.insert(id, port);
         id
@@ -381,10 +392,14 @@ impl SwitchCore {
 
     /// Forwarding decision for `frame` received on `ingress`, from the
     /// current MAC table. Pure: learns and counts nothing.
+    ///
+    /// A frame from a tunnel never goes into another tunnel (split
+    /// horizon: the hosts' switches are meshed, each reaches every other
+    /// directly, so flooding from tunnel to tunnel would only loop).
     pub fn route(&self, ingress: PortId, frame: &[u8]) -> Decision {
-        if !self.ports.contains_key(&ingress) {
+        let Some(from) = self.ports.get(&ingress) else {
             return Decision::Drop(DropReason::UnknownIngress);
-        }
+        };
         if frame.len() < MIN_FRAME_LEN {
             return Decision::Drop(DropReason::Runt);
         }
@@ -392,6 +407,9 @@ impl SwitchCore {
         if !dst.is_multicast() {
             match self.macs.get(&dst) {
                 Some(&p) if p == ingress => return Decision::Filter,
+                Some(&p) if from.tunnel && self.ports.get(&p).is_some_and(|t| t.tunnel) => {
+                    return Decision::Filter
+                }
                 Some(&p) => return Decision::Unicast(p),
                 None => {}
             }
@@ -400,6 +418,7 @@ impl SwitchCore {
             .ports
             .iter()
             .filter(|(&id, p)| id != ingress && (p.connected || p.holding))
+            .filter(|(_, p)| !(from.tunnel && p.tunnel))
             .map(|(&id, _)| id)
             .collect();
         Decision::Flood(targets)
@@ -413,6 +432,11 @@ impl SwitchCore {
             return Decision::Drop(DropReason::UnknownIngress);
         }
         let tag = self.ingress_tag(ingress);
+        self.receive_as(ingress, frame, tag)
+    }
+
+    /// [`receive`](Self::receive) with the tag already taken.
+    fn receive_as(&mut self, ingress: PortId, frame: &[u8], tag: FrameTag) -> Decision {
         if let Some(s) = self.session.as_mut() {
             s.frame_received(ingress);
         }

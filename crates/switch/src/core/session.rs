@@ -152,14 +152,15 @@ impl SwitchCore {
 
     /// The tag of a frame received on `ingress` now.
     pub(super) fn ingress_tag(&self, ingress: PortId) -> FrameTag {
-        let (color, session) = match &self.session {
-            Some(s) => (s.sender_color(ingress), s.serial()),
-            None => (None, 0),
+        let (color, session, epoch) = match &self.session {
+            Some(s) => (s.sender_color(ingress), s.serial(), s.epoch()),
+            None => (None, 0, 0),
         };
         FrameTag {
             sender: Some(ingress),
             color,
             session,
+            epoch,
             received_unix_us: self.now_us,
             seq: 0,
             log_ref: None,
@@ -184,10 +185,12 @@ impl SwitchCore {
             PopAction::Deliver => {}
             PopAction::Violation => s.count_violation(),
             PopAction::Log(reason) => {
-                // Only frames of session senders have a color.
+                // Only frames of session senders and tunnels have a color.
                 let sender = frame.tag.sender.expect("a colored frame has a sender");
+                let ports = &self.ports;
                 let name = |id: PortId| {
                     s.port_name(id)
+                        .or_else(|| ports.get(&id).map(|p| p.name.as_str()))
                         .map_or_else(|| id.to_string(), str::to_owned)
                 };
                 let logged = LoggedFrame {

@@ -275,6 +275,9 @@ pub struct FrameTag {
     pub(crate) color: Option<Color>,
     /// Serial of the session the color belongs to (0: none).
     pub(crate) session: u64,
+    /// Epoch of that session (0: none), for the header of a tunnel
+    /// datagram sent after the session ended.
+    pub(crate) epoch: u64,
     pub(crate) received_unix_us: u64,
     /// Order of queueing (assigned by the core when queued).
     pub(crate) seq: u64,

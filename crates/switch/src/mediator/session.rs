@@ -144,6 +144,11 @@ impl Session {
         self.serial
     }
 
+    /// Every port is cut and its frames are post (no half frame pending).
+    pub(crate) fn all_post(&self) -> bool {
+        self.ports.values().all(|p| p.sends_post)
+    }
+
     pub(crate) fn contains(&self, port: PortId) -> bool {
         self.ports.contains_key(&port)
     }

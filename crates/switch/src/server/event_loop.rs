@@ -20,6 +20,7 @@ mod handover;
 mod session;
 #[cfg(test)]
 mod tests;
+mod tunnel;
 
 use super::conn::Conn;
 use super::peer;
@@ -89,6 +90,10 @@ pub(crate) struct EventLoop {
     triggers: Option<Sender<PortId>>,
     /// Packet capture (see [`crate::pcap`]), if configured.
     capture: Option<Captures>,
+    /// Tunnel ports (not in `ports`), see [`tunnel`].
+    tunnels: HashMap<PortId, tunnel::TunnelIo>,
+    /// Incarnation of the tunnel added last.
+    last_incarnation: u64,
 }
 
 /// Current unix time in µs.
@@ -121,6 +126,8 @@ impl EventLoop {
             max_log_bytes: config.max_log_bytes,
             triggers: None,
             capture: config.capture_dir.clone().map(Captures::new),
+            tunnels: HashMap::new(),
+            last_incarnation: 0,
         }
     }
 
@@ -129,7 +136,10 @@ impl EventLoop {
         let mut events = Events::with_capacity(256);
         loop {
             let timeout = if self.pending_read.is_empty() {
-                self.dial_timeout(Instant::now())
+                let now = Instant::now();
+                let dial = self.dial_timeout(now);
+                let keepalive = self.keepalive_timeout(now);
+                dial.into_iter().chain(keepalive).min()
             } else {
                 Some(Duration::ZERO)
             };
@@ -163,6 +173,7 @@ impl EventLoop {
                 break;
             }
             self.dial_due(Instant::now());
+            self.keepalives_due(Instant::now());
             self.send_triggers();
             self.flush_dirty();
         }
@@ -181,6 +192,9 @@ impl EventLoop {
             match cmd {
                 Command::AddPort { name, path, reply } => {
                     let _ = reply.send(self.add_port(name, path));
+                }
+                Command::AddTunnel { config, reply } => {
+                    let _ = reply.send(self.add_tunnel(config));
                 }
                 Command::RemovePort { port, reply } => {
                     let _ = reply.send(self.remove_port(port));
@@ -210,6 +224,11 @@ impl EventLoop {
                 Command::Freeze { reply } => {
                     if let Some(epoch) = self.core.session_epoch() {
                         let _ = reply.send(Err(SwitchError::FreezeDuringCutSession { epoch }));
+                        continue;
+                    }
+                    if !self.tunnels.is_empty() {
+                        let tunnels = self.tunnels.len();
+                        let _ = reply.send(Err(SwitchError::FreezeWithTunnels { tunnels }));
                         continue;
                     }
                     // Nothing is flushed after this: the sockets are handed over as they are.
@@ -269,22 +288,30 @@ impl EventLoop {
     }
 
     fn known(&self, port: PortId) -> Result<()> {
-        if self.ports.contains_key(&port) {
+        if self.ports.contains_key(&port) || self.tunnels.contains_key(&port) {
             Ok(())
         } else {
             Err(SwitchError::UnknownPort(port))
         }
     }
 
-    fn add_port(&mut self, name: String, path: PathBuf) -> Result<PortId> {
-        let addr = peer::address(&path)?;
-        if let Some(port) = self
+    fn check_unique_name(&self, name: &str) -> Result<()> {
+        match self
             .core
             .port_ids()
             .find(|&p| self.core.port(p).is_some_and(|v| v.name == name))
         {
-            return Err(SwitchError::DuplicateName { name, port });
+            Some(port) => Err(SwitchError::DuplicateName {
+                name: name.to_owned(),
+                port,
+            }),
+            None => Ok(()),
         }
+    }
+
+    fn add_port(&mut self, name: String, path: PathBuf) -> Result<PortId> {
+        let addr = peer::address(&path)?;
+        self.check_unique_name(&name)?;
         // Two connections to one peer would leave one in its backlog for
         // good: refuse another spelling of a path already in use too.
         let existing = peer::file_id(&path);
@@ -308,6 +335,7 @@ impl EventLoop {
         if let Some(c) = self.capture.as_mut() {
             c.close(port);
         }
+        self.remove_tunnel(port);
         self.core.remove_port(port);
         Ok(())
     }
@@ -363,28 +391,37 @@ impl EventLoop {
             .port_ids()
             .filter_map(|id| {
                 let v = self.core.port(id)?;
-                let io = self.ports.get(&id)?;
+                let io = self.ports.get(&id);
+                let tunnel = self.tunnel_stats(id);
+                if io.is_none() && tunnel.is_none() {
+                    return None;
+                }
                 let (out_frames, out_bytes) = io
-                    .conn
-                    .as_ref()
+                    .and_then(|io| io.conn.as_ref())
                     .map_or((0, 0), |c| (c.out.pending_frames(), c.out.pending_bytes()));
                 Some(PortStats {
                     id,
                     name: v.name.to_owned(),
-                    socket_path: io.path.clone(),
+                    socket_path: io.map(|io| io.path.clone()).unwrap_or_default(),
                     connected: v.connected,
                     holding: v.holding,
                     queued_frames: (v.queued_frames + out_frames) as u64,
                     queued_bytes: (v.queued_bytes + out_bytes) as u64,
                     counters: v.counters,
+                    tunnel,
                 })
             })
             .collect();
         let queued_bytes = ports.iter().map(|p| p.queued_bytes).sum();
+        let mut tunnels = crate::stats::TunnelCounters::default();
+        for t in ports.iter().filter_map(|p| p.tunnel.as_ref()) {
+            tunnels.add(&t.counters);
+        }
         SwitchStats {
             ports,
             totals: self.core.totals(),
             queued_bytes,
+            tunnels,
         }
     }
 
@@ -421,6 +458,9 @@ impl EventLoop {
     /// Reads and switches frames from the port's connection, up to the read
     /// budget.
     fn read(&mut self, port: PortId) {
+        if self.tunnels.contains_key(&port) {
+            return self.read_tunnel(port);
+        }
         self.read_conn(port, Some(READ_BUDGET));
     }
 
@@ -496,6 +536,9 @@ impl EventLoop {
 
     /// Writes as much of the port's queue as the socket takes without blocking.
     fn flush(&mut self, port: PortId) {
+        if self.tunnels.contains_key(&port) {
+            return self.flush_tunnel(port);
+        }
         let Some(conn) = self.ports.get_mut(&port).and_then(|io| io.conn.as_mut()) else {
             return;
         };
@@ -540,7 +583,12 @@ impl EventLoop {
     }
 
     fn shutdown(&mut self) {
-        let ports: Vec<PortId> = self.ports.keys().copied().collect();
+        let ports: Vec<PortId> = self
+            .ports
+            .keys()
+            .chain(self.tunnels.keys())
+            .copied()
+            .collect();
         for port in ports {
             let _ = self.remove_port(port);
         }

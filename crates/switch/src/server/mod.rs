@@ -25,9 +25,11 @@ mod event_loop;
 mod link;
 mod peer;
 mod settle;
+mod tunnel;
 
 pub use link::ConnectionState;
 pub use settle::SettleReport;
+pub use tunnel::{TunnelConfig, MAX_UDP_PAYLOAD, TUNNEL_KEEPALIVE, TUNNEL_PEER_ALIVE_MS};
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -191,6 +193,10 @@ pub(crate) enum Command {
     AddPort {
         name: String,
         path: PathBuf,
+        reply: Sender<Result<PortId>>,
+    },
+    AddTunnel {
+        config: TunnelConfig,
         reply: Sender<Result<PortId>>,
     },
     RemovePort {

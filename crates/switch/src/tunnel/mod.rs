@@ -5,7 +5,11 @@
 //! drop duplicates and count losses.
 //!
 //! This module is the wire format and the receiver's sequence check, free
-//! of I/O; joining switches through it is issue 33's next step.
+//! of I/O. A switch uses it for its tunnel ports
+//! ([`SwitchHandle::add_tunnel`](crate::SwitchHandle::add_tunnel); the
+//! I/O is in the event loop, the color rules in
+//! [`SwitchCore::receive_remote`](crate::SwitchCore::receive_remote) and
+//! [`SwitchCore::wire_tag`](crate::SwitchCore::wire_tag)).
 //!
 //! # Datagram layout (all integers big-endian)
 //!
@@ -28,6 +32,11 @@
 //!   switch applies the rules as for a local sender of that color: a post
 //!   frame for a pre port holds the port and triggers its cut; a pre frame
 //!   handed to a post port is logged as channel state.
+//!   On a keepalive, the color is the sending switch's own state in its
+//!   cut session: pre while some session port is not cut, post once all
+//!   are and every pre frame went out before it (the receiver then knows
+//!   which datagrams may still carry channel state, see
+//!   [`SeqWindow::missing_below`]); untagged without a session.
 //! - **epoch** names the cut session the color belongs to, so a frame of an
 //!   earlier session (delayed in the network) is never taken for one of the
 //!   current session.

@@ -47,6 +47,8 @@ pub struct SeqWindow {
     top: u64,
     /// Bit `i` set: `top - 1 - i` was delivered.
     below: u64,
+    /// The first sequence number delivered in this incarnation (0: none).
+    first: u64,
     counts: SeqCounts,
 }
 
@@ -66,10 +68,36 @@ impl SeqWindow {
             self.incarnation = incarnation;
             self.top = 0;
             self.below = 0;
+            self.first = 0;
         }
         let v = self.verdict(incarnation, seq);
         self.count(v);
         v
+    }
+
+    /// How many datagrams of `incarnation` numbered below `seq` have not
+    /// arrived, counting from the first this window delivered (what the
+    /// sender sent before the receiver heard from it is not waited for)
+    /// and at most [`WINDOW`] behind the newest (older ones are delivered
+    /// or lost for good). `None` if `incarnation` is not the sender's
+    /// current one. 0 means every datagram sent before `seq` is in.
+    pub fn missing_below(&self, incarnation: u64, seq: u64) -> Option<u64> {
+        if incarnation != self.incarnation || self.first == 0 {
+            return None;
+        }
+        // At most WINDOW + 1 numbers, whatever `seq` is.
+        let from = self.first.max(self.top.saturating_sub(WINDOW));
+        let to = seq.min(self.top.saturating_add(1));
+        let missing = (from..to).filter(|&s| !self.delivered(s)).count() as u64;
+        // Numbers beyond the newest delivered one are missing too.
+        let beyond = seq.saturating_sub(self.top.saturating_add(1));
+        Some(missing + beyond)
+    }
+
+    /// Whether `s` (at most the newest, at most WINDOW behind it) was
+    /// delivered.
+    fn delivered(&self, s: u64) -> bool {
+        s == self.top || self.below & (1 << (self.top - s - 1)) != 0
     }
 
     /// What was received so far.
@@ -98,6 +126,9 @@ impl SeqWindow {
             };
             self.below = moved | top_mark;
             self.top = seq;
+            if self.first == 0 {
+                self.first = seq;
+            }
             return SeqVerdict::New { skipped };
         }
         if seq == self.top {
@@ -120,7 +151,8 @@ impl SeqWindow {
         match v {
             SeqVerdict::New { skipped } => {
                 c.delivered += 1;
-                c.lost += skipped;
+                // A sender may jump by any amount: saturate, never wrap.
+                c.lost = c.lost.saturating_add(skipped);
             }
             SeqVerdict::Late => {
                 c.delivered += 1;

@@ -85,6 +85,13 @@ impl EventLoop {
     }
 
     pub(super) fn connection_state(&self, port: PortId) -> Result<ConnectionState> {
+        if self.tunnels.contains_key(&port) {
+            let v = self.core.port(port).ok_or(SwitchError::UnknownPort(port))?;
+            return Ok(ConnectionState {
+                connected: v.connected,
+                connections: v.counters.connections,
+            });
+        }
         let io = self
             .ports
             .get(&port)

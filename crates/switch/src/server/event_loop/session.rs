@@ -13,6 +13,9 @@ impl EventLoop {
     ) -> Result<()> {
         for &p in ports {
             self.known(p)?;
+            if self.tunnels.contains_key(&p) {
+                return Err(SwitchError::TunnelInCutSession(p));
+            }
         }
         self.core.begin_session(epoch, ports, self.max_log_bytes)?;
         self.triggers = Some(triggers);
@@ -81,6 +84,7 @@ impl EventLoop {
             .is_some_and(|c| c.decoder.buffered_len() > 0);
         self.core.set_now(unix_us());
         self.core.cut(port, partial_pending)?;
+        self.mark_tunnels_if_all_post();
         log::debug!(
             "{port}: cut after draining {} frames ({} bytes){}",
             count.frames,
