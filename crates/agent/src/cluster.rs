@@ -529,7 +529,7 @@ impl Cluster {
                     h.join().unwrap_or_else(|p| {
                         Err(AgentError::BadRequest(format!(
                             "the agent hit a bug restarting VM {name}: {}",
-                            crate::server::panic_message(p.as_ref())
+                            crate::panic_message(p.as_ref())
                         )))
                     })
                 })

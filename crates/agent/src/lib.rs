@@ -48,6 +48,7 @@ pub mod intent;
 pub mod loading;
 pub mod metrics;
 pub mod paths;
+mod process;
 pub mod qemu;
 pub mod qemu_crossing;
 pub mod qemu_exit;
@@ -82,4 +83,22 @@ pub use vmcsnap_image as image;
 /// not converted yet.
 pub fn log(msg: impl AsRef<str>) {
     tracing::info!("{}", msg.as_ref());
+}
+
+/// Milliseconds since the epoch (for `ping`).
+pub fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The message of a thread's panic (its payload), for the error that reports it.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".into()
+    }
 }

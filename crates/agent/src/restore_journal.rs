@@ -97,7 +97,7 @@ fn kill_qemu(run: &RunDir, cluster: &mut Option<Cluster>, vm: &str) {
         log(format!(
             "VM {vm}: killing QEMU pid {pid} of an interrupted restore"
         ));
-        crate::handover::kill_and_reap(pid);
+        crate::process::kill_and_reap(pid);
     }
 }
 

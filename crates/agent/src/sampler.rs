@@ -215,7 +215,7 @@ fn samplable(run_state: &str, migration: Option<&str>) -> bool {
 fn record(vm_dir: &Path, pages: u64, touched: Option<u64>) -> Result<(), String> {
     let mut samples = load(vm_dir);
     samples.push(Sample {
-        unix_ms: crate::handover::unix_ms(std::time::SystemTime::now()),
+        unix_ms: crate::unix_ms(std::time::SystemTime::now()),
         pages,
         touched,
     });

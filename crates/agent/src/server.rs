@@ -39,7 +39,7 @@ use vmcsnap_control::{
 
 use crate::cluster::Cluster;
 use crate::dispatch::{dispatch, idle_status, AgentInfo};
-use crate::{log, AgentError, RunDir};
+use crate::{log, panic_message, AgentError, RunDir};
 
 /// How the agent runs.
 #[derive(Debug, Clone)]
@@ -143,7 +143,7 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
     let started = std::time::SystemTime::now();
     let info = AgentInfo {
         generation,
-        started_unix_ms: crate::handover::unix_ms(started),
+        started_unix_ms: crate::unix_ms(started),
     };
     let shared = Arc::new(Shared {
         run: run.clone(),
@@ -678,15 +678,5 @@ fn describe(request: &Request) -> String {
             if *dry_run { " --dry-run" } else { "" }
         ),
         Request::Shutdown => "agent stop".into(),
-    }
-}
-
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".into()
     }
 }

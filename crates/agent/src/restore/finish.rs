@@ -110,7 +110,7 @@ pub fn report(f: &Finishing) -> Result<Report, AgentError> {
         }
     });
     let record = Record {
-        unix_ms: crate::handover::unix_ms(SystemTime::now()),
+        unix_ms: crate::unix_ms(SystemTime::now()),
         mode: job.mode.name().to_string(),
         trace: job.trace,
         preloaded: job.before_run.clone(),

@@ -477,7 +477,7 @@ fn start_and_feed(
     let name = saved.qemu.name.clone();
     let dir = run.vm_dir(&name);
     std::fs::create_dir_all(&dir).map_err(AgentError::io("creating", &dir))?;
-    let stamp = crate::handover::unix_ms(SystemTime::now());
+    let stamp = crate::unix_ms(SystemTime::now());
     // Each frozen chain is hard-linked into a directory of the VM's own
     // (`super::disks`).
     let disk_dir = dir.join(format!("disk-{stamp}"));
