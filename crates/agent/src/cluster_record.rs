@@ -32,7 +32,7 @@ use vmcsnap_spec::ClusterSpec;
 
 use crate::accel::Resolved;
 use crate::cluster::{Cluster, Member};
-use crate::record::write_atomic;
+use crate::paths::write_atomic;
 pub use crate::record::VmRecord;
 use crate::vm::Vm;
 use crate::{log, AgentError, RunDir};

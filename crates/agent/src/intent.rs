@@ -52,7 +52,7 @@ fn path(config: &QemuConfig) -> PathBuf {
 
 /// Records `intent` for the VM of `config`, durably, before the work starts.
 pub fn set(config: &QemuConfig, intent: &Intent) -> Result<(), AgentError> {
-    crate::record::write_atomic(
+    crate::paths::write_atomic(
         &path(config),
         &serde_json::to_vec(intent).expect("intent serialises"),
     )

@@ -5,9 +5,8 @@
 //! pid of its QEMU ([`VmRecord`]). The cluster's record keeps these
 //! handles in `<run-dir>/vms.json` ([`crate::cluster_record`]). This
 //! module also finds a VM's live QEMU again by its command line
-//! ([`find_qemu`]), and writes files atomically ([`write_atomic`]).
+//! ([`find_qemu`]).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -16,7 +15,6 @@ use vmcsnap_spec::VmAddress;
 
 use crate::qemu::QemuConfig;
 use crate::vm::Vm;
-use crate::AgentError;
 
 /// One VM as recorded.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -68,28 +66,6 @@ impl VmRecord {
             disk: disk.to_path_buf(),
         }
     }
-}
-
-/// `path` replaced by `bytes` all at once: a crash leaves the old file or
-/// the new one, never a mix.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AgentError> {
-    let dir = path.parent().expect("a file in a directory");
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        path.file_name().expect("a file name").to_string_lossy(),
-        std::process::id()
-    ));
-    let res = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res.map_err(AgentError::io("writing", path))
 }
 
 pub(crate) fn unix_ms(t: SystemTime) -> u64 {
@@ -158,21 +134,6 @@ pub fn qemus_using(dir: &Path) -> Vec<u32> {
 mod tests {
     use super::*;
     use std::time::Duration;
-
-    #[test]
-    fn atomic_writes_replace_whole_files() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("vms.json");
-        write_atomic(&p, b"one").unwrap();
-        write_atomic(&p, b"two").unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"two");
-        let names: Vec<_> = std::fs::read_dir(d.path())
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name())
-            .collect();
-        assert_eq!(names.len(), 1, "no temporary file is left: {names:?}");
-    }
 
     #[test]
     fn processes_are_recognised_by_their_command_line() {

@@ -57,7 +57,7 @@ pub enum Restoring {
 
 /// Records `r` before the restore starts any QEMU.
 pub fn begin(run: &RunDir, r: &Restoring) -> Result<(), AgentError> {
-    crate::record::write_atomic(
+    crate::paths::write_atomic(
         &run.root().join(JOURNAL_FILE),
         &serde_json::to_vec(r).expect("journal serialises"),
     )

@@ -56,7 +56,7 @@ pub const STOPPED_MARK: &str = "stopped";
 pub fn mark_stopped(dir: &Path) -> Result<(), crate::AgentError> {
     let text = "This VM was stopped with `vmcsnap stop`: its disks stay here until \
                 a VM runs in this directory again or `vmcsnap down`.\n";
-    crate::record::write_atomic(&dir.join(STOPPED_MARK), text.as_bytes())
+    crate::paths::write_atomic(&dir.join(STOPPED_MARK), text.as_bytes())
 }
 
 /// `dir` holds a VM of the cluster again (recorded as one).
