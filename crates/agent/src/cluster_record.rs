@@ -31,7 +31,8 @@ use serde::{Deserialize, Serialize};
 use vmcsnap_spec::ClusterSpec;
 
 use crate::accel::Resolved;
-use crate::cluster::{Cluster, Member};
+use crate::cluster::Cluster;
+use crate::member::Member;
 use crate::paths::write_atomic;
 pub use crate::record::VmRecord;
 use crate::vm::Vm;
@@ -139,7 +140,7 @@ pub fn adopt(run: &RunDir) -> Result<Option<Cluster>, AgentError> {
     for v in rec.vms {
         let name = v.config.name.clone();
         let started_at = UNIX_EPOCH + Duration::from_millis(v.started_unix_ms);
-        let port = crate::cluster::plug(&cluster.switch, &name, &v.config.port_socket, &v.address)?;
+        let port = crate::member::plug(&cluster.switch, &name, &v.config.port_socket, &v.address)?;
         let qemu = crate::record::find_qemu(v.pid, &v.config.qmp_socket);
         // A snapshot's raised priorities, if its agent died in the pause
         // (see `thread_priority`).

@@ -31,7 +31,8 @@ use vmcsnap_spec::{ClusterSpec, VmAddress};
 use vmcsnap_switch::{FrozenState, PortId, Switch};
 
 use crate::accel::Resolved;
-use crate::cluster::{Cluster, Member};
+use crate::cluster::Cluster;
+use crate::member::Member;
 use crate::process::set_cloexec;
 use crate::qemu::QemuConfig;
 use crate::vm::Vm;

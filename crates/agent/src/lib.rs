@@ -46,6 +46,7 @@ pub mod host_port;
 pub mod image_vm;
 pub mod intent;
 pub mod loading;
+pub mod member;
 pub mod metrics;
 pub mod paths;
 mod process;

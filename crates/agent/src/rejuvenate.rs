@@ -36,9 +36,9 @@ use serde_json::{json, Value};
 use vmcsnap_switch::mediator::probe::PROBES_BEFORE_PAUSE;
 use vmcsnap_switch::SwitchHandle;
 
-use crate::cluster::Member;
 use crate::fault::RejuvenateFault;
 use crate::intent::Intent;
+use crate::member::Member;
 use crate::qemu_kept::Kept;
 use crate::vm::Vm;
 use crate::{log, AgentError};

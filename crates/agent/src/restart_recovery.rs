@@ -178,7 +178,7 @@ pub use vmcsnap_control::Recovered;
 
 /// Finishes the unfinished restart of `member` (its QEMU must be gone).
 pub fn recover(
-    member: &mut crate::cluster::Member,
+    member: &mut crate::member::Member,
     how: How,
     qemu: Option<&Path>,
 ) -> Result<Recovered, AgentError> {

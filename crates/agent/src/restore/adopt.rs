@@ -22,7 +22,8 @@ use super::control::Control;
 use super::page_source::{self, Ended, SourceJob};
 use super::run::{fail, saved_vm, Report};
 use super::{feed, finish};
-use crate::cluster::{Cluster, Member};
+use crate::cluster::Cluster;
+use crate::member::Member;
 use crate::vm::Vm;
 use crate::{log, AgentError, RunDir};
 
@@ -87,7 +88,7 @@ pub fn join(
         // Recorded by an agent that adopted it before and died too.
         return Ok(());
     }
-    let port = crate::cluster::plug(&c.switch, &name, &rec.config.port_socket, &rec.address)?;
+    let port = crate::member::plug(&c.switch, &name, &rec.config.port_socket, &rec.address)?;
     let started_at = UNIX_EPOCH + Duration::from_millis(rec.started_unix_ms);
     log(format!(
         "VM {name}: adopting QEMU pid {qemu_pid} of a restore"

@@ -11,7 +11,8 @@ use vmcsnap_workingset::{self as ws, Mode};
 use super::feed::feed;
 use super::pages::image_order;
 use super::ws_inputs;
-use crate::cluster::{Cluster, Member};
+use crate::cluster::Cluster;
+use crate::member::Member;
 use crate::qemu::{self, QemuConfig};
 use crate::stored_config::{StoredConfigError, StoredVmConfig};
 use crate::vm::Vm;
@@ -530,7 +531,7 @@ fn start_and_feed(
             config.accel.name()
         )));
     }
-    let port = crate::cluster::plug(switch, &name, &config.port_socket, &saved.address)?;
+    let port = crate::member::plug(switch, &name, &config.port_socket, &saved.address)?;
     if let Some(c) = &opts.cluster {
         let _ = c.events.send(RestoreEvent::PortReady(port));
     }
