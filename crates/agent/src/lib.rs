@@ -48,6 +48,7 @@ pub mod intent;
 pub mod loading;
 pub mod member;
 pub mod metrics;
+pub mod metrics_endpoint;
 pub mod paths;
 mod process;
 pub mod qemu;

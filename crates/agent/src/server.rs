@@ -131,7 +131,7 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
     std::fs::write(run.agent_pid(), format!("{}\n", std::process::id()))
         .map_err(AgentError::io("writing", run.agent_pid()))?;
     if let Some(addr) = opts.metrics_listen {
-        let bound = crate::metrics::serve(addr)?;
+        let bound = crate::metrics_endpoint::serve(addr, crate::metrics::render)?;
         tracing::info!(address = %bound, "metrics at http://{bound}/metrics");
     }
     log(format!(
