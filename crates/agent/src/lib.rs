@@ -62,6 +62,7 @@ pub mod relay;
 pub mod restart_recovery;
 pub mod restore;
 pub mod restore_journal;
+pub mod restore_recovery;
 pub mod sampler;
 pub mod server;
 pub mod snapshot;

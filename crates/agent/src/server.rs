@@ -244,7 +244,7 @@ fn recover(sh: &Shared, held: &std::sync::mpsc::Sender<()>) {
             }
         }
         let since = Instant::now();
-        crate::restore_journal::recover(&sh.run, &mut guard, &r, &mut |c, msg| {
+        crate::restore_recovery::recover(&sh.run, &mut guard, &r, &mut |c, msg| {
             log(format!("recovery: {msg}"));
             refresh_view(sh, c);
             lock(&sh.view).busy = Some((format!("{what}: {msg}"), since));
