@@ -19,8 +19,9 @@ use std::time::{Duration, UNIX_EPOCH};
 use vmcsnap_spec::ClusterSpec;
 
 use super::control::Control;
+use super::job::{fail, Report};
 use super::page_source::{self, Ended, SourceJob};
-use super::run::{fail, saved_vm, Report};
+use super::run::saved_vm;
 use super::{feed, finish};
 use crate::cluster::Cluster;
 use crate::member::Member;
@@ -255,7 +256,7 @@ pub fn started(vm: &mut Vm, job: &SourceJob, run: &RunDir) -> Result<(), AgentEr
             if waiting(vm)? != Waiting::Running {
                 return Err(fail(&vm.name, format!("the guest did not start: {e}")));
             }
-            super::run::unix_us(std::time::SystemTime::now())
+            super::job::unix_us(std::time::SystemTime::now())
         }
     };
     let mut obs = page_source::read_observed(&dir);
@@ -272,5 +273,5 @@ pub fn started(vm: &mut Vm, job: &SourceJob, run: &RunDir) -> Result<(), AgentEr
 }
 
 fn ms_since(t0_unix_us: u64) -> f64 {
-    super::run::unix_us(std::time::SystemTime::now()).saturating_sub(t0_unix_us) as f64 / 1000.0
+    super::job::unix_us(std::time::SystemTime::now()).saturating_sub(t0_unix_us) as f64 / 1000.0
 }

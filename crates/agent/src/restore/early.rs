@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use vmcsnap_control::VmStatus;
 use vmcsnap_spec::VmAddress;
 
-use super::run::{unix_us, Options, RestoreEvent, Saved};
+use super::job::{unix_us, Options, RestoreEvent, Saved};
 use crate::cluster::Cluster;
 use crate::guest_clock::ClockSync;
 use crate::loading::Ctx;
