@@ -152,12 +152,12 @@ pub fn adopt(run: &RunDir) -> Result<Option<Cluster>, AgentError> {
                 // Nothing is done to a VM whose QEMU version vmcsnap does
                 // not speak; every operation on it says why.
                 match vm.dialect() {
-                    Ok(_) => crate::intent::finish(&mut vm),
+                    Ok(_) => crate::intent_recovery::finish(&mut vm),
                     Err(e) => log(format!("VM {name}: {e}; adopted, left as it is")),
                 }
                 vm
             }
-            None => match crate::intent::recover_dead(&v.config, &v.qemu_log) {
+            None => match crate::intent_recovery::recover_dead(&v.config, &v.qemu_log) {
                 Some(vm) => vm,
                 None => {
                     log(format!(

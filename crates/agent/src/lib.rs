@@ -45,6 +45,7 @@ pub mod host_api;
 pub mod host_port;
 pub mod image_vm;
 pub mod intent;
+pub mod intent_recovery;
 pub mod loading;
 pub mod member;
 pub mod metrics;

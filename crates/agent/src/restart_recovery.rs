@@ -15,7 +15,7 @@
 //!   ran before the restart.
 //!
 //! A new agent adopting a VM whose QEMU died mid-restart does the same as
-//! resume, with the agent's own QEMU ([`crate::intent::recover_dead`]).
+//! resume, with the agent's own QEMU ([`crate::intent_recovery::recover_dead`]).
 
 use std::path::{Path, PathBuf};
 

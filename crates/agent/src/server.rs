@@ -19,7 +19,7 @@
 //!
 //! A panic in a handler is a bug, but it must not cost the operator the
 //! management of every VM: it is caught, the VMs the operation may have left
-//! paused are put back as their intent files say (`intent::finish`, what an
+//! paused are put back as their intent files say (`intent_recovery::finish`, what an
 //! adopting agent does too), the record is rewritten, and the request fails
 //! with a message saying so. The cluster's lock is never poisoned by it, as
 //! the panic is caught while the guard is still held.
@@ -610,7 +610,7 @@ fn put_back(cluster: &mut Option<Cluster>) {
         let fix = || {
             // The operation may have moved a disk to a new overlay.
             m.refresh_disk();
-            crate::intent::finish(&mut m.vm);
+            crate::intent_recovery::finish(&mut m.vm);
         };
         if catch_unwind(AssertUnwindSafe(fix)).is_err() {
             tracing::error!("VM {name}: putting it back after a panic panicked too");
