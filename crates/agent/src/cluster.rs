@@ -281,7 +281,7 @@ impl Cluster {
         let cluster_dir = run.cluster_dir();
         // Never take the files of a QEMU that still runs (a cluster whose
         // agent died and whose record is gone).
-        let stray = crate::record::qemus_using(&cluster_dir);
+        let stray = crate::qemu_find::qemus_using(&cluster_dir);
         if !stray.is_empty() {
             return Err(AgentError::StrayQemu {
                 dir: cluster_dir,

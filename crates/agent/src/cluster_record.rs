@@ -141,7 +141,7 @@ pub fn adopt(run: &RunDir) -> Result<Option<Cluster>, AgentError> {
         let name = v.config.name.clone();
         let started_at = UNIX_EPOCH + Duration::from_millis(v.started_unix_ms);
         let port = crate::member::plug(&cluster.switch, &name, &v.config.port_socket, &v.address)?;
-        let qemu = crate::record::find_qemu(v.pid, &v.config.qmp_socket);
+        let qemu = crate::qemu_find::find_qemu(v.pid, &v.config.qmp_socket);
         // A snapshot's raised priorities, if its agent died in the pause
         // (see `thread_priority`).
         crate::thread_priority::undo_left(&crate::thread_priority::record_path(&v.config), qemu);

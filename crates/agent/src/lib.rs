@@ -55,6 +55,7 @@ mod process;
 pub mod qemu;
 pub mod qemu_crossing;
 pub mod qemu_exit;
+pub mod qemu_find;
 pub mod qemu_kept;
 pub mod record;
 pub mod rejuvenate;

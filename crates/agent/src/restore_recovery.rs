@@ -43,7 +43,7 @@ fn kill_qemu(run: &RunDir, cluster: &mut Option<Cluster>, vm: &str) {
     // kill_and_reap waits for each; a QEMU that survives SIGKILL (stuck in
     // the kernel) is not waited for forever.
     for _ in 0..3 {
-        let Some(pid) = crate::record::find_qemu(None, &sock) else {
+        let Some(pid) = crate::qemu_find::find_qemu(None, &sock) else {
             break;
         };
         log(format!(

@@ -167,7 +167,7 @@ impl Vm {
                     // adopted after a crash (init reaps it; its command line
                     // tells it from a process that reused the pid).
                     self.exit_status = crate::process::reap(self.pid).or_else(|| {
-                        (!crate::record::is_qemu_of(self.pid, &self.config.qmp_socket))
+                        (!crate::qemu_find::is_qemu_of(self.pid, &self.config.qmp_socket))
                             .then(|| "exited".to_string())
                     });
                 }

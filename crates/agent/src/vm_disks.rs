@@ -116,7 +116,7 @@ pub fn remove_unused(cluster_dir: &Path, keep: &[PathBuf], stopped: StoppedDisks
             continue;
         }
         // (Not an old QEMU whose exit goes on in the background.)
-        let users: Vec<u32> = crate::record::qemus_using(&dir)
+        let users: Vec<u32> = crate::qemu_find::qemus_using(&dir)
             .into_iter()
             .filter(|&p| !crate::qemu_exit::exiting(p))
             .collect();

@@ -37,7 +37,7 @@ pub fn adoptable(run: &RunDir, vm: &str) -> Option<(SourceJob, u32)> {
     if !serving {
         return None;
     }
-    let pid = crate::record::find_qemu(job.member.pid, &job.member.config.qmp_socket)?;
+    let pid = crate::qemu_find::find_qemu(job.member.pid, &job.member.config.qmp_socket)?;
     Some((job, pid))
 }
 

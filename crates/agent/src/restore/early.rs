@@ -59,7 +59,7 @@ pub fn vm_status(
     let now = unix_us(SystemTime::now());
     VmStatus {
         name: name.to_string(),
-        pid: crate::record::find_qemu(None, qmp_socket).unwrap_or(0),
+        pid: crate::qemu_find::find_qemu(None, qmp_socket).unwrap_or(0),
         state: "running".into(),
         ip: address.cidr(),
         mac: address.mac_string(),
