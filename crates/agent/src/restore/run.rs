@@ -9,8 +9,7 @@ use vmcsnap_workingset::{self as ws, Mode};
 
 use super::feed::feed;
 use super::job::{
-    fail, unix_us, Job, Options, Planned, Quality, Report, RestoreEvent, Saved, Spread, WssChoice,
-    LOCALITY_WINDOW,
+    fail, unix_us, Job, Options, Planned, Report, RestoreEvent, Saved, WssChoice, LOCALITY_WINDOW,
 };
 use super::pages::image_order;
 use super::ws_inputs;
@@ -513,6 +512,7 @@ fn ram_pad_kib_of(ram_bytes: u64, memory_mib: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::restore::job::{Quality, Spread};
 
     #[test]
     fn a_snapshot_keeps_the_ram_padding_it_was_taken_with() {
