@@ -44,7 +44,7 @@ pub fn finish(vm: &mut Vm) {
         // itself), or give it the state if it never got the command.
         if let Intent::Restart { state, warm } = &intent {
             if !migrating && migration.as_deref() != Some("completed") {
-                if let Err(e) = crate::rejuvenate::load_state(vm, state, *warm) {
+                if let Err(e) = crate::qemu_restart::load_state(vm, state, *warm) {
                     log(format!(
                         "VM {}: loading the saved state into the adopted QEMU: {e}",
                         vm.name

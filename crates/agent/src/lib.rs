@@ -57,6 +57,7 @@ pub mod qemu_crossing;
 pub mod qemu_exit;
 pub mod qemu_find;
 pub mod qemu_kept;
+pub mod qemu_restart;
 pub mod record;
 pub mod rejuvenate;
 pub mod rejuvenate_cpr;

@@ -34,7 +34,7 @@ use serde_json::{json, Value};
 
 use crate::member::Member;
 use crate::qemu_crossing::Crossing;
-use crate::rejuvenate::{caps, event_ts, installed, wait_migration_every, Timings};
+use crate::qemu_restart::{caps, event_ts, installed, wait_migration_every, Timings};
 use crate::vm::Vm;
 use crate::{log, AgentError};
 

@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use crate::intent::Intent;
 use crate::qemu::QemuConfig;
-use crate::rejuvenate::{installed, try_start_and_load};
+use crate::qemu_restart::{installed, try_start_and_load};
 use crate::vm::Vm;
 use crate::{log, AgentError};
 
