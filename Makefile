@@ -23,12 +23,15 @@ test: lint qemu10
 	cargo test --release --workspace $(TEST_FEATURES) --no-fail-fast 2>&1
 
 # Guard rails: a clippy warning, an unformatted file or an unsafe block
-# without a SAFETY comment (workspace lints in Cargo.toml) fails the tests.
+# without a SAFETY comment (workspace lints in Cargo.toml) fails the tests,
+# and so does an import circle of more than 2 files or an import from the
+# VM layer up (scripts/import_graph.py, docs/architecture.md "Layers").
 # Clippy runs twice: on the workspace with the faults (what the tests
 # build), and on the crates the feature changes without them (what a
 # release build is).
 lint: deps
 	cargo fmt --all --check
+	python3 scripts/import_graph.py --max-circle 2
 	cargo clippy --release --workspace --all-targets $(TEST_FEATURES) -- -D warnings
 	cargo clippy --release -p vmcsnap-agent -p vmcsnap --all-targets -- -D warnings
 

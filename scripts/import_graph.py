@@ -9,8 +9,9 @@ file that defines the module, and prints:
 
   * circles: strongly connected components of files (more than one file);
   * upward imports: a file of the VM layer (one VM's QEMU: qemu.rs,
-    qemu_exit.rs, qemu_kept.rs, vm.rs, record.rs, capacity.rs, paths.rs,
-    and every file that talks QMP through vmcsnap_qmp) importing a file of
+    qemu_exit.rs, qemu_kept.rs, qemu_find.rs, vm.rs, member.rs, record.rs,
+    intent.rs, process.rs, capacity.rs, paths.rs, guest_console.rs, and
+    every file that talks QMP through vmcsnap_qmp) importing a file of
     the operations (snapshot, restore, rejuvenate, removal, sampler), of
     the cluster (cluster.rs, cluster_record.rs, cluster_snapshot/, cluster_restore/, the
     orchestrator crate) or of the server (server.rs, dispatch.rs).
@@ -37,7 +38,8 @@ CRATES = {
 
 VM_FILES = {
     "qemu.rs", "qemu_exit.rs", "qemu_kept.rs", "vm.rs", "record.rs",
-    "capacity.rs", "paths.rs", "guest_console.rs",
+    "capacity.rs", "paths.rs", "guest_console.rs", "qemu_find.rs", "process.rs",
+    "member.rs", "intent.rs",
 }
 OPERATIONS = ("snapshot", "restore", "rejuvenate", "rejuvenate_cpr",
               "snapshot_removal", "sampler")

@@ -99,7 +99,7 @@ impl AgentLock {
         // SAFETY: the previous image of this process left this descriptor
         // open for us (checked above); nothing else in this image owns it.
         let file = unsafe { File::from_raw_fd(fd) };
-        crate::handover::set_cloexec(fd, true)
+        crate::process::set_cloexec(fd, true)
             .map_err(AgentError::io("restoring close-on-exec on", &path))?;
         Ok(AgentLock { file })
     }

@@ -10,24 +10,13 @@ use std::time::{Duration, Instant};
 
 use vmcsnap_control::{StatusResult, UpResult, VmStatus, VmUp};
 use vmcsnap_spec::{ClusterSpec, VmAddress};
-use vmcsnap_switch::{PortId, Switch, SwitchConfig, SwitchHandle};
+use vmcsnap_switch::{Switch, SwitchConfig, SwitchHandle};
 
 use crate::accel::{self, Resolved};
+use crate::member::{plug, Member};
 use crate::qemu::{self, QemuConfig};
 use crate::vm::Vm;
 use crate::{log, AgentError, RunDir};
-
-/// A VM of the cluster with its place on the network.
-pub struct Member {
-    /// The QEMU process.
-    pub vm: Vm,
-    /// Address and MAC.
-    pub address: VmAddress,
-    /// Its switch port.
-    pub port: PortId,
-    /// Its data disk.
-    pub disk: PathBuf,
-}
 
 /// A running cluster.
 pub struct Cluster {
@@ -292,7 +281,7 @@ impl Cluster {
         let cluster_dir = run.cluster_dir();
         // Never take the files of a QEMU that still runs (a cluster whose
         // agent died and whose record is gone).
-        let stray = crate::record::qemus_using(&cluster_dir);
+        let stray = crate::qemu_find::qemus_using(&cluster_dir);
         if !stray.is_empty() {
             return Err(AgentError::StrayQemu {
                 dir: cluster_dir,
@@ -529,7 +518,7 @@ impl Cluster {
                     h.join().unwrap_or_else(|p| {
                         Err(AgentError::BadRequest(format!(
                             "the agent hit a bug restarting VM {name}: {}",
-                            crate::server::panic_message(p.as_ref())
+                            crate::panic_message(p.as_ref())
                         )))
                     })
                 })
@@ -647,41 +636,6 @@ impl Cluster {
     }
 }
 
-impl Member {
-    /// Learns from QEMU which file each disk is written to now (a snapshot
-    /// that an agent died in may have put an overlay on top since the
-    /// record was written): a block device whose backing chain contains a
-    /// recorded file has that disk's new top. Keeps what it has if QEMU
-    /// does not say.
-    pub fn refresh_disk(&mut self) {
-        if self.vm.exited().is_some() {
-            return;
-        }
-        let Ok(chains) = crate::block_chains::device_chains(&mut self.vm) else {
-            return;
-        };
-        let chains: Vec<Vec<PathBuf>> = chains.into_iter().map(|c| c.files).collect();
-        let name = self.vm.name.clone();
-        for d in self.vm.config.disks.iter_mut().filter(|d| !d.read_only) {
-            let Some(chain) = chains.iter().find(|c| c.contains(&d.path)) else {
-                continue;
-            };
-            if chain[0] != d.path {
-                log(format!(
-                    "VM {name}: disk {} is written to {} now (recorded: {})",
-                    d.node,
-                    chain[0].display(),
-                    d.path.display()
-                ));
-                if self.disk == d.path {
-                    self.disk = chain[0].clone();
-                }
-                d.path = chain[0].clone();
-            }
-        }
-    }
-}
-
 /// The lab guest's kernel command line, which carries its workload (base64,
 /// so at most about 1.4 KB of it); empty for an image VM, whose command line
 /// comes from its image and whose workload goes by fw_cfg, without that
@@ -746,24 +700,6 @@ pub fn switch_config() -> SwitchConfig {
         dhcp: Some(dhcp),
         ..SwitchConfig::default()
     }
-}
-
-/// Plugs a VM into the switch: a port that dials the VM's NIC socket
-/// (QEMU listens there), and the VM's DHCP lease on it.
-pub fn plug(
-    switch: &SwitchHandle,
-    vm: &str,
-    socket: &std::path::Path,
-    address: &VmAddress,
-) -> Result<PortId, AgentError> {
-    let port = switch.add_port(vm, socket)?;
-    if let Err(e) =
-        switch.set_dhcp_lease(port, vmcsnap_switch::MacAddr(address.mac), address.ip, vm)
-    {
-        let _ = switch.remove_port(port);
-        return Err(e.into());
-    }
-    Ok(port)
 }
 
 #[cfg(test)]

@@ -31,8 +31,9 @@ use serde::{Deserialize, Serialize};
 use vmcsnap_spec::ClusterSpec;
 
 use crate::accel::Resolved;
-use crate::cluster::{Cluster, Member};
-use crate::record::write_atomic;
+use crate::cluster::Cluster;
+use crate::member::Member;
+use crate::paths::write_atomic;
 pub use crate::record::VmRecord;
 use crate::vm::Vm;
 use crate::{log, AgentError, RunDir};
@@ -139,8 +140,8 @@ pub fn adopt(run: &RunDir) -> Result<Option<Cluster>, AgentError> {
     for v in rec.vms {
         let name = v.config.name.clone();
         let started_at = UNIX_EPOCH + Duration::from_millis(v.started_unix_ms);
-        let port = crate::cluster::plug(&cluster.switch, &name, &v.config.port_socket, &v.address)?;
-        let qemu = crate::record::find_qemu(v.pid, &v.config.qmp_socket);
+        let port = crate::member::plug(&cluster.switch, &name, &v.config.port_socket, &v.address)?;
+        let qemu = crate::qemu_find::find_qemu(v.pid, &v.config.qmp_socket);
         // A snapshot's raised priorities, if its agent died in the pause
         // (see `thread_priority`).
         crate::thread_priority::undo_left(&crate::thread_priority::record_path(&v.config), qemu);
@@ -151,12 +152,12 @@ pub fn adopt(run: &RunDir) -> Result<Option<Cluster>, AgentError> {
                 // Nothing is done to a VM whose QEMU version vmcsnap does
                 // not speak; every operation on it says why.
                 match vm.dialect() {
-                    Ok(_) => crate::intent::finish(&mut vm),
+                    Ok(_) => crate::intent_recovery::finish(&mut vm),
                     Err(e) => log(format!("VM {name}: {e}; adopted, left as it is")),
                 }
                 vm
             }
-            None => match crate::intent::recover_dead(&v.config, &v.qemu_log) {
+            None => match crate::intent_recovery::recover_dead(&v.config, &v.qemu_log) {
                 Some(vm) => vm,
                 None => {
                     log(format!(

@@ -44,6 +44,19 @@ pub(crate) fn idle_status() -> StatusResult {
     }
 }
 
+/// Why a request failed: the agent's error, or one of deleting snapshots,
+/// which only a request does (the VM layer and the operations never delete
+/// snapshots, so [`AgentError`] does not carry it).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RequestError {
+    /// What every operation fails with.
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    /// Deleting or pruning snapshots failed.
+    #[error(transparent)]
+    Removal(#[from] crate::snapshot_removal::RemovalError),
+}
+
 /// The longest `--start-quiet-ms` a restore accepts (a larger one is a typo,
 /// and an unbounded one overflowed the agent's deadline arithmetic).
 const MAX_START_QUIET_MS: u64 = 600_000;
@@ -65,14 +78,14 @@ pub(crate) fn dispatch(
     info: &AgentInfo,
     ctx: &crate::loading::Ctx<'_>,
     progress: &mut dyn FnMut(&str),
-) -> Result<Response, AgentError> {
+) -> Result<Response, RequestError> {
     match request {
         Request::Ping => Ok(Response::Ping(info.wire())),
         Request::RestartAgent => {
             progress("handing over to a new agent image (VMs keep running)");
             Ok(Response::RestartAgent(info.wire()))
         }
-        request @ Request::Up { .. } => up(request, run, cluster, progress),
+        request @ Request::Up { .. } => Ok(up(request, run, cluster, progress)?),
         Request::Status => match cluster {
             Some(c) => Ok(Response::Status(c.status())),
             None => Ok(Response::Status(idle_status())),
@@ -86,14 +99,14 @@ pub(crate) fn dispatch(
                 text: m.vm.console_tail(tail_bytes),
             }))
         }
-        request @ Request::Rejuvenate { .. } => rejuvenate(request, run, cluster, progress),
-        request @ Request::Snapshot { .. } => snapshot(request, run, cluster, progress),
+        request @ Request::Rejuvenate { .. } => Ok(rejuvenate(request, run, cluster, progress)?),
+        request @ Request::Snapshot { .. } => Ok(snapshot(request, run, cluster, progress)?),
         request @ Request::ClusterSnapshot { .. } => {
-            cluster_snapshot(request, run, cluster, progress)
+            Ok(cluster_snapshot(request, run, cluster, progress)?)
         }
-        request @ Request::Restore { .. } => restore(request, run, cluster, ctx, progress),
+        request @ Request::Restore { .. } => Ok(restore(request, run, cluster, ctx, progress)?),
         request @ Request::ClusterRestore { .. } => {
-            cluster_restore(request, run, cluster, ctx, progress)
+            Ok(cluster_restore(request, run, cluster, ctx, progress)?)
         }
         Request::Stop { vm } => {
             let c = cluster.as_mut().ok_or(AgentError::NoCluster)?;
@@ -127,7 +140,7 @@ pub(crate) fn dispatch(
         }
         Request::Shutdown => {
             if let Some(c) = cluster {
-                return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()));
+                return Err(AgentError::AlreadyUp(c.spec.cluster.name.clone()).into());
             }
             *stop = true;
             Ok(Response::Shutdown(info.wire()))

@@ -148,17 +148,13 @@ pub enum AgentError {
     /// A request that makes no sense.
     #[error("{0}")]
     BadRequest(String),
-    /// Deleting or pruning snapshots failed.
-    #[error(transparent)]
-    Removal(#[from] crate::snapshot_removal::RemovalError),
-
     /// A restart onto another QEMU release that cannot work, or a release
     /// vmcsnap does not know.
     #[error(transparent)]
     Crossing(#[from] crate::qemu_crossing::CrossingError),
     /// The metrics endpoint could not be served.
     #[error(transparent)]
-    Metrics(#[from] crate::metrics::MetricsError),
+    Metrics(#[from] crate::metrics_endpoint::MetricsError),
     /// A migration (state save or load) failed.
     #[error("VM {vm:?}: {what} failed: {detail}")]
     Migration {

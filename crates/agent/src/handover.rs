@@ -24,14 +24,16 @@
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use vmcsnap_spec::{ClusterSpec, VmAddress};
 use vmcsnap_switch::{FrozenState, PortId, Switch};
 
 use crate::accel::Resolved;
-use crate::cluster::{Cluster, Member};
+use crate::cluster::Cluster;
+use crate::member::Member;
+use crate::process::set_cloexec;
 use crate::qemu::QemuConfig;
 use crate::vm::Vm;
 use crate::{log, AgentError, RunDir};
@@ -336,63 +338,4 @@ fn check_listener(fd: RawFd, expect: &Path) -> Result<(), AgentError> {
             expect.display()
         ))),
     }
-}
-
-pub(crate) fn set_cloexec(fd: RawFd, on: bool) -> std::io::Result<()> {
-    // SAFETY: F_GETFD/F_SETFD only read and set the descriptor flags of an
-    // fd this process owns.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFD);
-        if flags < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let new = if on {
-            flags | libc::FD_CLOEXEC
-        } else {
-            flags & !libc::FD_CLOEXEC
-        };
-        if libc::fcntl(fd, libc::F_SETFD, new) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
-/// For an adopted QEMU (our child by pid only): its exit status if it has
-/// exited, reaping it.
-pub(crate) fn reap(pid: u32) -> Option<String> {
-    let mut status = 0;
-    // SAFETY: waitpid with WNOHANG on a pid; writes one int we own.
-    let r = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
-    if r == pid as i32 {
-        return Some(if libc::WIFEXITED(status) {
-            format!("exit status: {}", libc::WEXITSTATUS(status))
-        } else {
-            format!("signal: {}", libc::WTERMSIG(status))
-        });
-    }
-    // SAFETY: signal 0 only checks that the process exists.
-    if r < 0 && unsafe { libc::kill(pid as i32, 0) } != 0 {
-        return Some("exited".into());
-    }
-    None
-}
-
-/// Kills and reaps an adopted QEMU.
-pub(crate) fn kill_and_reap(pid: u32) {
-    // SAFETY: SIGKILL to a QEMU pid this agent started (still our child).
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    for _ in 0..500 {
-        if reap(pid).is_some() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Milliseconds since the epoch (for `ping`).
-pub fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }

@@ -45,13 +45,19 @@ pub mod host_api;
 pub mod host_port;
 pub mod image_vm;
 pub mod intent;
+pub mod intent_recovery;
 pub mod loading;
+pub mod member;
 pub mod metrics;
+pub mod metrics_endpoint;
 pub mod paths;
+mod process;
 pub mod qemu;
 pub mod qemu_crossing;
 pub mod qemu_exit;
+pub mod qemu_find;
 pub mod qemu_kept;
+pub mod qemu_restart;
 pub mod record;
 pub mod rejuvenate;
 pub mod rejuvenate_cpr;
@@ -59,6 +65,7 @@ pub mod relay;
 pub mod restart_recovery;
 pub mod restore;
 pub mod restore_journal;
+pub mod restore_recovery;
 pub mod sampler;
 pub mod server;
 pub mod snapshot;
@@ -82,4 +89,22 @@ pub use vmcsnap_image as image;
 /// not converted yet.
 pub fn log(msg: impl AsRef<str>) {
     tracing::info!("{}", msg.as_ref());
+}
+
+/// Milliseconds since the epoch (for `ping`).
+pub fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The message of a thread's panic (its payload), for the error that reports it.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".into()
+    }
 }

@@ -18,10 +18,7 @@
 //! | `vmcsnap_demand_faults_total` (counter) | `vm` | `restore::Report::demand_faults`, `VmRestoreReport::demand_faults` (as counted when the report was made) |
 //! | `vmcsnap_rejuvenation_downtime_seconds` (histogram) | `vm` | `rejuvenate::Report::downtime_ms` |
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -31,19 +28,6 @@ use prometheus_client::registry::Registry;
 
 /// A guest page, for the bytes of the pages an image stores.
 const PAGE_BYTES: u64 = 4096;
-
-/// Why the metrics endpoint could not be served.
-#[derive(Debug, thiserror::Error)]
-pub enum MetricsError {
-    /// The address could not be bound.
-    #[error("cannot listen for metrics on {addr}: {source}; give a free address such as 127.0.0.1:9187 to --metrics-listen (or VMCSNAP_METRICS_LISTEN)")]
-    Bind {
-        /// The address asked for.
-        addr: SocketAddr,
-        /// The error.
-        source: std::io::Error,
-    },
-}
 
 /// Labels of a per-VM metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -207,56 +191,11 @@ pub fn render() -> String {
     out
 }
 
-/// Serves [`render`] over HTTP at `addr` (`GET /metrics`) from a thread of
-/// its own; returns the address bound (its port when `addr`'s was 0).
-pub fn serve(addr: SocketAddr) -> Result<SocketAddr, MetricsError> {
-    let bind = |source| MetricsError::Bind { addr, source };
-    let listener = TcpListener::bind(addr).map_err(bind)?;
-    let local = listener.local_addr().map_err(bind)?;
-    std::thread::Builder::new()
-        .name("metrics".into())
-        .spawn(move || {
-            for stream in listener.incoming().flatten() {
-                if let Err(e) = answer(stream) {
-                    tracing::debug!(error = %e, "metrics scrape failed");
-                }
-            }
-        })
-        .map_err(bind)?;
-    Ok(local)
-}
-
-/// Answers one HTTP request: the metrics for `GET /metrics`, 404 otherwise.
-fn answer(mut s: TcpStream) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let line = String::from_utf8_lossy(&head);
-    let ok = line.starts_with("GET /metrics ") || line.starts_with("GET /metrics?");
-    let (status, ctype, body) = if ok {
-        let ctype = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-        ("200 OK", ctype, render())
-    } else {
-        let body = "not found: the metrics are at GET /metrics\n".to_string();
-        ("404 Not Found", "text/plain; charset=utf-8", body)
-    };
-    let reply = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(reply.as_bytes())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
 
     fn count(text: &str, series: &str) -> u64 {
         let line = text.lines().find(|l| l.starts_with(series));
@@ -266,7 +205,7 @@ mod tests {
 
     #[test]
     fn served_text_counts_what_was_recorded() {
-        let addr = serve("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = crate::metrics_endpoint::serve("127.0.0.1:0".parse().unwrap(), render).unwrap();
         let series = r#"vmcsnap_restore_latency_seconds_count{vm="unit-test-vm"}"#;
         let scrape = || {
             let mut s = TcpStream::connect(addr).unwrap();

@@ -22,9 +22,12 @@
 //! /dev/shm/vmcsnap-<tag>-<cluster>-<vm>   guest RAM (tag: hash of run-dir)
 //! ```
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
+
+use crate::AgentError;
 
 /// The run directory of one agent.
 #[derive(Debug, Clone)]
@@ -112,8 +115,45 @@ impl RunDir {
     }
 }
 
+/// `path` replaced by `bytes` all at once: a crash leaves the old file or
+/// the new one, never a mix.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AgentError> {
+    let dir = path.parent().expect("a file in a directory");
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name().expect("a file name").to_string_lossy(),
+        std::process::id()
+    ));
+    let res = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res.map_err(AgentError::io("writing", path))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn atomic_writes_replace_whole_files() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("vms.json");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        let names: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "no temporary file is left: {names:?}");
+    }
+
     use super::*;
 
     #[test]

@@ -588,7 +588,27 @@ pub fn installation_dirs(bin: &Path) -> (Option<PathBuf>, Option<PathBuf>) {
         return (None, None);
     }
     let data_dir = Some(prefix.join("share/qemu")).filter(|d| d.is_dir());
-    (data_dir, crate::qemu_kept::module_dir(prefix))
+    (data_dir, module_dir(prefix))
+}
+
+/// `<prefix>/lib/<triple>/qemu` or `<prefix>/lib/qemu`, if it holds modules.
+pub(crate) fn module_dir(prefix: &Path) -> Option<PathBuf> {
+    let lib = prefix.join("lib");
+    let mut candidates = vec![lib.join("qemu")];
+    candidates.extend(
+        std::fs::read_dir(&lib)
+            .ok()?
+            .flatten()
+            .map(|e| e.path().join("qemu")),
+    );
+    candidates.into_iter().find(|d| {
+        std::fs::read_dir(d)
+            .map(|r| {
+                r.flatten()
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".so"))
+            })
+            .unwrap_or(false)
+    })
 }
 
 /// `config` with the firmware and module directories of `bin`'s

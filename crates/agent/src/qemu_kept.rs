@@ -91,7 +91,7 @@ pub fn keep(dir: &Path, pid: u32) -> Result<Kept, AgentError> {
     // the running one is installed (<prefix>/bin/qemu → <prefix>/share/qemu).
     let prefix = installed.parent().and_then(Path::parent);
     let data_dir = prefix.map(|p| p.join("share/qemu")).filter(|d| d.is_dir());
-    if let Some(from) = prefix.and_then(module_dir) {
+    if let Some(from) = prefix.and_then(crate::qemu::module_dir) {
         copy_files(&from, &dir.join(MODULES))
             .map_err(AgentError::io("copying QEMU's modules from", &from))?;
     }
@@ -99,7 +99,7 @@ pub fn keep(dir: &Path, pid: u32) -> Result<Kept, AgentError> {
         installed,
         data_dir,
     };
-    crate::record::write_atomic(
+    crate::paths::write_atomic(
         &dir.join(ORIGIN),
         &serde_json::to_vec_pretty(&origin).expect("origin serialises"),
     )?;
@@ -132,26 +132,6 @@ pub fn drop_unless_used(dir: &Path, pid: u32) {
     if !runs_on(dir, pid) {
         let _ = std::fs::remove_dir_all(dir);
     }
-}
-
-/// `<prefix>/lib/<triple>/qemu` or `<prefix>/lib/qemu`, if it holds modules.
-pub(crate) fn module_dir(prefix: &Path) -> Option<PathBuf> {
-    let lib = prefix.join("lib");
-    let mut candidates = vec![lib.join("qemu")];
-    candidates.extend(
-        std::fs::read_dir(&lib)
-            .ok()?
-            .flatten()
-            .map(|e| e.path().join("qemu")),
-    );
-    candidates.into_iter().find(|d| {
-        std::fs::read_dir(d)
-            .map(|r| {
-                r.flatten()
-                    .any(|e| e.file_name().to_string_lossy().ends_with(".so"))
-            })
-            .unwrap_or(false)
-    })
 }
 
 fn copy_files(from: &Path, to: &Path) -> std::io::Result<()> {

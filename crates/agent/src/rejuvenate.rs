@@ -36,10 +36,14 @@ use serde_json::{json, Value};
 use vmcsnap_switch::mediator::probe::PROBES_BEFORE_PAUSE;
 use vmcsnap_switch::SwitchHandle;
 
-use crate::cluster::Member;
 use crate::fault::RejuvenateFault;
 use crate::intent::Intent;
+use crate::member::Member;
 use crate::qemu_kept::Kept;
+use crate::qemu_restart::{
+    caps, event_ts, installed, load_state, shell_quote, start_checked_and_load, try_start_and_load,
+    wait_migration, Started, Timings,
+};
 use crate::vm::Vm;
 use crate::{log, AgentError};
 
@@ -49,8 +53,6 @@ const DRAIN_BOUND: Duration = Duration::from_millis(200);
 /// How long the switch may take to connect to a restarted VM's new QEMU
 /// before its held frames are released anyway.
 const RECONNECT_BOUND: Duration = Duration::from_secs(5);
-/// How long a save or load may take before the restart is abandoned.
-const MIGRATION_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Which kind of restart.
 pub use vmcsnap_control::RejuvenateMode as Mode;
@@ -161,39 +163,12 @@ pub fn rejuvenate(
     Ok(report)
 }
 
-#[derive(Default)]
-pub(crate) struct Timings {
-    pub downtime_ms: f64,
-    pub save_ms: f64,
-    pub restart_ms: f64,
-    pub load_ms: f64,
-    pub quit_ms: f64,
-    pub start_ms: f64,
-    pub resume_ms: f64,
-    /// Set when the new QEMU failed and the kept copy took over.
-    pub fallback_reason: Option<String>,
-}
-
 fn port_held(switch: &SwitchHandle, m: &Member) -> Result<u64, AgentError> {
     Ok(switch
         .stats()?
         .port(m.port)
         .map(|p| p.counters.held)
         .unwrap_or(0))
-}
-
-/// The capabilities of a VMM restart's migration. `postcopy-ram` is turned
-/// off: a VM restored through postcopy still has it on, and the stream of
-/// an outgoing migration would then announce postcopy; `postcopy-preempt`
-/// with it (QEMU refuses it without postcopy-ram).
-pub(crate) fn caps(ignore_shared: bool) -> Value {
-    json!({ "capabilities": [
-        { "capability": "x-ignore-shared", "state": ignore_shared },
-        { "capability": "postcopy-preempt", "state": false },
-        { "capability": "postcopy-blocktime", "state": false },
-        { "capability": "postcopy-ram", "state": false },
-        { "capability": "return-path", "state": false },
-    ] })
 }
 
 fn suspend_resume(
@@ -320,16 +295,6 @@ fn suspend_resume(
     Ok(timings)
 }
 
-/// A new QEMU with the saved state loaded, and how long that took.
-pub(crate) struct Started {
-    /// The VM on its new QEMU, paused.
-    pub vm: Vm,
-    /// Starting the QEMU to its QMP socket answering.
-    pub start_ms: f64,
-    /// `migrate-incoming` to `completed`.
-    pub load_ms: f64,
-}
-
 /// Starts a new QEMU and loads `state` into it; on failure retries with the
 /// kept copy of the previous one. Returns the VM, how long the load took,
 /// and why the new binary failed if the kept copy took over.
@@ -410,69 +375,6 @@ fn try_start_and_load_dying(
     Err(r.err().unwrap_or_else(|| {
         AgentError::BadRequest("injected fault: the new QEMU was killed".into())
     }))
-}
-
-/// `config` for `bin` run from its installation, with that installation's
-/// firmware and modules (a VM that fell back carries the kept copy's).
-pub(crate) fn installed(config: &crate::qemu::QemuConfig, bin: &Path) -> crate::qemu::QemuConfig {
-    crate::qemu::for_installation(config, bin)
-}
-
-pub(crate) fn try_start_and_load(
-    bin: &Path,
-    config: &crate::qemu::QemuConfig,
-    qemu_log: &Path,
-    state: &Path,
-    warm: bool,
-) -> Result<Started, AgentError> {
-    start_checked_and_load(bin, config, qemu_log, state, warm, None)
-}
-
-/// [`try_start_and_load`], refusing a QEMU whose QMP greeting names a
-/// release `crossing` cannot reach before anything is loaded into it.
-fn start_checked_and_load(
-    bin: &Path,
-    config: &crate::qemu::QemuConfig,
-    qemu_log: &Path,
-    state: &Path,
-    warm: bool,
-    crossing: Option<&crate::qemu_crossing::Crossing>,
-) -> Result<Started, AgentError> {
-    let t = Instant::now();
-    let mut vm = Vm::spawn(bin, config.clone(), qemu_log.to_path_buf())?;
-    let greeted = vm.qmp().map(|_| t.elapsed());
-    let checked = greeted.and_then(|started| match crossing {
-        Some(c) => c.check_greeting(&mut vm).map(|()| started),
-        None => Ok(started),
-    });
-    let loaded = checked.and_then(|started| {
-        let t = Instant::now();
-        load_state(&mut vm, state, warm).map(|()| (started, t.elapsed()))
-    });
-    match loaded {
-        Ok((started, loaded)) => Ok(Started {
-            vm,
-            start_ms: started.as_secs_f64() * 1000.0,
-            load_ms: loaded.as_secs_f64() * 1000.0,
-        }),
-        Err(e) => {
-            // The state file is kept; this QEMU's half-loaded state is
-            // worthless, and the retry with the previous binary waits.
-            vm.discard("loading the saved state into it failed");
-            Err(e)
-        }
-    }
-}
-
-/// Loads the device state (and for a saved restart, RAM) in `state` into
-/// `vm`, a QEMU started with `-incoming defer`.
-pub(crate) fn load_state(vm: &mut Vm, state: &Path, warm: bool) -> Result<(), AgentError> {
-    vm.execute("migrate-set-capabilities", caps(warm))?;
-    vm.execute(
-        "migrate-incoming",
-        json!({ "uri": format!("exec:cat {}", shell_quote(state)) }),
-    )?;
-    wait_migration(vm, "loading state")
 }
 
 fn cold(
@@ -563,60 +465,4 @@ fn vm_dir_of(config: &crate::qemu::QemuConfig) -> PathBuf {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default()
-}
-
-/// Waits for the QMP event `name` and returns its timestamp (µs).
-pub(crate) fn event_ts(vm: &mut Vm, name: &str) -> Result<u64, AgentError> {
-    let vm_name = vm.name.clone();
-    let ev = vm
-        .qmp()?
-        .wait_event(name, Duration::from_secs(10))
-        .map_err(|source| AgentError::Qmp {
-            vm: vm_name,
-            source,
-        })?;
-    Ok(ev.timestamp_us)
-}
-
-/// Polls `query-migrate` until it completes; fails on `failed`/`cancelled`.
-pub(crate) fn wait_migration(vm: &mut Vm, what: &str) -> Result<(), AgentError> {
-    wait_migration_every(vm, what, Duration::from_millis(1))
-}
-
-/// [`wait_migration`], polling every `poll`.
-pub(crate) fn wait_migration_every(
-    vm: &mut Vm,
-    what: &str,
-    poll: Duration,
-) -> Result<(), AgentError> {
-    let deadline = Instant::now() + MIGRATION_TIMEOUT;
-    loop {
-        let st = vm.execute("query-migrate", Value::Null)?;
-        match st["status"].as_str().unwrap_or("") {
-            "completed" => return Ok(()),
-            "failed" | "cancelled" => {
-                return Err(AgentError::Migration {
-                    vm: vm.name.clone(),
-                    what: what.to_string(),
-                    detail: st["error-desc"]
-                        .as_str()
-                        .unwrap_or("no detail from QEMU")
-                        .to_string(),
-                })
-            }
-            _ => {}
-        }
-        if Instant::now() > deadline {
-            return Err(AgentError::Migration {
-                vm: vm.name.clone(),
-                what: what.to_string(),
-                detail: format!("not finished after {MIGRATION_TIMEOUT:?}"),
-            });
-        }
-        std::thread::sleep(poll);
-    }
-}
-
-fn shell_quote(p: &Path) -> String {
-    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
 }

@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::cluster::Member;
+use crate::member::Member;
 use crate::qemu_crossing::Crossing;
-use crate::rejuvenate::{caps, event_ts, installed, wait_migration_every, Timings};
+use crate::qemu_restart::{caps, event_ts, installed, wait_migration_every, Timings};
 use crate::vm::Vm;
 use crate::{log, AgentError};
 

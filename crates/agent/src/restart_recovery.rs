@@ -15,7 +15,7 @@
 //!   ran before the restart.
 //!
 //! A new agent adopting a VM whose QEMU died mid-restart does the same as
-//! resume, with the agent's own QEMU ([`crate::intent::recover_dead`]).
+//! resume, with the agent's own QEMU ([`crate::intent_recovery::recover_dead`]).
 
 use std::path::{Path, PathBuf};
 
@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use crate::intent::Intent;
 use crate::qemu::QemuConfig;
-use crate::rejuvenate::{installed, try_start_and_load};
+use crate::qemu_restart::{installed, try_start_and_load};
 use crate::vm::Vm;
 use crate::{log, AgentError};
 
@@ -178,7 +178,7 @@ pub use vmcsnap_control::Recovered;
 
 /// Finishes the unfinished restart of `member` (its QEMU must be gone).
 pub fn recover(
-    member: &mut crate::cluster::Member,
+    member: &mut crate::member::Member,
     how: How,
     qemu: Option<&Path>,
 ) -> Result<Recovered, AgentError> {

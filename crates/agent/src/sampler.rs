@@ -153,7 +153,7 @@ fn sample_one(vm_dir: &Path, sock: &Path) -> Result<(), String> {
     // restore's own measurement of its working set.
     idle(&mut q)?;
     // The QEMU behind this VM directory and its guest-RAM file.
-    let qemu = crate::record::find_qemu(None, &vm_dir.join("qmp.sock"))
+    let qemu = crate::qemu_find::find_qemu(None, &vm_dir.join("qmp.sock"))
         .and_then(|pid| Some((pid, crate::accessed::ram_file_of(pid)?)));
     let cleared = qemu
         .as_ref()
@@ -215,7 +215,7 @@ fn samplable(run_state: &str, migration: Option<&str>) -> bool {
 fn record(vm_dir: &Path, pages: u64, touched: Option<u64>) -> Result<(), String> {
     let mut samples = load(vm_dir);
     samples.push(Sample {
-        unix_ms: crate::handover::unix_ms(std::time::SystemTime::now()),
+        unix_ms: crate::unix_ms(std::time::SystemTime::now()),
         pages,
         touched,
     });

@@ -19,7 +19,7 @@
 //!
 //! A panic in a handler is a bug, but it must not cost the operator the
 //! management of every VM: it is caught, the VMs the operation may have left
-//! paused are put back as their intent files say (`intent::finish`, what an
+//! paused are put back as their intent files say (`intent_recovery::finish`, what an
 //! adopting agent does too), the record is rewritten, and the request fails
 //! with a message saying so. The cluster's lock is never poisoned by it, as
 //! the panic is caught while the guard is still held.
@@ -39,7 +39,7 @@ use vmcsnap_control::{
 
 use crate::cluster::Cluster;
 use crate::dispatch::{dispatch, idle_status, AgentInfo};
-use crate::{log, AgentError, RunDir};
+use crate::{log, panic_message, AgentError, RunDir};
 
 /// How the agent runs.
 #[derive(Debug, Clone)]
@@ -131,7 +131,7 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
     std::fs::write(run.agent_pid(), format!("{}\n", std::process::id()))
         .map_err(AgentError::io("writing", run.agent_pid()))?;
     if let Some(addr) = opts.metrics_listen {
-        let bound = crate::metrics::serve(addr)?;
+        let bound = crate::metrics_endpoint::serve(addr, crate::metrics::render)?;
         tracing::info!(address = %bound, "metrics at http://{bound}/metrics");
     }
     log(format!(
@@ -143,7 +143,7 @@ pub fn serve(opts: AgentOptions) -> Result<(), AgentError> {
     let started = std::time::SystemTime::now();
     let info = AgentInfo {
         generation,
-        started_unix_ms: crate::handover::unix_ms(started),
+        started_unix_ms: crate::unix_ms(started),
     };
     let shared = Arc::new(Shared {
         run: run.clone(),
@@ -244,7 +244,7 @@ fn recover(sh: &Shared, held: &std::sync::mpsc::Sender<()>) {
             }
         }
         let since = Instant::now();
-        crate::restore_journal::recover(&sh.run, &mut guard, &r, &mut |c, msg| {
+        crate::restore_recovery::recover(&sh.run, &mut guard, &r, &mut |c, msg| {
             log(format!("recovery: {msg}"));
             refresh_view(sh, c);
             lock(&sh.view).busy = Some((format!("{what}: {msg}"), since));
@@ -610,7 +610,7 @@ fn put_back(cluster: &mut Option<Cluster>) {
         let fix = || {
             // The operation may have moved a disk to a new overlay.
             m.refresh_disk();
-            crate::intent::finish(&mut m.vm);
+            crate::intent_recovery::finish(&mut m.vm);
         };
         if catch_unwind(AssertUnwindSafe(fix)).is_err() {
             tracing::error!("VM {name}: putting it back after a panic panicked too");
@@ -678,15 +678,5 @@ fn describe(request: &Request) -> String {
             if *dry_run { " --dry-run" } else { "" }
         ),
         Request::Shutdown => "agent stop".into(),
-    }
-}
-
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".into()
     }
 }

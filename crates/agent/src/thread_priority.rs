@@ -92,7 +92,7 @@ impl Boost {
             .collect();
         let record = Record { pid, saved };
         let bytes = serde_json::to_vec(&record).expect("a boost record serialises");
-        if let Err(e) = crate::record::write_atomic(file, &bytes) {
+        if let Err(e) = crate::paths::write_atomic(file, &bytes) {
             crate::log(format!("not raising QEMU {pid}'s priority: {e}"));
             return None;
         }

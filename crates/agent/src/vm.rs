@@ -166,8 +166,8 @@ impl Vm {
                     // Our child after an exec handover (reap it), or a QEMU
                     // adopted after a crash (init reaps it; its command line
                     // tells it from a process that reused the pid).
-                    self.exit_status = crate::handover::reap(self.pid).or_else(|| {
-                        (!crate::record::is_qemu_of(self.pid, &self.config.qmp_socket))
+                    self.exit_status = crate::process::reap(self.pid).or_else(|| {
+                        (!crate::qemu_find::is_qemu_of(self.pid, &self.config.qmp_socket))
                             .then(|| "exited".to_string())
                     });
                 }
@@ -527,7 +527,7 @@ impl Vm {
                 let _ = child.kill();
                 let _ = child.wait();
             }
-            None => crate::handover::kill_and_reap(self.pid),
+            None => crate::process::kill_and_reap(self.pid),
         }
         self.exit_status = Some("killed".into());
     }

@@ -56,7 +56,7 @@ pub const STOPPED_MARK: &str = "stopped";
 pub fn mark_stopped(dir: &Path) -> Result<(), crate::AgentError> {
     let text = "This VM was stopped with `vmcsnap stop`: its disks stay here until \
                 a VM runs in this directory again or `vmcsnap down`.\n";
-    crate::record::write_atomic(&dir.join(STOPPED_MARK), text.as_bytes())
+    crate::paths::write_atomic(&dir.join(STOPPED_MARK), text.as_bytes())
 }
 
 /// `dir` holds a VM of the cluster again (recorded as one).
@@ -116,7 +116,7 @@ pub fn remove_unused(cluster_dir: &Path, keep: &[PathBuf], stopped: StoppedDisks
             continue;
         }
         // (Not an old QEMU whose exit goes on in the background.)
-        let users: Vec<u32> = crate::record::qemus_using(&dir)
+        let users: Vec<u32> = crate::qemu_find::qemus_using(&dir)
             .into_iter()
             .filter(|&p| !crate::qemu_exit::exiting(p))
             .collect();

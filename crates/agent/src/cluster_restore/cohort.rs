@@ -10,8 +10,8 @@ use std::time::Duration;
 use vmcsnap_coord::restore::{CohortInput, CohortWorker};
 use vmcsnap_switch::SwitchHandle;
 
-use crate::cluster::Member;
 use crate::fault::WhenPeersLoaded;
+use crate::member::Member;
 use crate::restore::{self, InCluster, RestoreEvent, StartGate};
 use crate::{AgentError, RunDir};
 

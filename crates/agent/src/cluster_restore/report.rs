@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use vmcsnap_image::cluster::ClusterManifest;
 
 use super::{ClusterRestoreReport, ClusterRunning, Plan, VmRestoreReport, VmRunning};
-use crate::cluster::Member;
 use crate::cluster_snapshot::{GuestView, TcpCounters};
 use crate::guest_counters;
+use crate::member::Member;
 use crate::restore;
 
 /// How long to wait for the restored guests' console stat lines (one per

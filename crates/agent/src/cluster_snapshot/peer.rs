@@ -16,7 +16,7 @@ use super::barrier::{BarrierWait, StopBarrier, STOP_BARRIER_BOUND};
 use vmcsnap_coord::snapshot::{PeerInput, PeerWorker};
 use vmcsnap_switch::{CutReport, PortId, PrepareReport, SwitchHandle};
 
-use crate::cluster::Member;
+use crate::member::Member;
 use crate::snapshot::{self, Hooks};
 use crate::{AgentError, RunDir};
 

@@ -19,10 +19,12 @@ use std::time::{Duration, UNIX_EPOCH};
 use vmcsnap_spec::ClusterSpec;
 
 use super::control::Control;
+use super::job::{fail, Report};
 use super::page_source::{self, Ended, SourceJob};
-use super::run::{fail, saved_vm, Report};
+use super::run::saved_vm;
 use super::{feed, finish};
-use crate::cluster::{Cluster, Member};
+use crate::cluster::Cluster;
+use crate::member::Member;
 use crate::vm::Vm;
 use crate::{log, AgentError, RunDir};
 
@@ -35,7 +37,7 @@ pub fn adoptable(run: &RunDir, vm: &str) -> Option<(SourceJob, u32)> {
     if !serving {
         return None;
     }
-    let pid = crate::record::find_qemu(job.member.pid, &job.member.config.qmp_socket)?;
+    let pid = crate::qemu_find::find_qemu(job.member.pid, &job.member.config.qmp_socket)?;
     Some((job, pid))
 }
 
@@ -87,7 +89,7 @@ pub fn join(
         // Recorded by an agent that adopted it before and died too.
         return Ok(());
     }
-    let port = crate::cluster::plug(&c.switch, &name, &rec.config.port_socket, &rec.address)?;
+    let port = crate::member::plug(&c.switch, &name, &rec.config.port_socket, &rec.address)?;
     let started_at = UNIX_EPOCH + Duration::from_millis(rec.started_unix_ms);
     log(format!(
         "VM {name}: adopting QEMU pid {qemu_pid} of a restore"
@@ -254,7 +256,7 @@ pub fn started(vm: &mut Vm, job: &SourceJob, run: &RunDir) -> Result<(), AgentEr
             if waiting(vm)? != Waiting::Running {
                 return Err(fail(&vm.name, format!("the guest did not start: {e}")));
             }
-            super::run::unix_us(std::time::SystemTime::now())
+            super::job::unix_us(std::time::SystemTime::now())
         }
     };
     let mut obs = page_source::read_observed(&dir);
@@ -271,5 +273,5 @@ pub fn started(vm: &mut Vm, job: &SourceJob, run: &RunDir) -> Result<(), AgentEr
 }
 
 fn ms_since(t0_unix_us: u64) -> f64 {
-    super::run::unix_us(std::time::SystemTime::now()).saturating_sub(t0_unix_us) as f64 / 1000.0
+    super::job::unix_us(std::time::SystemTime::now()).saturating_sub(t0_unix_us) as f64 / 1000.0
 }

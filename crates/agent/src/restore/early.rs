@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use vmcsnap_control::VmStatus;
 use vmcsnap_spec::VmAddress;
 
-use super::run::{unix_us, Options, RestoreEvent, Saved};
+use super::job::{unix_us, Options, RestoreEvent, Saved};
 use crate::cluster::Cluster;
 use crate::guest_clock::ClockSync;
 use crate::loading::Ctx;
@@ -59,7 +59,7 @@ pub fn vm_status(
     let now = unix_us(SystemTime::now());
     VmStatus {
         name: name.to_string(),
-        pid: crate::record::find_qemu(None, qmp_socket).unwrap_or(0),
+        pid: crate::qemu_find::find_qemu(None, qmp_socket).unwrap_or(0),
         state: "running".into(),
         ip: address.cidr(),
         mac: address.mac_string(),

@@ -40,17 +40,13 @@ use vmcsnap_migstream::postcopy::SourceEvent;
 
 use super::control::Control;
 use super::finish;
+use super::job::{fail, unix_us, Job, Report, RestoreEvent, TRACE_WINDOW};
 use super::page_source::{self, Ended, FinishJob, Observed, SourceJob, SourcePlan};
-use super::priority::{self, Priorities};
-use super::run::{fail, unix_us, Job, Report, RestoreEvent, TRACE_WINDOW};
+use super::priority;
 use crate::accessed::{self, RamUse};
 use crate::record::VmRecord;
 use crate::vm::Vm;
 use crate::AgentError;
-
-/// Faults later than this after the start are not learned from: the next
-/// restore's working set is what the guest touches in its first seconds.
-pub const LEARN_WINDOW: Duration = Duration::from_secs(10);
 
 /// How long to look for QEMU's fault-path threads after RUN.
 const RAISE_WITHIN: Duration = Duration::from_secs(5);
@@ -140,13 +136,6 @@ fn clear_accessed(vm: &Vm) -> Option<(u64, RamUse)> {
 fn device_state_loaded(vm: &mut Vm) -> Result<bool, AgentError> {
     let st = vm.execute("query-status", Value::Null)?;
     Ok(st["status"].as_str().is_some_and(|s| s != "inmigrate"))
-}
-
-/// The fault path's priorities, if this process may raise them (checked
-/// once).
-pub(super) fn priorities() -> Option<Priorities> {
-    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    (*AVAILABLE.get_or_init(Priorities::available)).then_some(Priorities::DEFAULT)
 }
 
 /// The page source's plan and what finishing the restore takes, from the
@@ -351,7 +340,7 @@ pub(super) fn feed(
             let _ = c.events.send(ev);
         }
     };
-    let prio = priorities().filter(|_| opts.priorities);
+    let prio = priority::priorities().filter(|_| opts.priorities);
     let source_done = AtomicBool::new(false);
     // A cluster restore starts the guest on START with `cont`: the device
     // state was loaded while the VM waited.

@@ -15,9 +15,8 @@ use std::time::SystemTime;
 use vmcsnap_image::PageKey;
 use vmcsnap_workingset::{self as ws, Mode};
 
-use super::feed::LEARN_WINDOW;
+use super::job::{fail, unix_us, Quality, Report, LEARN_WINDOW};
 use super::page_source::{FinishJob, Observed, Outcome};
-use super::run::{fail, unix_us, Quality, Report};
 use super::traces::{self, Learned, Record};
 use crate::accessed::RamUse;
 use crate::AgentError;
@@ -110,7 +109,7 @@ pub fn report(f: &Finishing) -> Result<Report, AgentError> {
         }
     });
     let record = Record {
-        unix_ms: crate::handover::unix_ms(SystemTime::now()),
+        unix_ms: crate::unix_ms(SystemTime::now()),
         mode: job.mode.name().to_string(),
         trace: job.trace,
         preloaded: job.before_run.clone(),
@@ -159,7 +158,7 @@ pub fn report(f: &Finishing) -> Result<Report, AgentError> {
         pages_on_demand: out.pages_on_demand,
         pages_background: out.pages_background,
         pages_on_preempt: out.pages_on_preempt,
-        demand_served_ms: super::run::Spread::of(&out.demand_served_ms),
+        demand_served_ms: super::job::Spread::of(&out.demand_served_ms),
         vcpu_blocktime_ms: None,
         qemu_threads_raised: obs.qemu_threads_raised,
         overlay: PathBuf::new(),

@@ -40,6 +40,7 @@ mod early;
 mod feed;
 mod finish;
 mod firmware;
+mod job;
 pub mod page_source;
 pub mod pages;
 pub mod postmortem;
@@ -52,8 +53,6 @@ pub mod versions;
 pub mod ws_inputs;
 
 pub use early::vm_status;
-pub use run::{
-    check_versions, hybrid_size, restore, restore_into, saved_vm, InCluster, Options, Report,
-    RestoreEvent, Saved, WssChoice, CLUSTER_START_QUIET,
-};
+pub use job::{InCluster, Options, Report, RestoreEvent, Saved, WssChoice, CLUSTER_START_QUIET};
+pub use run::{check_versions, hybrid_size, restore, restore_into, saved_vm};
 pub use start_gate::StartGate;

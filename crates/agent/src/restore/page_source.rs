@@ -297,7 +297,7 @@ impl Outcome {
     /// From the postcopy source's report, started at `started`.
     pub fn of(rep: &SourceReport, started: SystemTime) -> Outcome {
         Outcome {
-            started_unix_us: super::run::unix_us(started),
+            started_unix_us: super::job::unix_us(started),
             pages_total: rep.pages_total,
             pages_before_run: rep.pages_before_run,
             bytes_before_run: rep.bytes_before_run,
@@ -715,7 +715,7 @@ pub fn serve(dir: &Path, stream: UnixStream, events: impl Write) -> Result<Ended
         hold_until_exists(path, hold);
     }
     let began = background_begun.clone();
-    let prio = super::feed::priorities().filter(|_| plan.priorities);
+    let prio = super::priority::priorities().filter(|_| plan.priorities);
     if let Some(p) = prio {
         let _ = priority::set_current_thread(p.fault_path);
     }

@@ -153,7 +153,7 @@ pub fn source_config(img: &Image, device_state: Vec<u8>, hold: BackgroundHold) -
             })
             .collect(),
         page_size: img.page_size(),
-        ram_section_id: super::run::RAM_SECTION_ID,
+        ram_section_id: super::job::RAM_SECTION_ID,
         device_state,
         before_run: vec![],
         demand_cluster: 0,

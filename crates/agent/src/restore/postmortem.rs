@@ -91,7 +91,7 @@ pub fn keep(
     error: &str,
 ) -> std::io::Result<PathBuf> {
     let root = run.root().join(DIR);
-    let ms = crate::handover::unix_ms(SystemTime::now());
+    let ms = crate::unix_ms(SystemTime::now());
     let dir = root.join(format!("{ms}-{}", vm.name));
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("error.txt"), format!("{error}\n"))?;

@@ -22,6 +22,13 @@ use std::time::{Duration, Instant};
 use vmcsnap_migstream::postcopy::Work;
 use vmcsnap_migstream::Dialect;
 
+/// The fault path's priorities, if this process may raise them (checked
+/// once).
+pub(super) fn priorities() -> Option<Priorities> {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    (*AVAILABLE.get_or_init(Priorities::available)).then_some(Priorities::DEFAULT)
+}
+
 /// QEMU's threads on the fault path (`-name ...,debug-threads=on`), as
 /// each release names them (10.0 renamed its migration threads `mig/...`).
 pub fn qemu_fault_path_threads(dialect: Dialect) -> [&'static str; 2] {

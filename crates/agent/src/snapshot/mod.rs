@@ -59,7 +59,7 @@ use qemu_steps::*;
 pub(crate) use request::background_priority;
 pub use request::{set_block_pages, writer_options, Hooks, Mode, NoHooks, Options, Report, Target};
 
-use crate::cluster::Member;
+use crate::member::Member;
 use crate::vm::Vm;
 use crate::{log, AgentError, RunDir};
 
