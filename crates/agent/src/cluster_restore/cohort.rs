@@ -142,6 +142,10 @@ pub struct Outcome {
     pub replayed: u64,
 }
 
+/// A VM restored: its member, its report, when its guest started (unix
+/// µs) and the frames replayed to it.
+pub type Restored = (Member, restore::Report, Option<u64>, u64);
+
 /// Waits for LOAD, restores the VM, reports to the Cohort as it goes, and
 /// replays the VM's logged frames once its guest runs.
 pub fn restore_thread(run: &RunDir, mut job: Job) -> Outcome {

@@ -11,11 +11,12 @@ use vmcsnap_image::channel_log::{write_channel_log, ChannelFrame, FrameReason};
 use vmcsnap_image::cluster::{
     commit_cluster_dir, ChannelStateRef, ClusterManifest, ClusterVm, Edge, Timeline, CHANNEL_LOG,
 };
-use vmcsnap_switch::LogReason;
+use vmcsnap_switch::{LogReason, SessionLog, SessionStats};
 
 use super::peer::VmOutcome;
 use super::ProtocolStats;
 use crate::cluster::Cluster;
+use crate::guest_console::GuestView;
 use crate::guest_counters;
 use crate::qemu::QemuConfig;
 use crate::snapshot::Mode;
@@ -60,7 +61,7 @@ impl GuestBefore {
     /// The counters after the snapshot: the view's (the lab guest's last
     /// stat line, or else the ones before: no line, no retransmission seen);
     /// an image VM's guest agent reading, unknown if it did not answer.
-    fn tcp_after(&self, view: &crate::guest_console::GuestView) -> TcpCounters {
+    fn tcp_after(&self, view: &GuestView) -> TcpCounters {
         if self.agent.is_some() || view.stat_lines > 0 {
             view.tcp
         } else {
@@ -85,169 +86,15 @@ pub struct Finish<'a> {
 /// Ends the switch session, writes the channel state and the manifest,
 /// measures, and commits the cluster snapshot.
 pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentError> {
-    let fail = |m: String| AgentError::ClusterSnapshot(m);
-    let deadline = Instant::now() + PENDING_PRE_BOUND;
-    while let Some(st) = c.switch.session_stats()? {
-        if st.pending_pre_frames == 0 || Instant::now() > deadline {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let log = c.switch.end_cut_session()?;
+    let log = end_session(c)?;
     let st = log.stats.clone();
-    if st.violations > 0 {
-        return Err(fail(format!("the switch delivered {} post-snapshot frames to pre-snapshot VMs; the cut is not consistent", st.violations)));
-    }
-    if st.log_overflow > 0 {
-        return Err(fail(format!(
-            "{} in-flight frames did not fit the switch's channel-state log",
-            st.log_overflow
-        )));
-    }
-    let frames: Vec<ChannelFrame> = log
-        .frames
-        .iter()
-        .map(|l| ChannelFrame {
-            sender: l.sender.clone(),
-            receiver: l.receiver.clone(),
-            received_unix_us: l.received_unix_us,
-            delivered_unix_us: l.delivered_unix_us,
-            reason: match l.reason {
-                LogReason::HeldAtCut => FrameReason::HeldAtCut,
-                LogReason::InFlight => FrameReason::InFlight,
-            },
-            data: l.data.clone(),
-        })
-        .collect();
+    let frames = channel_frames(&log);
     let summary = write_channel_log(&f.tmp.join(CHANNEL_LOG), &frames)
         .map_err(|e| fail(format!("writing the channel state: {e}")))?;
-    let mut w: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
-    for fr in &frames {
-        let e = w
-            .entry((fr.sender.clone(), fr.receiver.clone()))
-            .or_default();
-        e.0 += 1;
-        e.1 += fr.data.len() as u64;
-    }
-    let edges: Vec<Edge> = w
-        .into_iter()
-        .map(|((from, to), (frames, bytes))| Edge {
-            from,
-            to,
-            frames,
-            bytes,
-        })
-        .collect();
-
-    let mut moments = BTreeMap::new();
-    for v in &f.vms {
-        let r = v
-            .report
-            .as_ref()
-            .ok_or_else(|| fail(format!("VM {} has no snapshot", v.vm)))?;
-        moments.insert(
-            v.vm.clone(),
-            Moments {
-                pause_start_us: r.pause_start_unix_us,
-                pause_end_us: r.pause_end_unix_us,
-                complete_us: r.complete_unix_us,
-            },
-        );
-    }
-    let pairs = metrics::communicating_pairs(
-        st.pairs
-            .iter()
-            .map(|p| (p.from.as_str(), p.to.as_str(), p.unicast_frames)),
-    );
-    let backoff = metrics::backoff(f.mode, &moments, &pairs);
-
-    // The guests' own view: wait for a stat line written after completion.
-    let after_us = crate::snapshot::unix_us();
-    let wait_until = Instant::now() + GUEST_STAT_WAIT;
-    // The console has no host timestamps: count its stat lines (one per
-    // second since the snapshot started), and want one more than elapsed.
-    let min_lines = after_us.saturating_sub(f.start_unix_us) / 1_000_000 + 2;
-    let mut views = loop {
-        let views: Vec<crate::guest_console::GuestView> = f
-            .before
-            .iter()
-            .map(|b| {
-                crate::guest_console::parse_console(&crate::guest_console::console_since(
-                    &b.path, b.offset,
-                ))
-            })
-            .collect();
-        let waiting = views
-            .iter()
-            .zip(&f.before)
-            .any(|(v, b)| b.agent.is_none() && v.stat_lines < min_lines);
-        if !waiting || Instant::now() > wait_until {
-            break views;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    // Image VMs: their guest agents' reading now, after completion.
-    let agents: Vec<&QemuConfig> = f.before.iter().filter_map(|b| b.agent.as_ref()).collect();
-    let mut after = guest_counters::guest_counters_all(&agents).into_iter();
-    for (view, b) in views.iter_mut().zip(&f.before) {
-        if b.agent.is_some() {
-            let tcp = after.next().flatten();
-            *view = guest_counters::agent_view(tcp, tcp);
-        }
-    }
-
-    let rel = |us: u64| us.saturating_sub(f.start_unix_us) as f64 / 1000.0;
-    let mut vms = Vec::new();
-    let mut manifest_vms = Vec::new();
-    for ((v, b), view) in f.vms.iter().zip(&f.before).zip(&views) {
-        let r = v.report.as_ref().expect("checked above");
-        let member = c.members.iter().find(|m| m.vm.name == v.vm);
-        let prep = v.prepare.unwrap_or_default();
-        let cut = v.cut.unwrap_or_default();
-        let report = VmReport {
-            vm: v.vm.clone(),
-            downtime_ms: r.downtime_ms,
-            pause: r.pause.clone(),
-            start_ms: rel(r.start_unix_us),
-            pause_start_ms: rel(r.pause_start_unix_us),
-            pause_end_ms: rel(r.pause_end_unix_us),
-            transient_done_ms: rel(r.transient_done_unix_us),
-            complete_ms: rel(r.complete_unix_us),
-            drain_wait_us: prep.waited_us,
-            drain_bound_hit: prep.bound_hit,
-            unread_bytes_at_cut: prep.unread_bytes as u64,
-            settle_us: prep.settle_us,
-            unsettled: prep.unsettled,
-            frames_drained_at_cut: cut.frames_drained,
-            cut_prepared_ms: v.barrier.map(|w| rel(w.arrived_unix_us)),
-            stop_barrier_wait_us: v.barrier.map(|w| w.waited_us),
-            stop_barrier_complete: v.barrier.map(|w| w.complete),
-            ram: r.ram,
-            retrans_before: b.tcp.retrans,
-            retrans_after: b.tcp_after(view).retrans,
-            tcp_before: b.tcp,
-            tcp_after: b.tcp_after(view),
-            pingpong_max_gap_ms: view.pingpong_max_gap_ms,
-            pages_stored: r.pages_stored,
-            path: f.final_dir.join("vms").join(&v.vm),
-        };
-        manifest_vms.push(ClusterVm {
-            name: v.vm.clone(),
-            snapshot: format!("vms/{}", v.vm),
-            memory_mib: r.memory_mib,
-            ip: member.map(|m| m.address.cidr()).unwrap_or_default(),
-            mac: member.map(|m| m.address.mac_string()).unwrap_or_default(),
-            timeline: Timeline {
-                start_us: r.start_unix_us,
-                pause_start_us: r.pause_start_unix_us,
-                pause_end_us: r.pause_end_unix_us,
-                transient_done_us: r.transient_done_unix_us,
-                complete_us: r.complete_unix_us,
-            },
-            metrics: serde_json::to_value(&report).unwrap_or_default(),
-        });
-        vms.push(report);
-    }
+    let edges = edges(&frames);
+    let backoff = backoff(f, &st)?;
+    let views = guest_views(f);
+    let (vms, manifest_vms) = vm_reports(c, f, &views);
     let n = vms.len().max(1) as f64;
     let downtime_avg_ms = vms.iter().map(|v| v.downtime_ms).sum::<f64>() / n;
     let downtime_max_ms = vms.iter().map(|v| v.downtime_ms).fold(0.0, f64::max);
@@ -303,6 +150,207 @@ pub fn finish(c: &mut Cluster, f: &Finish<'_>) -> Result<ClusterReport, AgentErr
         switch: st,
         protocol: f.protocol.clone(),
     })
+}
+
+fn fail(m: String) -> AgentError {
+    AgentError::ClusterSnapshot(m)
+}
+
+/// Ends the switch's cut session once it holds no pre-snapshot frame (or
+/// after a bound), and checks that the cut was consistent and fully logged.
+fn end_session(c: &mut Cluster) -> Result<SessionLog, AgentError> {
+    let deadline = Instant::now() + PENDING_PRE_BOUND;
+    while let Some(st) = c.switch.session_stats()? {
+        if st.pending_pre_frames == 0 || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let log = c.switch.end_cut_session()?;
+    let st = &log.stats;
+    if st.violations > 0 {
+        return Err(fail(format!("the switch delivered {} post-snapshot frames to pre-snapshot VMs; the cut is not consistent", st.violations)));
+    }
+    if st.log_overflow > 0 {
+        return Err(fail(format!(
+            "{} in-flight frames did not fit the switch's channel-state log",
+            st.log_overflow
+        )));
+    }
+    Ok(log)
+}
+
+/// The switch's logged frames as the channel-state file holds them.
+fn channel_frames(log: &SessionLog) -> Vec<ChannelFrame> {
+    log.frames
+        .iter()
+        .map(|l| ChannelFrame {
+            sender: l.sender.clone(),
+            receiver: l.receiver.clone(),
+            received_unix_us: l.received_unix_us,
+            delivered_unix_us: l.delivered_unix_us,
+            reason: match l.reason {
+                LogReason::HeldAtCut => FrameReason::HeldAtCut,
+                LogReason::InFlight => FrameReason::InFlight,
+            },
+            data: l.data.clone(),
+        })
+        .collect()
+}
+
+/// The W(i,j) edges: frames and bytes in flight per sender and receiver.
+fn edges(frames: &[ChannelFrame]) -> Vec<Edge> {
+    let mut w: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+    for fr in frames {
+        let e = w
+            .entry((fr.sender.clone(), fr.receiver.clone()))
+            .or_default();
+        e.0 += 1;
+        e.1 += fr.data.len() as u64;
+    }
+    w.into_iter()
+        .map(|((from, to), (frames, bytes))| Edge {
+            from,
+            to,
+            frames,
+            bytes,
+        })
+        .collect()
+}
+
+/// The backoff between the communicating VMs, from every VM's pause and
+/// completion; an error if a VM has no snapshot.
+fn backoff(f: &Finish<'_>, st: &SessionStats) -> Result<metrics::Backoff, AgentError> {
+    let mut moments = BTreeMap::new();
+    for v in &f.vms {
+        let r = v
+            .report
+            .as_ref()
+            .ok_or_else(|| fail(format!("VM {} has no snapshot", v.vm)))?;
+        moments.insert(
+            v.vm.clone(),
+            Moments {
+                pause_start_us: r.pause_start_unix_us,
+                pause_end_us: r.pause_end_unix_us,
+                complete_us: r.complete_unix_us,
+            },
+        );
+    }
+    let pairs = metrics::communicating_pairs(
+        st.pairs
+            .iter()
+            .map(|p| (p.from.as_str(), p.to.as_str(), p.unicast_frames)),
+    );
+    Ok(metrics::backoff(f.mode, &moments, &pairs))
+}
+
+/// The guests' own view after the snapshot: a lab guest's console stat
+/// lines written after completion, an image VM's guest agent's reading.
+fn guest_views(f: &Finish<'_>) -> Vec<GuestView> {
+    let after_us = crate::snapshot::unix_us();
+    let wait_until = Instant::now() + GUEST_STAT_WAIT;
+    // The console has no host timestamps: count its stat lines (one per
+    // second since the snapshot started), and want one more than elapsed.
+    let min_lines = after_us.saturating_sub(f.start_unix_us) / 1_000_000 + 2;
+    let mut views = loop {
+        let views: Vec<GuestView> = f
+            .before
+            .iter()
+            .map(|b| {
+                crate::guest_console::parse_console(&crate::guest_console::console_since(
+                    &b.path, b.offset,
+                ))
+            })
+            .collect();
+        let waiting = views
+            .iter()
+            .zip(&f.before)
+            .any(|(v, b)| b.agent.is_none() && v.stat_lines < min_lines);
+        if !waiting || Instant::now() > wait_until {
+            break views;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Image VMs: their guest agents' reading now, after completion.
+    let agents: Vec<&QemuConfig> = f.before.iter().filter_map(|b| b.agent.as_ref()).collect();
+    let mut after = guest_counters::guest_counters_all(&agents).into_iter();
+    for (view, b) in views.iter_mut().zip(&f.before) {
+        if b.agent.is_some() {
+            let tcp = after.next().flatten();
+            *view = guest_counters::agent_view(tcp, tcp);
+        }
+    }
+    views
+}
+
+/// Every VM's report and its entry in cluster.json (`backoff` checked
+/// that each has a snapshot).
+fn vm_reports(c: &Cluster, f: &Finish<'_>, views: &[GuestView]) -> (Vec<VmReport>, Vec<ClusterVm>) {
+    let mut vms = Vec::new();
+    let mut manifest_vms = Vec::new();
+    for ((v, b), view) in f.vms.iter().zip(&f.before).zip(views) {
+        let r = v.report.as_ref().expect("checked above");
+        let member = c.members.iter().find(|m| m.vm.name == v.vm);
+        let report = vm_report(f, v, r, b, view);
+        manifest_vms.push(ClusterVm {
+            name: v.vm.clone(),
+            snapshot: format!("vms/{}", v.vm),
+            memory_mib: r.memory_mib,
+            ip: member.map(|m| m.address.cidr()).unwrap_or_default(),
+            mac: member.map(|m| m.address.mac_string()).unwrap_or_default(),
+            timeline: Timeline {
+                start_us: r.start_unix_us,
+                pause_start_us: r.pause_start_unix_us,
+                pause_end_us: r.pause_end_unix_us,
+                transient_done_us: r.transient_done_unix_us,
+                complete_us: r.complete_unix_us,
+            },
+            metrics: serde_json::to_value(&report).unwrap_or_default(),
+        });
+        vms.push(report);
+    }
+    (vms, manifest_vms)
+}
+
+/// One VM's report: its snapshot's moments relative to the cluster
+/// snapshot's start, its cut, and its guest's view.
+fn vm_report(
+    f: &Finish<'_>,
+    v: &VmOutcome,
+    r: &crate::snapshot::Report,
+    b: &GuestBefore,
+    view: &GuestView,
+) -> VmReport {
+    let rel = |us: u64| us.saturating_sub(f.start_unix_us) as f64 / 1000.0;
+    let prep = v.prepare.unwrap_or_default();
+    let cut = v.cut.unwrap_or_default();
+    VmReport {
+        vm: v.vm.clone(),
+        downtime_ms: r.downtime_ms,
+        pause: r.pause.clone(),
+        start_ms: rel(r.start_unix_us),
+        pause_start_ms: rel(r.pause_start_unix_us),
+        pause_end_ms: rel(r.pause_end_unix_us),
+        transient_done_ms: rel(r.transient_done_unix_us),
+        complete_ms: rel(r.complete_unix_us),
+        drain_wait_us: prep.waited_us,
+        drain_bound_hit: prep.bound_hit,
+        unread_bytes_at_cut: prep.unread_bytes as u64,
+        settle_us: prep.settle_us,
+        unsettled: prep.unsettled,
+        frames_drained_at_cut: cut.frames_drained,
+        cut_prepared_ms: v.barrier.map(|w| rel(w.arrived_unix_us)),
+        stop_barrier_wait_us: v.barrier.map(|w| w.waited_us),
+        stop_barrier_complete: v.barrier.map(|w| w.complete),
+        ram: r.ram,
+        retrans_before: b.tcp.retrans,
+        retrans_after: b.tcp_after(view).retrans,
+        tcp_before: b.tcp,
+        tcp_after: b.tcp_after(view),
+        pingpong_max_gap_ms: view.pingpong_max_gap_ms,
+        pages_stored: r.pages_stored,
+        path: f.final_dir.join("vms").join(&v.vm),
+    }
 }
 
 #[cfg(test)]
