@@ -175,7 +175,11 @@ mod tests {
             stored(k)
         });
         let pages: u64 = block_pages.iter().map(|&n| u64::from(n)).sum();
-        assert!(calls.get() <= pages, "{} calls for {pages} pages", calls.get());
+        assert!(
+            calls.get() <= pages,
+            "{} calls for {pages} pages",
+            calls.get()
+        );
         let mut old = seeds;
         reference_fill(&mut old, &block_pages, usize::MAX, 16, stored);
         assert_eq!(q, old);
@@ -199,7 +203,11 @@ mod tests {
             }
         }
         let windows_of = |b: u32| block_pages[b as usize].div_ceil(window);
-        let most = block_pages.iter().map(|&n| n.div_ceil(window)).max().unwrap();
+        let most = block_pages
+            .iter()
+            .map(|&n| n.div_ceil(window))
+            .max()
+            .unwrap();
         for ring in 0..=most {
             for &(b, w) in &seeds {
                 let here = [Some(w + ring), w.checked_sub(ring).filter(|_| ring > 0)];
