@@ -438,18 +438,9 @@ pub(super) fn copy_reference(vm: &Vm, ctx: &Ctx) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// Waits for the QMP event `name` and returns its timestamp (µs).
-pub(super) fn event_ts(vm: &mut Vm, name: &str) -> Result<u64, AgentError> {
-    let vm_name = vm.name.clone();
-    let ev = vm
-        .qmp()?
-        .wait_event(name, Duration::from_secs(10))
-        .map_err(|source| AgentError::Qmp {
-            vm: vm_name,
-            source,
-        })?;
-    Ok(ev.timestamp_us)
-}
+/// Waits for the QMP event `name` and returns its timestamp (µs): the
+/// one every QEMU restart uses too.
+pub(super) use crate::qemu_restart::event_ts;
 
 /// The timestamp (µs) of QEMU's `MIGRATION` event with `status`, if it
 /// came (the `events` capability is on during a snapshot).
